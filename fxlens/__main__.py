@@ -1,0 +1,3 @@
+from fxlens.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,3 @@
+"""The engine: load, capture, graph, engine, memory, roofline, diff, validate.
+
+No knowledge of any particular op lives here; that is `fxlens.rules`."""

@@ -1,0 +1,150 @@
+"""Our own plain graph: what capture produces and everything else reads.
+
+A `Graph` is a frozen, topologically ordered tuple of `Node`s. Each node keeps the aten
+overload it calls (as its qualified name, e.g. ``aten.addmm.default``), its arguments bound
+to the op schema's names (tensors replaced by `TensorRef`s that point at the producing node),
+its output `TensorSpec`s, the module path and type it ran under, and the user's source line.
+
+Nothing here knows about torch.fx: capture converts fx graphs (or dispatch recordings) into
+these types, so rules, memory and reports never touch ``torch.fx.Node.meta``.
+
+Known limitations: symbolic (dynamic) shapes are concretised at capture time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+DTYPE_BYTES: Mapping[str, float] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+    "complex64": 8, "complex128": 16, "uint16": 2, "uint32": 4, "uint64": 8,
+    "float4_e2m1fn_x2": 1,
+}
+
+
+def dtype_bytes(dtype: str) -> float:
+    """Bytes per element of a dtype named as in torch (``float32``, ``bfloat16``...)."""
+    try:
+        return DTYPE_BYTES[dtype]
+    except KeyError:
+        raise ValueError(f"unknown dtype {dtype!r}") from None
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Shape, dtype, strides and device of one tensor; no data."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    stride: tuple[int, ...] = ()
+    device: str = "meta"
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the logical tensor (numel × itemsize)."""
+        return int(self.numel * dtype_bytes(self.dtype))
+
+    @property
+    def storage_bytes(self) -> int:
+        """Bytes the tensor can actually touch in its storage.
+
+        NB: an expanded view (stride 0) of a small tensor reads only the small tensor, so a
+        kernel reading it moves ``storage_bytes``, not ``nbytes``.
+        """
+        if not self.stride or len(self.stride) != len(self.shape):
+            return self.nbytes
+        if self.numel == 0:
+            return 0
+        extent = 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.stride, strict=True))
+        return int(min(extent, self.numel) * dtype_bytes(self.dtype))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"shape": list(self.shape), "dtype": self.dtype}
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """An argument that is the `index`-th output of node `node`."""
+
+    node: int
+    index: int = 0
+
+
+class NodeKind(str, Enum):
+    INPUT = "input"
+    PARAM = "param"
+    BUFFER = "buffer"
+    CALL = "call"
+
+
+@dataclass(frozen=True)
+class Node:
+    """One op call (or one graph input) in the captured graph."""
+
+    id: int
+    kind: NodeKind
+    target: str                      # aten overload ("aten.mm.default") or input name
+    args: Mapping[str, Any]          # schema-bound; tensors as TensorRef (lists of them too)
+    outputs: tuple[TensorSpec | None, ...]
+    module: str = ""                 # dotted module path, "" for the root
+    module_type: str = ""            # qualified class name of that module
+    source: str = ""                 # "path/to/file.py:123" of the user's line
+    phase: str = "forward"           # "forward" or "backward" (joint graphs)
+
+    @property
+    def packet(self) -> str:
+        """The overload packet, e.g. ``aten.mm`` for ``aten.mm.default``."""
+        parts = self.target.split(".")
+        return ".".join(parts[:2]) if len(parts) >= 3 else self.target
+
+    def input_refs(self) -> Iterator[TensorRef]:
+        """Every TensorRef among the arguments, in schema order."""
+        for value in self.args.values():
+            if isinstance(value, TensorRef):
+                yield value
+            elif isinstance(value, (list, tuple)):
+                yield from (v for v in value if isinstance(v, TensorRef))
+
+
+@dataclass(frozen=True)
+class ParamInfo:
+    """A parameter or buffer of the captured module, by its qualified name."""
+
+    name: str
+    spec: TensorSpec
+    is_buffer: bool = False
+    requires_grad: bool = True
+
+    @property
+    def owner(self) -> str:
+        """Path of the module that owns it (``a.b`` for ``a.b.weight``)."""
+        return self.name.rpartition(".")[0]
+
+
+@dataclass(frozen=True)
+class Graph:
+    """A captured model: nodes in execution order plus what the module owns."""
+
+    nodes: tuple[Node, ...]
+    capture_method: str
+    params: tuple[ParamInfo, ...] = ()
+    module_types: Mapping[str, str] = field(default_factory=dict)  # path -> class name
+    outputs: tuple[TensorRef, ...] = ()
+    notes: tuple[str, ...] = ()
+
+    def spec(self, ref: TensorRef) -> TensorSpec | None:
+        outputs = self.nodes[ref.node].outputs
+        return outputs[ref.index] if ref.index < len(outputs) else None
+
+    def calls(self) -> Iterator[Node]:
+        return (n for n in self.nodes if n.kind is NodeKind.CALL)

@@ -1,0 +1,58 @@
+"""Synthetic op calls for rule tests: no tracing, milliseconds per case."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from fxlens.analyzer.aten import bind_args, meta_tensor, resolve_op, spec_of
+from fxlens.analyzer.costs import Cost, OpCall
+from fxlens.analyzer.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
+from fxlens.rules import load_rules
+
+
+def T(*shape: int, dtype: str = "float32") -> TensorSpec:
+    """A contiguous tensor spec."""
+    stride, acc = [], 1
+    for size in reversed(shape):
+        stride.append(acc)
+        acc *= max(size, 1)
+    return TensorSpec(tuple(shape), dtype, tuple(reversed(stride)))
+
+
+def op_call(target: str, *args: Any, **kwargs: Any) -> OpCall:
+    """An OpCall for `target` on the given specs; outputs come from running the op on meta."""
+    inputs: list[Node] = []
+
+    def as_ref(value: Any) -> Any:
+        if isinstance(value, TensorSpec):
+            inputs.append(Node(len(inputs), NodeKind.INPUT, f"x{len(inputs)}", {}, (value,)))
+            return TensorRef(len(inputs) - 1)
+        if isinstance(value, (list, tuple)):
+            return type(value)(as_ref(v) for v in value)
+        return value
+
+    def as_meta(value: Any) -> Any:
+        if isinstance(value, TensorSpec):
+            return meta_tensor(value)
+        if isinstance(value, (list, tuple)):
+            return type(value)(as_meta(v) for v in value)
+        return value
+
+    op = resolve_op(target)
+    result = op(*as_meta(args), **{k: as_meta(v) for k, v in kwargs.items()})
+    flat = result if isinstance(result, (tuple, list)) else (result,)
+    outputs = tuple(spec_of(r) if isinstance(r, torch.Tensor) else None for r in flat)
+    bound = bind_args(op, args, kwargs, convert=as_ref)
+    node = Node(len(inputs), NodeKind.CALL, target, bound, outputs)
+    return OpCall(node, Graph((*inputs, node), "synthetic"))
+
+
+def cost_of(target: str, *args: Any, **kwargs: Any) -> Cost:
+    """Run the registered rule for `target` on a synthetic call."""
+    registry = load_rules()
+    call = op_call(target, *args, **kwargs)
+    rule = registry.lookup(call.node)
+    assert callable(rule), f"{target} has no cost rule (lookup gave {rule!r})"
+    return rule(call)
