@@ -19,11 +19,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fxlens.analyzer.errors import RuleError
 from fxlens.analyzer.graph import Graph, Node, TensorRef, TensorSpec
-
-
-class RuleError(Exception):
-    """A cost rule failed or was registered wrongly."""
 
 
 @dataclass(frozen=True)

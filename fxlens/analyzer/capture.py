@@ -1,0 +1,224 @@
+"""`capture(module, inputs) -> Graph`: trace a module on fake tensors, through a fallback chain.
+
+1. ``torch.export`` (non-strict): the training-IR graph, where ops such as ``linear``,
+   ``scaled_dot_product_attention`` and ``layer_norm`` are still whole.
+2. ``make_fx`` on fake tensors (pre-dispatch): for models export refuses, e.g. outputs of types
+   pytree does not know (the model's outputs are reduced to their tensors first).
+3. Recording the eager run at dispatch level (`fxlens.analyzer.recorder`): data-dependent
+   control flow, ``.item()``, MoE routing. On fake tensors first, on small real ones if an op
+   needs real values.
+
+Each link's failure is kept as a note in the graph, so the report says what was tried. Ops no
+rule knows are then decomposed until known (`fxlens.analyzer.decompose`). Weights are never
+materialised by links 1 and 2: a real CPU model is fakified, a meta one stays meta.
+
+Known limitations: symbolic shapes are concretised; the eager recording sees only the branch
+the example inputs take.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.fx
+import torch.fx.traceback as fx_traceback
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
+from torch.export.graph_signature import InputKind
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+from fxlens.analyzer.aten import spec_of
+from fxlens.analyzer.costs import CostRegistry
+from fxlens.analyzer.decompose import decompose_unknown, decomposition_table
+from fxlens.analyzer.errors import CaptureError
+from fxlens.analyzer.fx_convert import FxConverter, type_name, user_frame
+from fxlens.analyzer.graph import Graph, NodeKind, ParamInfo, TensorRef
+from fxlens.analyzer.recorder import Recorder, materialise, module_tracking, real_like
+
+log = logging.getLogger(__name__)
+
+METHODS = ("export", "make_fx", "record")
+DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException,
+                  GuardOnDataDependentSymNode)
+
+Inputs = tuple[Any, ...] | dict[str, Any]
+Step = Callable[[str], None]
+
+
+def capture(
+    module: torch.nn.Module,
+    inputs: Inputs,
+    registry: CostRegistry,
+    methods: tuple[str, ...] = METHODS,
+    on_step: Step = lambda _: None,
+) -> Graph:
+    """Trace `module` on `inputs` with the first method of `methods` that succeeds."""
+    args, kwargs = (tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((), dict(inputs))
+    notes: list[str] = []
+    last_error: BaseException | None = None
+    for method in methods:
+        on_step(f"capturing with {method}")
+        try:
+            nodes, outputs, label = _CAPTURERS[method](module, args, kwargs, registry)
+        except CaptureError:
+            raise
+        except Exception as error:  # each link may fail in its own way; the next one tries
+            log.info("%s failed: %s", method, error, exc_info=True)
+            notes.append(f"{method} failed: {_first_line(error)}")
+            last_error = error
+            continue
+        on_step("decomposing ops without a cost rule")
+        nodes = decompose_unknown(nodes, registry.knows)
+        return Graph(
+            nodes=tuple(nodes), capture_method=label, params=_params(module),
+            module_types={p: type_name(type(m)) for p, m in module.named_modules()},
+            outputs=outputs, notes=tuple(notes),
+        )
+    raise _capture_error(last_error, notes)
+
+
+# --- 1. torch.export -------------------------------------------------------------------------
+
+def _by_export(module, args, kwargs, registry):  # type: ignore[no-untyped-def]
+    program = torch.export.export(module, args, kwargs=kwargs, strict=False)
+    kinds = {
+        spec.arg.name: spec
+        for spec in program.graph_signature.input_specs
+        if hasattr(spec.arg, "name")
+    }
+
+    def input_kind(fx_node: torch.fx.Node) -> tuple[NodeKind, str]:
+        spec = kinds.get(fx_node.name)
+        if spec is None or spec.kind is InputKind.USER_INPUT:
+            return NodeKind.INPUT, fx_node.name
+        kind = NodeKind.PARAM if spec.kind is InputKind.PARAMETER else NodeKind.BUFFER
+        return kind, str(spec.target)
+
+    converter = FxConverter(input_kind)
+    converter.convert(program.graph_module.graph, program.graph_module)
+    return converter.nodes, _tensor_refs(converter.outputs), "torch.export (non-strict)"
+
+
+# --- 2. make_fx ------------------------------------------------------------------------------
+
+def _by_make_fx(module, args, kwargs, registry):  # type: ignore[no-untyped-def]
+    params = dict(module.named_parameters())
+    buffers = dict(module.named_buffers())
+
+    def forward(params, buffers, args, kwargs):  # type: ignore[no-untyped-def]
+        out = torch.func.functional_call(module, {**params, **buffers}, args, kwargs)
+        return [t for t in pytree.tree_leaves(_plain(out)) if isinstance(t, torch.Tensor)]
+
+    # NB: make_fx records no module stack through functional_call; publish our own.
+    with fx_traceback.preserve_node_meta(), module_tracking(module, [], publish=True):
+        gm = make_fx(forward, tracing_mode="fake", pre_dispatch=True, record_stack_traces=True)(
+            params, buffers, args, kwargs
+        )
+    names = [(NodeKind.PARAM, n) for n in params] + [(NodeKind.BUFFER, n) for n in buffers]
+    leaves = iter(names + [(NodeKind.INPUT, f"input{i}")
+                           for i, _ in enumerate(pytree.tree_leaves((args, kwargs)))])
+    placeholders = {n: next(leaves) for n in gm.graph.nodes if n.op == "placeholder"}
+    converter = FxConverter(lambda n: placeholders[n])
+    converter.convert(gm.graph, gm)
+    return converter.nodes, _tensor_refs(converter.outputs), "make_fx (fake tensors)"
+
+
+def _plain(value: Any) -> Any:
+    """Model outputs as pytree-friendly containers (ModelOutput, dataclasses → dicts)."""
+    if isinstance(value, torch.Tensor) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__dict__"):
+        return {k: _plain(v) for k, v in vars(value).items() if not k.startswith("_")}
+    return None
+
+
+# --- 3. dispatch-level recording -------------------------------------------------------------
+
+def _by_recording(module, args, kwargs, registry):  # type: ignore[no-untyped-def]
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
+            fake = pytree.tree_map_only(torch.Tensor, fake_mode.from_tensor,
+                                        (_state(module), args, kwargs))
+        return (*_record(module, *fake, registry, fake_mode), "eager recording (fake tensors)")
+    except DATA_DEPENDENT as error:
+        log.info("fake recording needs real values (%s); rerunning on real tensors", error)
+    real = materialise(module) if _on_meta(module) else module
+    state, args, kwargs = pytree.tree_map(real_like, (_state(real), args, kwargs))
+    label = "eager recording (real tensors: the graph follows these inputs' branches)"
+    return (*_record(real, state, args, kwargs, registry, None), label)
+
+
+def _record(module, state, args, kwargs, registry, fake_mode):  # type: ignore[no-untyped-def]
+    buffers = {n for n, _ in module.named_buffers()}
+    inputs = {id(t): (NodeKind.BUFFER if n in buffers else NodeKind.PARAM, n, t)
+              for n, t in state.items()}
+    for i, t in enumerate(pytree.tree_leaves((args, kwargs))):
+        if isinstance(t, torch.Tensor):
+            inputs.setdefault(id(t), (NodeKind.INPUT, f"input{i}", t))
+    recorder = Recorder(registry.knows, decomposition_table(), inputs)
+    tensors = fake_mode if fake_mode is not None else contextlib.nullcontext()
+    with module_tracking(module, recorder.module_stack), torch.no_grad(), tensors, recorder:
+        out = torch.func.functional_call(module, state, args, kwargs)
+    leaves = [t for t in pytree.tree_leaves(_plain(out)) if isinstance(t, torch.Tensor)]
+    return recorder.nodes, tuple(recorder.ref(t) for t in leaves)
+
+
+def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {**dict(module.named_parameters()), **dict(module.named_buffers())}
+
+
+def _on_meta(module: torch.nn.Module) -> bool:
+    return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
+
+
+_CAPTURERS = {"export": _by_export, "make_fx": _by_make_fx, "record": _by_recording}
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+def _tensor_refs(value: Any) -> tuple[TensorRef, ...]:
+    if isinstance(value, TensorRef):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        return tuple(r for v in value for r in _tensor_refs(v))
+    return ()
+
+
+def _params(module: torch.nn.Module) -> tuple[ParamInfo, ...]:
+    params = [ParamInfo(n, spec_of(p), False, p.requires_grad)
+              for n, p in module.named_parameters()]
+    buffers = [ParamInfo(n, spec_of(b), True, False) for n, b in module.named_buffers()]
+    return tuple(params + buffers)
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _capture_error(error: BaseException | None, notes: list[str]) -> CaptureError:
+    """One clear error: what failed last, at which line of the user's code, and what was tried."""
+    where = ""
+    if error is not None:
+        frames = [(f.filename, f.lineno or 0) for f in traceback.extract_tb(error.__traceback__)]
+        where = user_frame(frames)
+    message = f"could not capture the model: {_first_line(error) if error else 'no method'}"
+    if where:
+        message += f"\n  at {where}"
+    message += "\n  tried: " + "; ".join(notes)
+    return CaptureError(message)
+
