@@ -1,0 +1,108 @@
+"""The `analyze` command: the only module that prints. Exit codes: 0 ok, 2 could not run.
+
+    analyze TARGET [options]          TARGET: model.py, pkg.module:function or hf:<preset>
+
+Tables go to stdout, diagnostics and progress to stderr. Errors fxlens raises on purpose get
+one line and exit code 2; `--debug` shows the traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+
+from fxlens.analyzer.capture import METHODS
+from fxlens.analyzer.errors import FxlensError
+from fxlens.analyzer.report import Report, write_report
+
+EXIT_OK, EXIT_GATE, EXIT_ERROR = 0, 1, 2
+
+out = Console(highlight=False)
+err = Console(stderr=True, highlight=False)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="analyze",
+        description="Static cost analysis of a PyTorch model: FLOPs, bytes, per module.",
+    )
+    parser.add_argument("target", help="model.py, pkg.module:function or hf:<preset>")
+    parser.add_argument("--entry", help="factory function in the model file (default: build)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], type=_key_value,
+                        metavar="KEY=VALUE", help="override a config field of an hf: preset")
+    parser.add_argument("--batch", type=int, help="batch size of the example inputs")
+    parser.add_argument("--seq-len", type=int, help="sequence length of the example inputs")
+    parser.add_argument("--image-size", type=int, help="image side of the example inputs")
+    parser.add_argument("--out", type=Path, help="report folder (default: fxlens-out/<model>)")
+    parser.add_argument("--json", type=Path, help="write the JSON report here")
+    parser.add_argument("--depth", type=int, default=2, help="module tree depth (default 2)")
+    parser.add_argument("--top", type=int, default=10, help="rows in the top-ops table")
+    parser.add_argument("--method", choices=METHODS, action="append",
+                        help="capture method(s) to try, in order (default: all)")
+    parser.add_argument("--strict", action="store_true", help="a failing cost rule is fatal")
+    parser.add_argument("--quiet", action="store_true", help="no tables, files only")
+    parser.add_argument("--debug", action="store_true", help="tracebacks and debug logging")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return run_analyze(args)
+    except FxlensError as error:
+        if args.debug:
+            err.print_exception()
+        err.print(f"[bold red]error:[/] {error}", markup=True, highlight=False)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return EXIT_ERROR
+
+
+def run_analyze(args: argparse.Namespace) -> int:
+    from fxlens.api import analyze_target
+    from fxlens.reports.terminal import render_terminal
+
+    overrides = dict(args.overrides)
+    sizes = {"batch": args.batch, "seq_len": args.seq_len, "image_size": args.image_size}
+    with err.status("loading…") as status:
+        report = analyze_target(
+            args.target, args.entry, overrides, sizes,
+            methods=tuple(args.method) if args.method else METHODS,
+            strict=args.strict, on_step=lambda step: status.update(f"{step}…"),
+        )
+    written = _write_files(report, args)
+    if not args.quiet:
+        out.print(render_terminal(report, depth=args.depth, top=args.top))
+    for path in written:
+        err.print(f"wrote {path}")
+    return EXIT_OK
+
+
+def _write_files(report: Report, args: argparse.Namespace) -> list[Path]:
+    folder = args.out or Path("fxlens-out") / _safe_name(report.model.name)
+    json_path = args.json or folder / "report.json"
+    write_report(report, json_path)
+    return [json_path]
+
+
+def _safe_name(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _key_value(item: str) -> tuple[str, str]:
+    key, sep, value = item.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {item!r}")
+    return key.strip(), value.strip()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Number formatting at the edge: SI prefixes for counts (FLOPs, params), binary for bytes.
+
+Reports hold integers in base units; only renderers call these.
+"""
+
+from __future__ import annotations
+
+_SI = ((1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"))
+_BINARY = ((2**50, "PiB"), (2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB"))
+
+
+def si(value: float, unit: str = "") -> str:
+    """``1234567`` → ``1.23 M`` (SI, powers of 1000)."""
+    for scale, prefix in _SI:
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {prefix}{unit}"
+    return f"{value:.0f} {unit}".rstrip()
+
+
+def binary_bytes(value: float) -> str:
+    """``1536`` → ``1.50 KiB`` (binary, powers of 1024)."""
+    for scale, unit in _BINARY:
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f} B"
+
+
+def percent(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
