@@ -1,1 +1,178 @@
-"""placeholder"""
+"""Cost rules for scaled-dot-product attention: the composite op, its backend kernels and
+their backward.
+
+Legend: ``B, H, T_q, T_k, d``; ``BH`` is every leading dim of the query (batch × query
+heads), ``d_qk`` the query/key head dim, ``d_v`` the value head dim. The ``aten._sdpa_*``
+ops take ``(B, H, T, d)``; the raw ``_flash_attention_*`` / ``_efficient_attention_*``
+kernels take ``(B, T, H, d)``.
+
+Forward, per computed score (one query-key pair of one head):
+- QKᵀ ``2·d_qk`` and A·V ``2·d_v`` FLOPs, so ``4·BH·T_q·T_k·d`` dense when d_qk = d_v;
+- softmax ``SOFTMAX_FLOPS_PER_ELEMENT`` (5: max, subtract, exp, sum, divide).
+Backward, as torch.utils.flop_counter: five GEMMs, recompute S = QKᵀ (``2·d_qk``),
+dP = dO·Vᵀ (``2·d_v``), dV = Pᵀ·dO (``2·d_v``), dQ = dS·K and dK = dSᵀ·Q (``2·d_qk`` each),
+i.e. 2.5× the forward GEMMs; plus the softmax backward,
+``SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT`` per score (P = exp(S − logsumexp): 2;
+dS = P ⊙ (dP − D): 2) and ``D = rowsum(dO ⊙ O)``, 2 FLOPs per output element.
+
+Causal masking counts the work actually done: only computed scores. ``is_causal`` is
+top-left aligned as in SDPA (query i sees keys j ≤ i), so a head computes
+``Σ_i min(i + 1, T_k)`` scores, ``T(T + 1)/2`` for a square. The raw efficient kernels'
+``custom_mask_type`` 2 is bottom-right aligned (query i sees keys j ≤ i + T_k − T_q).
+NB: kernels skip whole tiles, not single scores, so real causal work is slightly higher.
+
+Grouped-query attention (fewer key/value heads, ``enable_gqa``): FLOPs follow the query
+heads, as every query head computes its own scores.
+
+Bytes: the default (inputs read once, outputs written once) is right for the fused kernels,
+which never materialise the score matrix. ``_scaled_dot_product_attention_math`` does: when it
+stays whole (it normally decomposes) we add writing the raw scores and reading scores and
+probabilities back (its second output, the probabilities, is already written by the default),
+and count its FLOPs on the dense square even when causal (there the mask is applied to a full
+score matrix, no work is skipped).
+
+Against FlopCounterMode (torch 2.13), ours = its GEMMs + the softmax terms, except where it is
+knowingly off: it counts 0 for the CPU flash kernel and its backward, the dense square for
+causal, and reads the raw kernels' (B, T, H, d) tensors as if they were (B, H, T, d).
+
+Known limitations: the additive mask/bias and the score scaling (1 FLOP per score each) and
+dropout are not counted; sliding windows (``window_size*``) are not discounted (counted as
+their causal or dense square); variable-length (nested/``cum_seq``) batches count every
+sequence at the maximum length, as FlopCounterMode does (fake tensors do not know the offsets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from fxlens.analyzer.costs import Cost, OpCall, cost_rule, numel
+from fxlens.rules.conventions import FLOPS_PER_MAC, SOFTMAX_FLOPS_PER_ELEMENT
+
+aten = torch.ops.aten
+
+SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT = 4
+OUTPUT_DOT_FLOPS_PER_ELEMENT = 2  # D = rowsum(dO ⊙ O): one multiply-add per output element
+
+
+@dataclass(frozen=True)
+class Attn:
+    """Sizes of one attention call: `scores` is computed scores per (batch, query head)."""
+
+    bh: int
+    t_q: int
+    d_qk: int
+    d_v: int
+    scores: int
+
+
+def causal_scores(t_q: int, t_k: int, offset: int = 0) -> int:
+    """Σ_i clamp(i + 1 + offset, 0, t_k): scores when query i sees keys j ≤ i + offset."""
+
+    def prefix(m: int) -> int:  # Σ_{j<m} clamp(j, 0, t_k)
+        if m <= t_k + 1:
+            return m * (m - 1) // 2
+        return t_k * (t_k + 1) // 2 + (m - t_k - 1) * t_k
+
+    start = 1 + offset
+    return prefix(max(start + t_q, 0)) - prefix(max(start, 0))
+
+
+def _attn(call: OpCall, seq_first: bool = False, mask_type: int | None = None) -> Attn:
+    """Sizes from query/key/value, `(B, H, T, d)` or `(B, T, H, d)` when `seq_first`."""
+    q, k, v = call.shape("query"), call.shape("key"), call.shape("value")
+    t = -3 if seq_first else -2
+    seqs = _varlen_seqs(call) if seq_first else 1
+    t_q, t_k = (q[t], k[t]) if seqs == 1 else _max_lens(call)
+    if mask_type is None:
+        mask_type = int(bool(call.arg("is_causal", False)))
+    scores = t_q * t_k if mask_type == 0 else causal_scores(t_q, t_k, (mask_type - 1) * (t_k - t_q))
+    bh = numel(q) // max(q[t] * q[-1], 1) * seqs
+    return Attn(bh, t_q, q[-1], v[-1], scores)
+
+
+def _varlen_seqs(call: OpCall) -> int:
+    """Sequences packed into one varlen batch (offsets `cum_seq_q`); 1 for a padded batch."""
+    for name in ("cum_seq_q", "cu_seqlens_q"):
+        if call.has(name) and call.shape(name)[0] > 1:
+            return call.shape(name)[0] - 1
+    return 1
+
+
+def _max_lens(call: OpCall) -> tuple[int, int]:
+    """NB: a varlen batch counts every sequence at the max length (as FlopCounterMode)."""
+    names = ("max_q", "max_k") if call.has("max_q") else ("max_seqlen_q", "max_seqlen_k")
+    return int(call.arg(names[0])), int(call.arg(names[1]))
+
+
+def forward_flops(a: Attn) -> int:
+    per_score = FLOPS_PER_MAC * (a.d_qk + a.d_v) + SOFTMAX_FLOPS_PER_ELEMENT
+    return a.bh * a.scores * per_score
+
+
+def backward_flops(a: Attn) -> int:
+    per_score = FLOPS_PER_MAC * (3 * a.d_qk + 2 * a.d_v) + SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT
+    return a.bh * (a.scores * per_score + OUTPUT_DOT_FLOPS_PER_ELEMENT * a.t_q * a.d_v)
+
+
+@cost_rule(
+    aten.scaled_dot_product_attention,
+    aten._scaled_dot_product_flash_attention,
+    aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_efficient_attention,
+    aten._scaled_dot_product_cudnn_attention,
+)
+def sdpa(call: OpCall) -> Cost:
+    """Fused attention forward on (B, H, T, d): GEMMs + softmax on every computed score."""
+    return Cost(flops=forward_flops(_attn(call)))
+
+
+@cost_rule(
+    aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention_backward,
+)
+def sdpa_backward(call: OpCall) -> Cost:
+    """Fused attention backward on (B, H, T, d): five GEMMs + softmax backward."""
+    return Cost(flops=backward_flops(_attn(call)))
+
+
+@cost_rule(aten._flash_attention_forward)
+def flash_forward(call: OpCall) -> Cost:
+    """Raw flash kernel on (B, T, H, d) or varlen (total, H, d)."""
+    return Cost(flops=forward_flops(_attn(call, seq_first=True)))
+
+
+@cost_rule(aten._flash_attention_backward)
+def flash_backward(call: OpCall) -> Cost:
+    return Cost(flops=backward_flops(_attn(call, seq_first=True)))
+
+
+@cost_rule(aten._efficient_attention_forward)
+def efficient_forward(call: OpCall) -> Cost:
+    """Raw memory-efficient kernel on (B, T, H, d); causality from `custom_mask_type`."""
+    mask_type = int(call.arg("custom_mask_type"))
+    return Cost(flops=forward_flops(_attn(call, seq_first=True, mask_type=mask_type)))
+
+
+@cost_rule(aten._efficient_attention_backward)
+def efficient_backward(call: OpCall) -> Cost:
+    mask_type = int(call.arg("custom_mask_type"))
+    return Cost(flops=backward_flops(_attn(call, seq_first=True, mask_type=mask_type)))
+
+
+@cost_rule(aten._scaled_dot_product_attention_math)
+def sdpa_math(call: OpCall) -> Cost:
+    """Unfused reference path: the dense square (causal is a mask, not skipped work), and
+    the score matrix goes through memory."""
+    a = _attn(call, mask_type=0)
+    score_bytes = call.outputs[1].nbytes  # (…, T_q, T_k) probabilities, q's dtype
+    default_read = sum(t.storage_bytes for t in call.inputs)
+    default_written = sum(t.nbytes for t in call.outputs)
+    return Cost(
+        flops=forward_flops(a),
+        bytes_read=default_read + 2 * score_bytes,
+        bytes_written=default_written + score_bytes,
+    )

@@ -1,0 +1,1 @@
+"""Rule tests: synthetic op calls, table-driven, plus differential tests."""
