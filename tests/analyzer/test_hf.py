@@ -1,0 +1,181 @@
+"""`transformers` presets: built on meta from shipped configs, exportable, errors that help."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from typing import Any
+
+import pytest
+import torch
+
+from fxlens.analyzer import hf
+from fxlens.analyzer.errors import FxlensError, LoadError
+from fxlens.analyzer.hf import InputKind, load_preset, parse_overrides, preset_names, read_preset
+
+pytest.importorskip("transformers")
+
+REQUIRED = {
+    "gpt2", "gpt2-xl", "bert-base", "t5-small", "llama-2-7b", "llama-3-8b", "llama-3-70b",
+    "mistral-7b", "mixtral-8x7b", "qwen2-7b", "whisper-tiny", "vit-base",
+}
+
+# Parameter counts of the published checkpoints (tied embeddings counted once): a wrong
+# architecture field almost always changes them.
+PUBLISHED_PARAMS = {
+    "gpt2": 124_439_808,
+    "gpt2-xl": 1_557_611_200,
+    "bert-base": 109_514_298,          # BertForMaskedLM: BertModel without pooler + MLM head
+    "t5-small": 60_506_624,
+    "llama-2-7b": 6_738_415_616,
+    "llama-3-8b": 8_030_261_248,
+    "llama-3.1-8b": 8_030_261_248,
+    "llama-3-70b": 70_553_706_496,
+    "mistral-7b": 7_241_732_096,
+    "mixtral-8x7b": 46_702_792_704,
+    "qwen2-7b": 7_615_616_512,
+    "whisper-tiny": 37_760_640,
+    "vit-base": 86_567_656,
+}
+
+# SDPA calls per forward: one per attention module (encoder-decoders add cross-attention).
+SDPA_CALLS = {"t5-small": 3 * 6, "whisper-tiny": 3 * 4}
+
+
+def n_params(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def test_every_required_preset_ships() -> None:
+    assert set(preset_names()) >= REQUIRED
+    assert set(PUBLISHED_PARAMS) == set(preset_names()), "add the published count of new presets"
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_preset_file_is_well_formed(name: str) -> None:
+    raw = json.loads((hf.PRESET_DIR / f"{name}.json").read_text())
+    preset = read_preset(name)
+    assert "/" in preset.source, "source is the hub id of the published config"
+    assert preset.model_class.startswith(preset.config_class.removesuffix("Config"))
+    assert set(raw) <= {"source", "config_class", "model_class", "input_kind", "dtype",
+                        "inputs", "config"}
+    if preset.input_kind is not InputKind.IMAGE:
+        assert raw["config"]["use_cache"] is False
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama-2-7b", "llama-3-70b"])
+def test_builds_on_meta_without_allocating(name: str) -> None:
+    loaded = load_preset(name)
+    assert not loaded.module.training
+    for tensor_name, tensor in [*loaded.module.named_parameters(), *loaded.module.named_buffers()]:
+        assert tensor.device.type == "meta", f"{tensor_name} holds real memory"
+    assert all(t.device.type == "meta" for t in loaded.inputs.values())
+    assert loaded.name == name and read_preset(name).source in loaded.source
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED_PARAMS))
+def test_parameter_count_matches_published_checkpoint(name: str) -> None:
+    assert n_params(load_preset(name).module) == PUBLISHED_PARAMS[name]
+
+
+def test_attention_is_sdpa_and_cache_off() -> None:
+    config = load_preset("llama-3-8b").module.config
+    assert config._attn_implementation == "sdpa"
+    assert config.use_cache is False
+
+
+def test_dtype_defaults_to_published_and_can_be_overridden() -> None:
+    llama = load_preset("llama-3-8b").module
+    assert {p.dtype for p in llama.parameters()} == {torch.bfloat16}
+    # RoPE frequencies stay float32, as from_pretrained leaves them
+    assert llama.model.rotary_emb.inv_freq.dtype == torch.float32
+    gpt2 = load_preset("gpt2", dtype="float16").module
+    assert {p.dtype for p in gpt2.parameters()} == {torch.float16}
+    with pytest.raises(LoadError, match="floating"):
+        load_preset("gpt2", dtype="int8")
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "expected"),
+    [
+        ("gpt2", {"batch": 3, "seq_len": 7}, {"input_ids": ((3, 7), torch.int64)}),
+        ("t5-small", {"seq_len": 9},
+         {"input_ids": ((1, 9), torch.int64), "decoder_input_ids": ((1, 9), torch.int64)}),
+        ("vit-base", {"batch": 2, "image_size": 384},
+         {"pixel_values": ((2, 3, 384, 384), torch.float32)}),
+        ("whisper-tiny", {"seq_len": 5},
+         {"input_features": ((1, 80, 3000), torch.float32),
+          "decoder_input_ids": ((1, 5), torch.int64)}),
+        ("mistral-7b", {}, {"input_ids": ((1, 4096), torch.int64)}),
+    ],
+)
+def test_example_inputs_by_kind(name: str, kwargs: dict[str, Any], expected: dict) -> None:
+    inputs = load_preset(name, **kwargs).inputs
+    assert {k: (tuple(v.shape), v.dtype) for k, v in inputs.items()} == expected
+
+
+def test_overrides_parse_as_json_else_string() -> None:
+    parsed = parse_overrides({"a": "2", "b": "1e6", "c": "true", "d": "null", "e": "gelu",
+                              "f": "False", "g": "[1, 2]", "h": 3})
+    assert parsed == {"a": 2, "b": 1e6, "c": True, "d": None, "e": "gelu", "f": False,
+                      "g": [1, 2], "h": 3}
+
+
+def test_overrides_change_the_architecture() -> None:
+    loaded = load_preset("llama-3-8b", {"num_hidden_layers": "2", "rope_theta": "1e6"})
+    assert len(loaded.module.model.layers) == 2
+    assert loaded.module.config.rope_parameters["rope_theta"] == 1e6
+    gpt2 = load_preset("gpt2", {"hidden_size": "256", "n_head": "4"}).module  # an alias
+    assert gpt2.config.n_embd == 256
+
+
+def test_unknown_override_key_names_it_and_suggests() -> None:
+    with pytest.raises(LoadError, match=r"num_layers.*did you mean num_hidden_layers"):
+        load_preset("llama-3-8b", {"num_layers": "2"})
+
+
+def test_invalid_override_value_is_a_load_error() -> None:
+    with pytest.raises(LoadError, match="hidden_size"):
+        load_preset("llama-3-8b", {"hidden_size": "big"})
+    with pytest.raises(LoadError, match="multiple of the number of attention heads"):
+        load_preset("llama-3-8b", {"num_attention_heads": "7"})
+
+
+def test_unknown_preset_lists_the_known_ones() -> None:
+    with pytest.raises(LoadError, match="unknown preset 'llama-9'") as info:
+        load_preset("llama-9")
+    assert all(name in str(info.value) for name in REQUIRED)
+
+
+def test_seq_len_beyond_learned_positions_is_an_error() -> None:
+    with pytest.raises(LoadError, match="max_position_embeddings"):
+        load_preset("gpt2", seq_len=1025)
+    with pytest.raises(LoadError, match="max_target_positions"):
+        load_preset("whisper-tiny", seq_len=449)
+
+
+def test_missing_transformers_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    real_find_spec = importlib.util.find_spec
+
+    def find_spec(name: str, *args: Any) -> Any:
+        return None if name == "transformers" else real_find_spec(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    with pytest.raises(LoadError, match=r"pip install fxlens\[hf\]"):
+        load_preset("gpt2")
+
+
+def test_errors_share_one_base() -> None:
+    from fxlens.analyzer.errors import CaptureError, ReportError
+
+    assert all(issubclass(e, FxlensError) for e in (LoadError, CaptureError, ReportError))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", preset_names())
+def test_preset_exports_with_one_sdpa_per_attention(name: str) -> None:
+    loaded = load_preset(name, seq_len=16)
+    exported = torch.export.export(loaded.module, (), kwargs=loaded.inputs, strict=False)
+    targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+    sdpa = targets.count("aten.scaled_dot_product_attention.default")
+    assert sdpa == SDPA_CALLS.get(name, loaded.module.config.num_hidden_layers)
