@@ -54,12 +54,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
+    if not args.debug:
+        # A failing capture method is expected and reported by us; torch's own warnings
+        # about it (graph dumps, unbacked symbols) are noise.
+        logging.getLogger("torch").setLevel(logging.ERROR)
     try:
         return run_analyze(args)
     except FxlensError as error:
         if args.debug:
             err.print_exception()
-        err.print(f"[bold red]error:[/] {error}", markup=True, highlight=False)
+        err.print(f"[bold red]error:[/] {error}", markup=True, highlight=False, soft_wrap=True)
         return EXIT_ERROR
     except KeyboardInterrupt:
         err.print("interrupted")

@@ -19,9 +19,10 @@ the example inputs take.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -69,7 +70,8 @@ def capture(
     for method in methods:
         on_step(f"capturing with {method}")
         try:
-            nodes, outputs, label = _CAPTURERS[method](module, args, kwargs, registry)
+            with _quiet_stderr():
+                nodes, outputs, label = _CAPTURERS[method](module, args, kwargs, registry)
         except CaptureError:
             raise
         except Exception as error:  # each link may fail in its own way; the next one tries
@@ -190,6 +192,19 @@ _CAPTURERS = {"export": _by_export, "make_fx": _by_make_fx, "record": _by_record
 
 # --- helpers ---------------------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """torch.export prints a failed trace's partial graph to stderr; a failing link is expected
+    here and reported in the notes, so that dump goes to the debug log instead."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buffer):
+            yield
+    finally:
+        if buffer.getvalue():
+            log.debug("stderr during capture:\n%s", buffer.getvalue())
+
+
 def _tensor_refs(value: Any) -> tuple[TensorRef, ...]:
     if isinstance(value, TensorRef):
         return (value,)
@@ -206,19 +221,18 @@ def _params(module: torch.nn.Module) -> tuple[ParamInfo, ...]:
 
 
 def _first_line(error: BaseException) -> str:
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}"[:300]
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
 
 
 def _capture_error(error: BaseException | None, notes: list[str]) -> CaptureError:
-    """One clear error: what failed last, at which line of the user's code, and what was tried."""
+    """One clear line: the last failure, the user's line it happened at, the methods tried."""
     where = ""
     if error is not None:
         frames = [(f.filename, f.lineno or 0) for f in traceback.extract_tb(error.__traceback__)]
         where = user_frame(frames)
-    message = f"could not capture the model: {_first_line(error) if error else 'no method'}"
-    if where:
-        message += f"\n  at {where}"
-    message += "\n  tried: " + "; ".join(notes)
-    return CaptureError(message)
-
+    tried = ", ".join(note.split(" failed")[0] for note in notes)
+    return CaptureError(
+        f"could not capture the model: {_first_line(error) if error else 'no method'}"
+        f"{f' at {where}' if where else ''} (tried {tried})"
+    )
