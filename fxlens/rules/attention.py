@@ -8,11 +8,11 @@ kernels take ``(B, T, H, d)``.
 
 Forward, per computed score (one query-key pair of one head):
 - QKᵀ ``2·d_qk`` and A·V ``2·d_v`` FLOPs, so ``4·BH·T_q·T_k·d`` dense when d_qk = d_v;
-- softmax ``SOFTMAX_FLOPS_PER_ELEMENT`` (5: max, subtract, exp, sum, divide).
+- softmax ``SOFTMAX_FLOPS_PER_ELEMENT`` (8: max, subtract, exp 4, sum, divide).
 Backward, as torch.utils.flop_counter: five GEMMs, recompute S = QKᵀ (``2·d_qk``),
 dP = dO·Vᵀ (``2·d_v``), dV = Pᵀ·dO (``2·d_v``), dQ = dS·K and dK = dSᵀ·Q (``2·d_qk`` each),
 i.e. 2.5× the forward GEMMs; plus the softmax backward,
-``SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT`` per score (P = exp(S − logsumexp): 2;
+``SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT`` per score (P = exp(S − logsumexp): 1 + 4;
 dS = P ⊙ (dP − D): 2) and ``D = rowsum(dO ⊙ O)``, 2 FLOPs per output element.
 
 Causal masking counts the work actually done: only computed scores. ``is_causal`` is
@@ -48,11 +48,15 @@ from dataclasses import dataclass
 import torch
 
 from fxlens.analyzer.costs import Cost, OpCall, cost_rule, numel
-from fxlens.rules.conventions import FLOPS_PER_MAC, SOFTMAX_FLOPS_PER_ELEMENT
+from fxlens.rules.conventions import (
+    FLOPS_PER_MAC,
+    SOFTMAX_FLOPS_PER_ELEMENT,
+    SPECIAL_FUNCTION_FLOPS,
+)
 
 aten = torch.ops.aten
 
-SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT = 4
+SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT = 1 + SPECIAL_FUNCTION_FLOPS + 2
 OUTPUT_DOT_FLOPS_PER_ELEMENT = 2  # D = rowsum(dO ⊙ O): one multiply-add per output element
 
 

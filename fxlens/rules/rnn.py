@@ -15,13 +15,13 @@ ops this is ``2·tokens·Σ numel(2-D params)``: the flat ``params`` list carrie
 sizes, so bidirectional, deeper layers' ``2·h`` inputs and projections need no special case.
 
 Elementwise FLOPs per hidden unit per token (``n_b`` bias vectors, 2 when ``has_biases``;
-sigmoid ``SIGMOID_FLOPS`` = 4: negate, exp, add, divide; tanh ``TANH_FLOPS`` = 5: scale, exp,
-subtract, add, divide; relu 1):
+sigmoid ``SIGMOID_FLOPS`` = 7 and tanh ``TANH_FLOPS`` = 4 as everywhere, see
+`fxlens.rules.conventions`; relu 1):
 - LSTM: gate sums ``4·(1 + n_b)``; 3 sigmoids + tanh(g) + tanh(c); c' = f·c + i·g (3);
-  h' = o·tanh(c') (1): ``8 + 4·n_b + 3·4 + 2·5`` = 30 + 4·n_b;
+  h' = o·tanh(c') (1): ``8 + 4·n_b + 3·7 + 2·4`` = 37 + 4·n_b;
 - GRU: biases ``3·n_b``; r, z sums (2); n = tanh(x_n + r·h_n) (2 + tanh); 2 sigmoids;
-  h' = n + z·(h − n) (3): ``7 + 3·n_b + 2·4 + 5`` = 20 + 3·n_b;
-- RNN: one sum, ``n_b`` biases, one tanh (5) or relu (1).
+  h' = n + z·(h − n) (3): ``7 + 3·n_b + 2·7 + 4`` = 25 + 3·n_b;
+- RNN: one sum, ``n_b`` biases, one tanh (4) or relu (1).
 The fused cell kernels (``_thnn_fused_*_cell``) receive precomputed gate GEMMs and cost the
 elementwise part only.
 
@@ -44,13 +44,10 @@ import torch
 
 from fxlens.analyzer.costs import Cost, OpCall, RuleError, cost_rule, numel
 from fxlens.analyzer.graph import TensorSpec
-from fxlens.rules.conventions import FLOPS_PER_MAC
+from fxlens.rules.conventions import FLOPS_PER_MAC, RELU_FLOPS, SIGMOID_FLOPS, TANH_FLOPS
 
 aten = torch.ops.aten
 
-SIGMOID_FLOPS = 4
-TANH_FLOPS = 5
-RELU_FLOPS = 1
 BACKWARD_ELEMENTWISE_FACTOR = 2
 
 

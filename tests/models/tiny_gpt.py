@@ -8,8 +8,9 @@ token embedding (no bias). Legend: ``B`` batch, ``T`` seq_len, ``C`` d_model, ``
 
 `closed_form_flops` is the analytic oracle: ``2·N·B·T`` for the N weights of every matmul
 (12·C² per block plus the V·C head) and, per block, QKᵀ and A·V on the computed causal scores
-(``B·H·T(T+1)/2`` of them, ``4·d`` FLOPs each), plus softmax at 5 FLOPs per score, following
-`fxlens.rules.conventions`. Bias adds, LayerNorm, GELU and residual adds are left out of it.
+(``B·H·T(T+1)/2`` of them, ``4·d`` FLOPs each), plus softmax at 8 FLOPs per score (max, sub,
+exp 4, sum, div), following `fxlens.rules.conventions`. Bias adds, LayerNorm, GELU and
+residual adds are left out of it.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def closed_form_flops(
     return ClosedForm(
         linear_flops=2 * matmul_weights * tokens,
         attention_flops=scores * 4 * (d_model // n_head),
-        softmax_flops=scores * 5,
+        softmax_flops=scores * (1 + 1 + 4 + 1 + 1),  # max, sub, exp, sum, div
     )
 
 
