@@ -158,5 +158,6 @@ def _coverage(graph: Graph, costs: dict[int, NodeCost]) -> Coverage:
                           if c.status == "unsupported")
     failed = {graph.nodes[i].target: c.error for i, c in costs.items() if c.status == "failed"}
     return Coverage(costed=statuses["costed"], free=statuses["free"],
-                    unsupported=dict(sorted(unsupported.items())), failed=dict(sorted(failed.items())))
+                    unsupported=dict(sorted(unsupported.items())),
+                    failed=dict(sorted(failed.items())))
 

@@ -129,5 +129,6 @@ def _loaded(module: Any, inputs: Any, name: str, source: str) -> LoadedModel:
 
 
 def _user_error(what: str, error: BaseException) -> str:
-    where = user_frame([(f.filename, f.lineno or 0) for f in traceback.extract_tb(error.__traceback__)])
+    frames = traceback.extract_tb(error.__traceback__)
+    where = user_frame([(f.filename, f.lineno or 0) for f in frames])
     return f"{what}{f' at {where}' if where else ''}: {type(error).__name__}: {error}"

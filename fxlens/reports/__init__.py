@@ -1,1 +1,1 @@
-"""Pure functions from a Report to text, JSON, DOT, HTML and Markdown. No metric is computed here."""
+"""Pure functions from a Report to text, JSON, DOT, HTML, Markdown. No metric is computed here."""

@@ -21,7 +21,7 @@ def render_terminal(report: Report, depth: int = 2, top: int = 10) -> Renderable
 
 
 def summary(report: Report) -> Table:
-    model, totals, coverage = report.model, report.totals, report.coverage
+    model, totals = report.model, report.totals
     table = Table(title=f"fxlens · {model.name}", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column()

@@ -10,8 +10,11 @@ import pytest
 import torch
 
 from fxlens.analyzer import hf
+from fxlens.analyzer.capture import capture
+from fxlens.analyzer.engine import analyze
 from fxlens.analyzer.errors import FxlensError, LoadError
 from fxlens.analyzer.hf import InputKind, load_preset, parse_overrides, preset_names, read_preset
+from fxlens.rules import load_rules
 
 pytest.importorskip("transformers")
 
@@ -173,9 +176,12 @@ def test_errors_share_one_base() -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", preset_names())
-def test_preset_exports_with_one_sdpa_per_attention(name: str) -> None:
+def test_preset_exports_fully_costed_with_one_sdpa_per_attention(name: str) -> None:
     loaded = load_preset(name, seq_len=16)
-    exported = torch.export.export(loaded.module, (), kwargs=loaded.inputs, strict=False)
-    targets = [str(n.target) for n in exported.graph.nodes if n.op == "call_function"]
+    registry = load_rules()
+    graph = capture(loaded.module, loaded.inputs, registry, methods=("export",))
+    report = analyze(graph, registry, strict=True)
+    assert report.coverage.unsupported == {} and report.coverage.failed == {}
+    targets = [n.target for n in graph.calls()]
     sdpa = targets.count("aten.scaled_dot_product_attention.default")
     assert sdpa == SDPA_CALLS.get(name, loaded.module.config.num_hidden_layers)

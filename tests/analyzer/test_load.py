@@ -1,0 +1,79 @@
+"""Loading model files, factories and their errors."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+from fxlens.analyzer.errors import LoadError
+from fxlens.analyzer.load import load
+
+MODEL = """
+import torch
+
+def build(batch=2):
+    return torch.nn.Linear(4, 3), (torch.randn(batch, 4),)
+
+def build_small():
+    return torch.nn.Linear(2, 2), {"input": torch.randn(1, 2)}
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "model.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_build_receives_sizes_it_declares(tmp_path: Path) -> None:
+    loaded = load(str(write(tmp_path, MODEL)), sizes={"batch": 5, "seq_len": 7})
+    assert isinstance(loaded.module, torch.nn.Linear)
+    assert loaded.inputs[0].shape == (5, 4)
+    assert loaded.name == "model"
+
+
+def test_entry_names_another_factory_with_keyword_inputs(tmp_path: Path) -> None:
+    loaded = load(str(write(tmp_path, MODEL)), entry="build_small")
+    assert set(loaded.inputs) == {"input"}
+    assert loaded.name == "model:build_small"
+
+
+def test_module_level_model_and_inputs(tmp_path: Path) -> None:
+    text = "import torch\nmodel = torch.nn.ReLU()\nexample_inputs = torch.ones(3)\n"
+    path = write(tmp_path, text)
+    loaded = load(str(path))
+    assert isinstance(loaded.inputs, tuple) and loaded.inputs[0].shape == (3,)
+
+
+def test_package_function_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    pkg = tmp_path / "mypkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    write(pkg, MODEL, "models.py")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    loaded = load("mypkg.models:build", sizes={"batch": 3})
+    assert loaded.inputs[0].shape == (3, 4)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("def build(:\n    pass\n", "syntax error in"),
+        ("import torch\n", "has no function `build()`"),
+        ("def build():\n    raise ValueError('boom')\n", "model.py:2"),
+        ("def build():\n    return 1\n", "must return (module, example_inputs)"),
+        ("import torch\nmodel = torch.nn.ReLU()\n", "no `example_inputs`"),
+        ("import torch\ndef build():\n    return torch.nn.ReLU(), 3\n", "example inputs must be"),
+    ],
+)
+def test_bad_model_files_name_the_problem(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(LoadError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load(str(write(tmp_path, text)))
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(LoadError, match="not found"):
+        load(str(tmp_path / "nope.py"))

@@ -1,0 +1,106 @@
+"""The `analyze` command end to end: files written, JSON contract, one-line errors, exit codes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fxlens.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_example_writes_the_versioned_report(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "report.json"
+    assert main([str(ROOT / "examples/tiny_gpt.py"), "--json", str(out), "--depth", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert "forward FLOPs" in printed and "top 10 ops" in printed
+    report = json.loads(out.read_text())
+    assert report["schema_version"] == 1
+    assert {"name", "capture_method", "params", "param_bytes"} <= set(report["model"])
+    assert set(report["totals"]) >= {"flops", "macs", "bytes_read", "bytes_written"}
+    node = report["nodes"][0]
+    assert set(node) >= {"id", "target", "module", "module_type", "source", "outputs", "flops",
+                         "bytes_read", "bytes_written"}
+    assert {"path", "type", "flops", "params"} <= set(report["modules"][0])
+    assert set(report["coverage"]) >= {"costed", "free", "unsupported"}
+    assert report["coverage"]["unsupported"] == {}
+    assert report["totals"]["flops"] == sum(n["flops"] for n in report["nodes"])
+    root = next(m for m in report["modules"] if m["path"] == "")
+    assert root["flops"] == report["totals"]["flops"]
+    assert root["params"] == report["model"]["params"]
+
+
+def test_python_dash_m_is_the_same_cli(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "fxlens", str(ROOT / "tests/models/mlp.py"), "--quiet",
+         "--json", str(out)], capture_output=True, text=True, cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(out.read_text())["model"]["name"] == "mlp"
+
+
+BAD_FORWARD = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        y = self.fc(x)
+        raise ValueError("forward is broken")
+
+def build():
+    return Net(), (torch.randn(2, 4),)
+"""
+
+WRONG_SHAPE = """
+import torch
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(x)
+
+def build():
+    return Net(), (torch.randn(2, 5),)
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (None, "model file not found"),
+        ("def build(:\n", "syntax error in"),
+        ("x = 1\n", "has no function `build()`"),
+        (BAD_FORWARD, "model.py:11"),
+        (WRONG_SHAPE, "model.py:10"),
+    ],
+)
+def test_bad_input_gets_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture, text: str | None, expected: str
+) -> None:
+    path = tmp_path / "model.py"
+    if text is not None:
+        path.write_text(textwrap.dedent(text))
+    assert main([str(path), "--out", str(tmp_path / "out")]) == 2
+    captured = capsys.readouterr()
+    assert expected in captured.err
+    assert "Traceback" not in captured.err
+
+
+def test_unknown_preset_lists_the_known_ones(capsys: pytest.CaptureFixture) -> None:
+    assert main(["hf:not-a-model"]) == 2
+    err = capsys.readouterr().err
+    assert "llama-2-7b" in err and "gpt2" in err
