@@ -11,6 +11,7 @@ under 1.5 GiB peak RSS; GPT-2 no more than 2× FlopCounterMode's time.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import statistics
@@ -67,6 +68,7 @@ def main() -> None:
             report = Path(folder) / "report.json"
             ours = median_run([sys.executable, "-m", "fxlens", target, "--seq-len", str(seq_len),
                                "--quiet", "--json", str(report)], args.repeat)
+            ours = (*ours[:2], str(json.loads(report.read_text())["totals"]["flops"]))
             theirs = median_run([sys.executable, str(HERE / "flop_counter_baseline.py"), target,
                                  "--seq-len", str(seq_len)], args.repeat)
             rows.append((target, seq_len, ours, theirs))
@@ -77,13 +79,14 @@ def main() -> None:
         f"torch {torch.__version__}; median of {args.repeat} runs, each in its own process.",
         "",
         "| model | seq | fxlens time | fxlens peak RSS | FlopCounterMode time | "
-        "FlopCounterMode peak RSS | time ratio |",
-        "|---|---|---|---|---|---|---|",
+        "FlopCounterMode peak RSS | time ratio | fxlens FLOPs | FlopCounterMode FLOPs |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for target, seq_len, ours, theirs in rows:
         lines.append(
             f"| {target} | {seq_len} | {ours[0]:.1f} s | {ours[1] / 2**30:.2f} GiB | "
-            f"{theirs[0]:.1f} s | {theirs[1] / 2**30:.2f} GiB | {ours[0] / theirs[0]:.2f}× |"
+            f"{theirs[0]:.1f} s | {theirs[1] / 2**30:.2f} GiB | {ours[0] / theirs[0]:.2f}× | "
+            f"{float(ours[2]):.3e} | {float(theirs[2]):.3e} |"
         )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")

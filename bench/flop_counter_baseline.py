@@ -2,8 +2,10 @@
 
     python bench/flop_counter_baseline.py hf:llama-2-7b --seq-len 2048
 
-Loads the target exactly as fxlens does, then runs one forward under FlopCounterMode and
-prints the total FLOPs. Meta tensors: no weights, no real compute.
+Loads the target exactly as fxlens does, then runs one forward under FlopCounterMode on fake
+tensors made from the meta-device model (as FlopCounterMode users do for models without
+weights; plain meta tensors fail where `transformers` calls ``.item()`` outside tracing) and
+prints the total FLOPs. No weights, no real compute.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import argparse
 
 import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxlens.analyzer.load import load
@@ -25,8 +29,13 @@ def main() -> None:
     loaded = load(args.target, sizes={"seq_len": args.seq_len, "batch": args.batch})
     call_args, kwargs = ((loaded.inputs, {}) if isinstance(loaded.inputs, tuple)
                          else ((), loaded.inputs))
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        loaded.module(*call_args, **kwargs)
+    module = loaded.module
+    state = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+    with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
+        state, call_args, kwargs = pytree.tree_map_only(
+            torch.Tensor, fake_mode.from_tensor, (state, call_args, kwargs))
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            torch.func.functional_call(module, state, call_args, kwargs)
     print(counter.get_total_flops())
 
 

@@ -43,7 +43,7 @@ from fxlens.analyzer.costs import CostRegistry
 from fxlens.analyzer.decompose import decompose_unknown, decomposition_table
 from fxlens.analyzer.errors import CaptureError
 from fxlens.analyzer.fx_convert import FxConverter, type_name, user_frame
-from fxlens.analyzer.graph import Graph, NodeKind, ParamInfo, TensorRef
+from fxlens.analyzer.graph import Graph, Node, NodeKind, ParamInfo, TensorRef
 from fxlens.analyzer.recorder import Recorder, materialise, module_tracking, real_like
 
 log = logging.getLogger(__name__)
@@ -53,6 +53,7 @@ DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException,
                   GuardOnDataDependentSymNode)
 
 Inputs = tuple[Any, ...] | dict[str, Any]
+Captured = tuple[list[Node], tuple[TensorRef, ...], str]   # nodes, graph outputs, method label
 Step = Callable[[str], None]
 
 
@@ -91,7 +92,8 @@ def capture(
 
 # --- 1. torch.export -------------------------------------------------------------------------
 
-def _by_export(module, args, kwargs, registry):  # type: ignore[no-untyped-def]
+def _by_export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+               registry: CostRegistry) -> Captured:
     program = torch.export.export(module, args, kwargs=kwargs, strict=False)
     kinds = {
         spec.arg.name: spec
@@ -113,11 +115,13 @@ def _by_export(module, args, kwargs, registry):  # type: ignore[no-untyped-def]
 
 # --- 2. make_fx ------------------------------------------------------------------------------
 
-def _by_make_fx(module, args, kwargs, registry):  # type: ignore[no-untyped-def]
+def _by_make_fx(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                registry: CostRegistry) -> Captured:
     params = dict(module.named_parameters())
     buffers = dict(module.named_buffers())
 
-    def forward(params, buffers, args, kwargs):  # type: ignore[no-untyped-def]
+    def forward(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         out = torch.func.functional_call(module, {**params, **buffers}, args, kwargs)
         return [t for t in pytree.tree_leaves(_plain(out)) if isinstance(t, torch.Tensor)]
 
@@ -150,12 +154,14 @@ def _plain(value: Any) -> Any:
 
 # --- 3. dispatch-level recording -------------------------------------------------------------
 
-def _by_recording(module, args, kwargs, registry):  # type: ignore[no-untyped-def]
+def _by_recording(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  registry: CostRegistry) -> Captured:
     try:
         with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
-            fake = pytree.tree_map_only(torch.Tensor, fake_mode.from_tensor,
-                                        (_state(module), args, kwargs))
-        return (*_record(module, *fake, registry, fake_mode), "eager recording (fake tensors)")
+            state, fake_args, fake_kwargs = pytree.tree_map_only(
+                torch.Tensor, fake_mode.from_tensor, (_state(module), args, kwargs))
+        recorded = _record(module, state, fake_args, fake_kwargs, registry, fake_mode)
+        return (*recorded, "eager recording (fake tensors)")
     except DATA_DEPENDENT as error:
         log.info("fake recording needs real values (%s); rerunning on real tensors", error)
     real = materialise(module) if _on_meta(module) else module
@@ -164,7 +170,10 @@ def _by_recording(module, args, kwargs, registry):  # type: ignore[no-untyped-de
     return (*_record(real, state, args, kwargs, registry, None), label)
 
 
-def _record(module, state, args, kwargs, registry, fake_mode):  # type: ignore[no-untyped-def]
+def _record(
+    module: torch.nn.Module, state: dict[str, torch.Tensor], args: tuple[Any, ...],
+    kwargs: dict[str, Any], registry: CostRegistry, fake_mode: FakeTensorMode | None,
+) -> tuple[list[Node], tuple[TensorRef, ...]]:
     buffers = {n for n, _ in module.named_buffers()}
     inputs = {id(t): (NodeKind.BUFFER if n in buffers else NodeKind.PARAM, n, t)
               for n, t in state.items()}

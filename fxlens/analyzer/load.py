@@ -40,19 +40,20 @@ def load(
     overrides: Mapping[str, str] | None = None,
     sizes: Mapping[str, int | None] | None = None,
 ) -> LoadedModel:
-    sizes = {k: v for k, v in (sizes or {}).items() if v is not None}
+    given: dict[str, int] = {k: v for k, v in (sizes or {}).items() if v is not None}
     if target.startswith("hf:"):
         from fxlens.analyzer.hf import load_preset
 
-        return load_preset(target[3:], overrides or {}, **sizes)
+        return load_preset(target[3:], overrides or {}, batch=given.get("batch", 1),
+                           seq_len=given.get("seq_len"), image_size=given.get("image_size"))
     if overrides:
         raise LoadError("--set overrides config fields of hf: presets only")
     path = Path(target)
     if target.endswith(".py") or path.exists():
-        return _from_file(path, entry, sizes)
+        return _from_file(path, entry, given)
     if ":" in target:
         module_name, _, function = target.partition(":")
-        return _from_factory(_import(module_name), function, sizes, module_name)
+        return _from_factory(_import(module_name), function, given, module_name)
     raise LoadError(
         f"cannot load {target!r}: expected a .py file, 'pkg.module:function' or 'hf:<preset>'"
     )

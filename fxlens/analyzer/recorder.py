@@ -52,7 +52,7 @@ class Recorder(TorchDispatchMode):
         for kind, name, tensor in inputs.values():
             self._add_input(kind, name, tensor)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         decomposition = None if self._known(str(func)) else self._decompositions.get(func)
         if decomposition is not None:
