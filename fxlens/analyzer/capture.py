@@ -29,29 +29,21 @@ import torch
 import torch.fx
 import torch.fx.traceback as fx_traceback
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import (
-    DataDependentOutputException,
-    DynamicOutputShapeException,
-    FakeTensorMode,
-)
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export.graph_signature import InputKind
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
 from fxlens.analyzer.aten import spec_of
 from fxlens.analyzer.costs import CostRegistry
-from fxlens.analyzer.decompose import decompose_unknown, decomposition_table
+from fxlens.analyzer.decompose import decompose_unknown
 from fxlens.analyzer.errors import CaptureError
 from fxlens.analyzer.fx_convert import FxConverter, type_name, user_frame
 from fxlens.analyzer.graph import Graph, Node, NodeKind, ParamInfo, TensorRef
-from fxlens.analyzer.recorder import Recorder, materialise, module_tracking, real_like
+from fxlens.analyzer.recorder import Recorder, fake_then_real, module_tracking
 
 log = logging.getLogger(__name__)
 
 METHODS = ("export", "make_fx", "record")
-DATA_DEPENDENT = (DataDependentOutputException, DynamicOutputShapeException,
-                  GuardOnDataDependentSymNode)
-
 Inputs = tuple[Any, ...] | dict[str, Any]
 Captured = tuple[list[Node], tuple[TensorRef, ...], str]   # nodes, graph outputs, method label
 Step = Callable[[str], None]
@@ -81,9 +73,9 @@ def capture(
             last_error = error
             continue
         on_step("decomposing ops without a cost rule")
-        nodes = decompose_unknown(nodes, registry.knows)
+        nodes, outputs = decompose_unknown(nodes, registry.knows, outputs)
         return Graph(
-            nodes=tuple(nodes), capture_method=label, params=_params(module),
+            nodes=tuple(nodes), capture_method=label, params=param_infos(module),
             module_types={p: type_name(type(m)) for p, m in module.named_modules()},
             outputs=outputs, notes=tuple(notes),
         )
@@ -123,7 +115,7 @@ def _by_make_fx(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
     def forward(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
                 args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
         out = torch.func.functional_call(module, {**params, **buffers}, args, kwargs)
-        return [t for t in pytree.tree_leaves(_plain(out)) if isinstance(t, torch.Tensor)]
+        return [t for t in pytree.tree_leaves(plain_outputs(out)) if isinstance(t, torch.Tensor)]
 
     # NB: make_fx records no module stack through functional_call; publish our own.
     with fx_traceback.preserve_node_meta(), module_tracking(module, [], publish=True):
@@ -139,16 +131,16 @@ def _by_make_fx(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
     return converter.nodes, _tensor_refs(converter.outputs), "make_fx (fake tensors)"
 
 
-def _plain(value: Any) -> Any:
+def plain_outputs(value: Any) -> Any:
     """Model outputs as pytree-friendly containers (ModelOutput, dataclasses → dicts)."""
     if isinstance(value, torch.Tensor) or value is None:
         return value
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: plain_outputs(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
+        return [plain_outputs(v) for v in value]
     if hasattr(value, "__dict__"):
-        return {k: _plain(v) for k, v in vars(value).items() if not k.startswith("_")}
+        return {k: plain_outputs(v) for k, v in vars(value).items() if not k.startswith("_")}
     return None
 
 
@@ -156,44 +148,24 @@ def _plain(value: Any) -> Any:
 
 def _by_recording(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                   registry: CostRegistry) -> Captured:
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
-            state, fake_args, fake_kwargs = pytree.tree_map_only(
-                torch.Tensor, fake_mode.from_tensor, (_state(module), args, kwargs))
-        recorded = _record(module, state, fake_args, fake_kwargs, registry, fake_mode)
-        return (*recorded, "eager recording (fake tensors)")
-    except DATA_DEPENDENT as error:
-        log.info("fake recording needs real values (%s); rerunning on real tensors", error)
-    real = materialise(module) if _on_meta(module) else module
-    state, args, kwargs = pytree.tree_map(real_like, (_state(real), args, kwargs))
-    label = "eager recording (real tensors: the graph follows these inputs' branches)"
-    return (*_record(real, state, args, kwargs, registry, None), label)
+    def run(module: torch.nn.Module, state: dict[str, torch.Tensor], args: tuple[Any, ...],
+            kwargs: dict[str, Any], fake_mode: FakeTensorMode | None) -> tuple[Any, Any]:
+        return _record(module, state, args, kwargs, registry, fake_mode)
+
+    (nodes, outputs), tensors = fake_then_real(module, args, kwargs, run)
+    return nodes, outputs, f"eager recording ({tensors})"
 
 
 def _record(
     module: torch.nn.Module, state: dict[str, torch.Tensor], args: tuple[Any, ...],
     kwargs: dict[str, Any], registry: CostRegistry, fake_mode: FakeTensorMode | None,
 ) -> tuple[list[Node], tuple[TensorRef, ...]]:
-    buffers = {n for n, _ in module.named_buffers()}
-    inputs = {id(t): (NodeKind.BUFFER if n in buffers else NodeKind.PARAM, n, t)
-              for n, t in state.items()}
-    for i, t in enumerate(pytree.tree_leaves((args, kwargs))):
-        if isinstance(t, torch.Tensor):
-            inputs.setdefault(id(t), (NodeKind.INPUT, f"input{i}", t))
-    recorder = Recorder(registry.knows, decomposition_table(), inputs)
+    recorder = Recorder.for_run(module, state, args, kwargs, registry.knows)
     tensors = fake_mode if fake_mode is not None else contextlib.nullcontext()
     with module_tracking(module, recorder.module_stack), torch.no_grad(), tensors, recorder:
         out = torch.func.functional_call(module, state, args, kwargs)
-    leaves = [t for t in pytree.tree_leaves(_plain(out)) if isinstance(t, torch.Tensor)]
+    leaves = [t for t in pytree.tree_leaves(plain_outputs(out)) if isinstance(t, torch.Tensor)]
     return recorder.nodes, tuple(recorder.ref(t) for t in leaves)
-
-
-def _state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    return {**dict(module.named_parameters()), **dict(module.named_buffers())}
-
-
-def _on_meta(module: torch.nn.Module) -> bool:
-    return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
 
 
 _CAPTURERS = {"export": _by_export, "make_fx": _by_make_fx, "record": _by_recording}
@@ -222,7 +194,7 @@ def _tensor_refs(value: Any) -> tuple[TensorRef, ...]:
     return ()
 
 
-def _params(module: torch.nn.Module) -> tuple[ParamInfo, ...]:
+def param_infos(module: torch.nn.Module) -> tuple[ParamInfo, ...]:
     params = [ParamInfo(n, spec_of(p), False, p.requires_grad)
               for n, p in module.named_parameters()]
     buffers = [ParamInfo(n, spec_of(b), True, False) for n, b in module.named_buffers()]

@@ -36,15 +36,19 @@ def decomposition_table() -> Mapping[Any, Callable[..., Any]]:
     return dict(torch.export.default_decompositions().items())
 
 
-def decompose_unknown(nodes: list[Node], known: Callable[[str], bool]) -> list[Node]:
-    """`nodes` with every unknown, decomposable op replaced by its decomposition."""
+def decompose_unknown(
+    nodes: list[Node], known: Callable[[str], bool], refs: tuple[TensorRef, ...] = ()
+) -> tuple[list[Node], tuple[TensorRef, ...]]:
+    """`nodes` with every unknown, decomposable op replaced by its decomposition, and `refs`
+    (e.g. the graph outputs) renumbered to match."""
     for _ in range(MAX_ROUNDS):
         todo = {n.id for n in nodes if n.kind is NodeKind.CALL and not known(n.target)
                 and _decomposition(n.target) is not None}
         if not todo:
             break
-        nodes = _splice(nodes, todo)
-    return nodes
+        nodes, moved = _splice(nodes, todo)
+        refs = tuple(moved[(r.node, r.index)] for r in refs)
+    return nodes, refs
 
 
 def _decomposition(target: str) -> Callable[..., Any] | None:
@@ -55,7 +59,7 @@ def _decomposition(target: str) -> Callable[..., Any] | None:
     return decomposition_table().get(op)
 
 
-def _splice(nodes: list[Node], todo: set[int]) -> list[Node]:
+def _splice(nodes: list[Node], todo: set[int]) -> tuple[list[Node], dict[tuple[int, int], Any]]:
     """Renumber `nodes`, replacing those in `todo` by their traced decompositions."""
     out: list[Node] = []
     moved: dict[tuple[int, int], Any] = {}   # old (node, index) -> new ref or value
@@ -76,7 +80,7 @@ def _splice(nodes: list[Node], todo: set[int]) -> list[Node]:
             results = tuple(TensorRef(len(out) - 1, i) for i in range(max(len(node.outputs), 1)))
         for index, ref in enumerate(results):
             moved[(node.id, index)] = ref
-    return out
+    return out, moved
 
 
 def _trace_decomposition(node: Node, args: dict[str, Any], out: list[Node]) -> tuple[Any, ...]:

@@ -141,6 +141,9 @@ class Graph:
     module_types: Mapping[str, str] = field(default_factory=dict)  # path -> class name
     outputs: tuple[TensorRef, ...] = ()
     notes: tuple[str, ...] = ()
+    # Tensors of a training step that outlive it, by role: "gradient" (a parameter's .grad),
+    # "optimizer_state". Like `outputs`, they stay live to the end of the graph.
+    roles: Mapping[TensorRef, str] = field(default_factory=dict)
 
     def spec(self, ref: TensorRef) -> TensorSpec | None:
         outputs = self.nodes[ref.node].outputs

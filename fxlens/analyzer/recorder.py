@@ -17,24 +17,40 @@ Ops without a cost rule are decomposed on the fly when PyTorch has a decompositi
 from __future__ import annotations
 
 import copy
+import logging
 import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.fx.traceback as fx_traceback
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxlens.analyzer.aten import bind_args, spec_of
+from fxlens.analyzer.decompose import decomposition_table
 from fxlens.analyzer.fx_convert import type_name, user_frame
 from fxlens.analyzer.graph import Node, NodeKind, TensorRef
 
 REAL_RUN_LIMIT_BYTES = 2 * 2**30
 
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+Where = tuple[str, str, str]   # module path, module type, source line
+
 
 class Recorder(TorchDispatchMode):
-    """Records aten calls into `nodes`; tensors are matched to producers by identity."""
+    """Records aten calls into `nodes`; tensors are matched to producers by identity.
+
+    `phase` tags the nodes ("forward", "backward"). Backward ops carry the module, type and
+    source line of the forward op whose autograd node runs them: each forward op's autograd
+    sequence number is noted when it runs, and the backward looks up the sequence number of
+    the node the autograd engine is executing (gradient accumulation: the parameter's owner).
+    """
 
     def __init__(
         self,
@@ -44,13 +60,34 @@ class Recorder(TorchDispatchMode):
     ) -> None:
         super().__init__()
         self.nodes: list[Node] = []
+        self.phase = "forward"
+        self.module_stack: list[tuple[str, str]] = []
         self._known = known
         self._decompositions = decompositions
         self._refs: dict[int, TensorRef] = {}
+        self._views: dict[tuple[Any, ...], TensorRef] = {}
         self._alive: list[torch.Tensor] = []   # keeps ids unique while we hold refs
-        self.module_stack: list[tuple[str, str]] = []
+        self._by_sequence_nr: dict[int, Where] = {}
+        self._param_owner: dict[int, Where] = {}
         for kind, name, tensor in inputs.values():
             self._add_input(kind, name, tensor)
+            if kind is NodeKind.PARAM:
+                self._param_owner[id(tensor)] = (name.rpartition(".")[0], "", "")
+
+    @classmethod
+    def for_run(
+        cls, module: torch.nn.Module, state: Mapping[str, torch.Tensor], args: tuple[Any, ...],
+        kwargs: Mapping[str, Any], known: Callable[[str], bool],
+    ) -> Recorder:
+        """A recorder that knows `state` (the tensors the module will run with, by name) as
+        parameters and buffers, and the tensors among `args` and `kwargs` as inputs."""
+        buffers = {n for n, _ in module.named_buffers()}
+        inputs = {id(t): (NodeKind.BUFFER if n in buffers else NodeKind.PARAM, n, t)
+                  for n, t in state.items()}
+        for i, t in enumerate(pytree.tree_leaves((args, kwargs))):
+            if isinstance(t, torch.Tensor):
+                inputs.setdefault(id(t), (NodeKind.INPUT, f"input{i}", t))
+        return cls(known, decomposition_table(), inputs)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -63,10 +100,14 @@ class Recorder(TorchDispatchMode):
         return out
 
     def ref(self, value: Any) -> Any:
+        """The TensorRef of a tensor seen before (by identity, else by the same view of the
+        same storage); unseen tensors become inputs named "constant"."""
         if isinstance(value, torch.Tensor):
-            if id(value) not in self._refs:
+            ref = self._refs.get(id(value)) or self._views.get(_view_key(value))
+            if ref is None:
                 self._add_input(NodeKind.INPUT, "constant", value)
-            return self._refs[id(value)]
+                ref = self._refs[id(value)]
+            return ref
         if isinstance(value, (list, tuple)):
             return type(value)(self.ref(v) for v in value)
         return value
@@ -75,14 +116,29 @@ class Recorder(TorchDispatchMode):
         bound = bind_args(func, args, kwargs, convert=self.ref)
         flat = out if isinstance(out, (list, tuple)) else (out,)
         outputs = tuple(spec_of(o) if isinstance(o, torch.Tensor) else None for o in flat)
-        module, module_type = self.module_stack[-1] if self.module_stack else ("", "")
-        frames = [(f.filename, f.lineno or 0) for f in traceback.extract_stack()]
-        node = Node(len(self.nodes), NodeKind.CALL, str(func), bound, outputs,
-                    module=module, module_type=module_type, source=user_frame(frames))
+        module, module_type, source = self._where()
+        node = Node(len(self.nodes), NodeKind.CALL, str(func), bound, outputs, module=module,
+                    module_type=module_type, source=source, phase=self.phase)
         self.nodes.append(node)
         for index, o in enumerate(flat):
             if isinstance(o, torch.Tensor):
                 self._remember(o, TensorRef(node.id, index))
+
+    def _where(self) -> Where:
+        if self.phase == "forward":
+            module, module_type = self.module_stack[-1] if self.module_stack else ("", "")
+            frames = [(f.filename, f.lineno or 0) for f in traceback.extract_stack()]
+            where = (module, module_type, user_frame(frames))
+            # The autograd node of this op, if it has one, took the last sequence number.
+            self._by_sequence_nr.setdefault(torch._C._autograd._get_sequence_nr() - 1, where)
+            return where
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return ("", "", "")
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            return self._param_owner.get(id(variable), ("", "", ""))
+        return self._by_sequence_nr.get(node._sequence_nr(), ("", "", ""))
 
     def _add_input(self, kind: NodeKind, name: str, tensor: torch.Tensor) -> None:
         node = Node(len(self.nodes), kind, name, {}, (spec_of(tensor),))
@@ -91,7 +147,18 @@ class Recorder(TorchDispatchMode):
 
     def _remember(self, tensor: torch.Tensor, ref: TensorRef) -> None:
         self._refs[id(tensor)] = ref
+        self._views.setdefault(_view_key(tensor), ref)
         self._alive.append(tensor)
+
+
+def _view_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """Identifies the same view of the same storage across distinct tensor objects (autograd
+    hands saved outputs back as new objects)."""
+    try:
+        storage = t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        storage = id(t)
+    return (storage, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
 
 
 @contextmanager
@@ -157,3 +224,36 @@ def real_like(value: Any) -> Any:
                                generator=torch.Generator().manual_seed(0))
         return torch.zeros(value.shape, dtype=value.dtype)
     return value
+
+
+Run = Callable[
+    [torch.nn.Module, dict[str, torch.Tensor], tuple[Any, ...], dict[str, Any], Any], T
+]
+
+
+def fake_then_real(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], run: Run[T]
+) -> tuple[T, str]:
+    """`run(module, state, args, kwargs, fake_mode)` on fake tensors; if that fails (an op
+    needs real values, or a fake kernel refuses what the real one accepts), once more on
+    small real tensors. Returns the result and which tensors it ran on."""
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
+            state, fake_args, fake_kwargs = pytree.tree_map_only(
+                torch.Tensor, fake_mode.from_tensor, (module_state(module), args, kwargs))
+        return run(module, state, fake_args, fake_kwargs, fake_mode), "fake tensors"
+    except Exception as error:  # the real run below fails the same way if it is the model's
+        log.info("recording on fake tensors failed (%s); rerunning on real tensors", error)
+    real = materialise(module) if on_meta(module) else module
+    state, real_args, real_kwargs = pytree.tree_map(real_like, (module_state(real), args, kwargs))
+    return (run(real, state, real_args, real_kwargs, None),
+            "real tensors: the graph follows these inputs' branches")
+
+
+def module_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers by qualified name."""
+    return {**dict(module.named_parameters()), **dict(module.named_buffers())}
+
+
+def on_meta(module: torch.nn.Module) -> bool:
+    return any(t.is_meta for t in (*module.parameters(), *module.buffers()))
