@@ -240,7 +240,8 @@ def fake_then_real(
     try:
         with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
             state, fake_args, fake_kwargs = pytree.tree_map_only(
-                torch.Tensor, fake_mode.from_tensor, (module_state(module), args, kwargs))
+                torch.Tensor, lambda t: fake_cpu(t, fake_mode),
+                (module_state(module), args, kwargs))
         return run(module, state, fake_args, fake_kwargs, fake_mode), "fake tensors"
     except Exception as error:  # the real run below fails the same way if it is the model's
         log.info("recording on fake tensors failed (%s); rerunning on real tensors", error)
@@ -248,6 +249,16 @@ def fake_then_real(
     state, real_args, real_kwargs = pytree.tree_map(real_like, (module_state(real), args, kwargs))
     return (run(real, state, real_args, real_kwargs, None),
             "real tensors: the graph follows these inputs' branches")
+
+
+def fake_cpu(t: torch.Tensor, fake_mode: FakeTensorMode) -> torch.Tensor:
+    """A fake tensor like `t`; meta tensors become fake *CPU* tensors, so that kernels are
+    chosen as on a real device (on meta, SDPA falls back to its unfused math path)."""
+    if not t.is_meta:
+        return fake_mode.from_tensor(t)
+    with fake_mode:
+        fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+    return fake.requires_grad_(t.requires_grad) if t.is_floating_point() else fake
 
 
 def module_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
