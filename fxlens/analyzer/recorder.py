@@ -232,33 +232,46 @@ Run = Callable[
 
 
 def fake_then_real(
-    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], run: Run[T]
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], run: Run[T],
+    dtype: torch.dtype | None = None,
 ) -> tuple[T, str]:
     """`run(module, state, args, kwargs, fake_mode)` on fake tensors; if that fails (an op
     needs real values, or a fake kernel refuses what the real one accepts), once more on
-    small real tensors. Returns the result and which tensors it ran on."""
+    small real tensors. Floating-point weights and inputs are cast to `dtype` when given.
+    Returns the result and which tensors it ran on."""
     try:
         with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
             state, fake_args, fake_kwargs = pytree.tree_map_only(
-                torch.Tensor, lambda t: fake_cpu(t, fake_mode),
+                torch.Tensor, lambda t: fake_cpu(t, fake_mode, dtype),
                 (module_state(module), args, kwargs))
         return run(module, state, fake_args, fake_kwargs, fake_mode), "fake tensors"
     except Exception as error:  # the real run below fails the same way if it is the model's
         log.info("recording on fake tensors failed (%s); rerunning on real tensors", error)
     real = materialise(module) if on_meta(module) else module
-    state, real_args, real_kwargs = pytree.tree_map(real_like, (module_state(real), args, kwargs))
+    state, real_args, real_kwargs = pytree.tree_map_only(
+        torch.Tensor, lambda t: cast_leaf(real_like(t), dtype),
+        (module_state(real), args, kwargs))
     return (run(real, state, real_args, real_kwargs, None),
             "real tensors: the graph follows these inputs' branches")
 
 
-def fake_cpu(t: torch.Tensor, fake_mode: FakeTensorMode) -> torch.Tensor:
-    """A fake tensor like `t`; meta tensors become fake *CPU* tensors, so that kernels are
-    chosen as on a real device (on meta, SDPA falls back to its unfused math path)."""
+def fake_cpu(
+    t: torch.Tensor, fake_mode: FakeTensorMode, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """A fake tensor like `t` (cast to `dtype` if floating); meta tensors become fake *CPU*
+    tensors, so kernels are chosen as on a device (on meta, SDPA takes its math fallback)."""
     if not t.is_meta:
-        return fake_mode.from_tensor(t)
+        return cast_leaf(fake_mode.from_tensor(t), dtype)
     with fake_mode:
         fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
-    return fake.requires_grad_(t.requires_grad) if t.is_floating_point() else fake
+    return cast_leaf(fake.requires_grad_(t.requires_grad and t.is_floating_point()), dtype)
+
+
+def cast_leaf(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """`t` in `dtype` when it is floating point, still a leaf with its requires_grad."""
+    if dtype is None or not t.is_floating_point() or t.dtype == dtype:
+        return t
+    return t.detach().to(dtype).requires_grad_(t.requires_grad)
 
 
 def module_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -47,14 +47,18 @@ def capture_training(
     module: torch.nn.Module,
     inputs: Inputs,
     registry: CostRegistry,
+    dtype: str | None = None,
     on_step: Callable[[str], None] = lambda _: None,
 ) -> TrainingGraph:
+    """Record one training step; `dtype` (e.g. "bfloat16") is the working precision of
+    weights and activations, the model's own when None."""
     args, kwargs = (tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((), dict(inputs))
     on_step("recording the training step")
     with _train_mode(module):
         (recorder, saved, state), tensors = fake_then_real(
             module, args, kwargs,
             lambda m, state, a, k, fake_mode: _record_step(m, state, a, k, registry, fake_mode),
+            dtype=getattr(torch, dtype) if dtype else None,
         )
     grads = {recorder.ref(t.grad): "gradient" for t in state.values() if t.grad is not None}
     # NB: the recorder decomposed unknown ops as they ran; nothing is left to splice in.
