@@ -20,7 +20,7 @@ import torch
 import fxlens
 from fxlens.analyzer.costs import Cost, CostRegistry, OpCall
 from fxlens.analyzer.errors import RuleError
-from fxlens.analyzer.graph import Graph, Node
+from fxlens.analyzer.graph import Graph, Node, ancestors
 from fxlens.analyzer.report import (
     Coverage,
     ModelInfo,
@@ -117,12 +117,6 @@ def _model_info(graph: Graph, name: str, source: str) -> ModelInfo:
         buffers=sum(p.spec.numel for p in buffers),
         buffer_bytes=sum(p.spec.nbytes for p in buffers),
     )
-
-
-def ancestors(path: str) -> list[str]:
-    """``a.b.c`` → ``["", "a", "a.b", "a.b.c"]``."""
-    parts = path.split(".") if path else []
-    return [""] + [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
 def _roll_up(graph: Graph, nodes: tuple[NodeReport, ...]) -> tuple[ModuleReport, ...]:

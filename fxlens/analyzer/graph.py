@@ -36,6 +36,12 @@ def dtype_bytes(dtype: str) -> float:
         raise ValueError(f"unknown dtype {dtype!r}") from None
 
 
+def ancestors(path: str) -> list[str]:
+    """A module path and every module above it, root first: ``a.b`` → ``["", "a", "a.b"]``."""
+    parts = path.split(".") if path else []
+    return [""] + [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """Shape, dtype, strides and device of one tensor; no data."""

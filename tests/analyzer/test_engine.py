@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from fxlens.analyzer.costs import Cost, CostRegistry, OpCall
-from fxlens.analyzer.engine import analyze, ancestors
+from fxlens.analyzer.engine import analyze
 from fxlens.analyzer.errors import RuleError
-from fxlens.analyzer.graph import Graph, Node, NodeKind, ParamInfo, TensorRef
+from fxlens.analyzer.graph import Graph, Node, NodeKind, ParamInfo, TensorRef, ancestors
 from tests.helpers import T
 
 
