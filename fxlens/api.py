@@ -1,36 +1,138 @@
 """The public API as functions: `load`, `capture`, `analyze`, and `analyze_target` for all three.
 
-    from fxlens.api import analyze_target
-    report = analyze_target("examples/tiny_gpt.py")
-    print(report.totals.flops)
+    from fxlens.api import AnalysisOptions, analyze_target
+    report = analyze_target("examples/tiny_gpt.py", AnalysisOptions(train=True))
+    print(report.totals.flops, report.sections["training"]["step_peak_bytes"])
+
+This is the one place where the engine (`fxlens.analyzer`) meets the op knowledge
+(`fxlens.rules`): rules, precision and optimizer policies, device specs are looked up here.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
 
 from fxlens.analyzer.capture import METHODS, capture
 from fxlens.analyzer.engine import analyze
+from fxlens.analyzer.errors import LoadError
+from fxlens.analyzer.graph import Graph, NodeKind
 from fxlens.analyzer.load import load
+from fxlens.analyzer.loaded import LoadedModel
+from fxlens.analyzer.memory import liveness
 from fxlens.analyzer.report import Report
+from fxlens.analyzer.training import capture_training
+from fxlens.analyzer.training_memory import parse_bytes
+from fxlens.analyzer.training_step import StepSettings, training_section
 from fxlens.rules import load_rules
+from fxlens.rules.hardware import device as named_device
+from fxlens.rules.training import CASTABLE_DTYPES, Optimizer, Precision
 
-__all__ = ["analyze", "analyze_target", "capture", "load", "load_rules"]
+__all__ = ["AnalysisOptions", "analyze", "analyze_target", "capture", "load", "load_rules"]
+
+DEFAULT_PRECISION = {"float32": "fp32", "bfloat16": "amp-bf16", "float16": "amp-fp16"}
+
+
+@dataclass(frozen=True)
+class AnalysisOptions:
+    entry: str | None = None
+    overrides: Mapping[str, str] = field(default_factory=dict)
+    sizes: Mapping[str, int | None] = field(default_factory=dict)
+    methods: tuple[str, ...] = METHODS
+    strict: bool = False
+    train: bool = False
+    precision: str | None = None        # None: from the parameters' dtype
+    optimizer: str = "adamw"
+    device_memory: str | None = None    # "80GiB" or a GPU name ("h100")
+    checkpoint: bool = False
 
 
 def analyze_target(
     target: str,
-    entry: str | None = None,
-    overrides: Mapping[str, str] | None = None,
-    sizes: Mapping[str, int | None] | None = None,
-    methods: tuple[str, ...] = METHODS,
-    strict: bool = False,
+    options: AnalysisOptions = AnalysisOptions(),
     on_step: Callable[[str], None] = lambda _: None,
 ) -> Report:
-    """Load `target`, capture it and cost every op."""
+    """Load `target`, capture it (a training step with `options.train`) and cost every op."""
     on_step(f"loading {target}")
-    loaded = load(target, entry, overrides, sizes)
+    loaded = load(target, options.entry, options.overrides, options.sizes)
     registry = load_rules()
-    graph = capture(loaded.module, loaded.inputs, registry, methods, on_step)
+    if options.train:
+        return _training_report(loaded, options, on_step)
+    graph = capture(loaded.module, loaded.inputs, registry, options.methods, on_step)
     on_step("costing ops")
-    return analyze(graph, registry, loaded.name, loaded.source, strict)
+    report = analyze(graph, registry, loaded.name, loaded.source, options.strict)
+    return _with_sections(report, memory=liveness(graph, registry).to_section())
+
+
+def _training_report(
+    loaded: LoadedModel, options: AnalysisOptions, on_step: Callable[[str], None]
+) -> Report:
+    registry = load_rules()
+    precision = _precision(options.precision, loaded.module)
+    working = precision.spec.weight_dtype
+    step = capture_training(loaded.module, loaded.inputs, registry,
+                            working if working in CASTABLE_DTYPES else "bfloat16", on_step)
+    on_step("costing the step")
+    report = analyze(step.graph, registry, loaded.name, loaded.source, options.strict)
+    memory = liveness(step.graph, registry)
+    device_name, device_bytes = _device(options.device_memory)
+    settings = StepSettings(
+        precision_name=precision.value, precision=precision.spec,
+        optimizer_name=options.optimizer, optimizer=_optimizer(options.optimizer).spec,
+        batch=_batch(step.graph), device_name=device_name, device_bytes=device_bytes,
+        checkpoint=options.checkpoint,
+    )
+    training = training_section(step, report, memory, registry, settings)
+    return _with_sections(report, memory=memory.to_section(), training=training)
+
+
+def _with_sections(report: Report, **sections: Any) -> Report:
+    return dataclasses.replace(report, sections={**report.sections, **sections})
+
+
+def _precision(name: str | None, module: torch.nn.Module) -> Precision:
+    if name is None:
+        dtype = next((str(p.dtype).removeprefix("torch.") for p in module.parameters()
+                      if p.is_floating_point()), "float32")
+        name = DEFAULT_PRECISION.get(dtype, "fp32")
+    try:
+        return Precision(name)
+    except ValueError:
+        known = ", ".join(p.value for p in Precision)
+        raise LoadError(f"unknown precision {name!r}; known: {known}") from None
+
+
+def _optimizer(name: str) -> Optimizer:
+    try:
+        return Optimizer(name)
+    except ValueError:
+        known = ", ".join(o.value for o in Optimizer)
+        raise LoadError(f"unknown optimizer {name!r}; known: {known}") from None
+
+
+def _device(text: str | None) -> tuple[str, int | None]:
+    """``"80GiB"`` → ("80GiB", bytes); ``"h100"`` → its memory; None → no fit check."""
+    if text is None:
+        return "", None
+    try:
+        return text, parse_bytes(text)
+    except ValueError:
+        pass
+    try:
+        spec = named_device(text)
+    except ValueError as error:
+        raise LoadError(f"--device-mem: {error}") from None
+    return spec.name, spec.memory_bytes
+
+
+def _batch(graph: Graph) -> int:
+    """The batch of the example inputs: the leading dimension of the first graph input."""
+    for node in graph.nodes:
+        if node.kind is NodeKind.INPUT and node.outputs and node.outputs[0] is not None:
+            shape = node.outputs[0].shape
+            return shape[0] if shape else 1
+    return 1

@@ -19,6 +19,7 @@ from rich.console import Console
 from fxlens.analyzer.capture import METHODS
 from fxlens.analyzer.errors import FxlensError
 from fxlens.analyzer.report import Report, write_report
+from fxlens.rules.training import Optimizer, Precision
 
 EXIT_OK, EXIT_GATE, EXIT_ERROR = 0, 1, 2
 
@@ -45,6 +46,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--method", choices=METHODS, action="append",
                         help="capture method(s) to try, in order (default: all)")
     parser.add_argument("--strict", action="store_true", help="a failing cost rule is fatal")
+    training = parser.add_argument_group("training step")
+    training.add_argument("--train", action="store_true",
+                          help="capture the joint forward+backward graph of one training step")
+    training.add_argument("--precision", choices=[p.value for p in Precision],
+                          help="training precision policy (default: fp32 for fp32 weights, "
+                               "amp-bf16 / amp-fp16 for 16-bit weights)")
+    training.add_argument("--optimizer", default="adamw", choices=[o.value for o in Optimizer],
+                          help="optimizer whose state is accounted (default adamw)")
+    training.add_argument("--checkpoint", action="store_true",
+                          help="what-if: activation checkpointing of every repeated block")
+    training.add_argument("--device-mem", metavar="SIZE|GPU",
+                          help="device memory for a fits verdict: 80GiB, 24GB or a GPU name")
     parser.add_argument("--quiet", action="store_true", help="no tables, files only")
     parser.add_argument("--debug", action="store_true", help="tracebacks and debug logging")
     return parser
@@ -71,17 +84,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def run_analyze(args: argparse.Namespace) -> int:
-    from fxlens.api import analyze_target
+    from fxlens.api import AnalysisOptions, analyze_target
     from fxlens.reports.terminal import render_terminal
 
     overrides = dict(args.overrides)
     sizes = {"batch": args.batch, "seq_len": args.seq_len, "image_size": args.image_size}
+    options = AnalysisOptions(
+        entry=args.entry, overrides=overrides, sizes=sizes,
+        methods=tuple(args.method) if args.method else METHODS, strict=args.strict,
+        train=args.train, precision=args.precision, optimizer=args.optimizer,
+        device_memory=args.device_mem, checkpoint=args.checkpoint,
+    )
     with err.status("loading…") as status:
-        report = analyze_target(
-            args.target, args.entry, overrides, sizes,
-            methods=tuple(args.method) if args.method else METHODS,
-            strict=args.strict, on_step=lambda step: status.update(f"{step}…"),
-        )
+        report = analyze_target(args.target, options,
+                                on_step=lambda step: status.update(f"{step}…"))
     written = _write_files(report, args)
     if not args.quiet:
         out.print(render_terminal(report, depth=args.depth, top=args.top))

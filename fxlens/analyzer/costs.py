@@ -9,6 +9,12 @@ Lookup order for a node: exact overload, then packet, then the free set; anythin
 unsupported. Registering the same key twice is an error naming both definition sites.
 Third-party rule packs register by exposing a module under the ``fxlens.rules`` entry-point
 group; importing it runs their ``@cost_rule`` decorators.
+
+Alias checks (``@alias_rule``) serve the memory pass: for ops whose schema's alias annotation
+is only sometimes true (``reshape`` is a view only when the strides allow one; ``to`` and
+``contiguous`` hand back their input only when nothing changes; eval-mode ``dropout`` returns
+its input although its schema promises a fresh tensor), a check ``OpCall -> bool`` says
+whether this call's output shares its input's storage. Ops without a check follow the schema.
 """
 
 from __future__ import annotations
@@ -95,6 +101,7 @@ class OpCall:
 
 
 RuleFn = Callable[[OpCall], Cost]
+AliasRule = Callable[[OpCall], bool]  # True: the outputs share their input's storage
 
 
 def op_key(op: Any) -> str:
@@ -119,6 +126,7 @@ class CostRegistry:
     def __init__(self) -> None:
         self._rules: dict[str, Registration] = {}
         self._free: dict[str, str] = {}
+        self._alias: dict[str, tuple[AliasRule, str]] = {}
 
     def register(self, ops: Iterable[Any], rule: RuleFn) -> None:
         site = _definition_site(rule)
@@ -130,6 +138,19 @@ class CostRegistry:
         for key in map(op_key, ops):
             self._check_unique(key, reason)
             self._free[key] = reason
+
+    def register_alias(self, ops: Iterable[Any], rule: AliasRule) -> None:
+        """Register an alias check (see the module docstring) for `ops`."""
+        site = _definition_site(rule)
+        for key in map(op_key, ops):
+            if key in self._alias:
+                raise RuleError(f"duplicate alias rule for {key}: {self._alias[key][1]} and {site}")
+            self._alias[key] = (rule, site)
+
+    def alias_check(self, target: str) -> AliasRule | None:
+        """The alias check for an overload (exact first, then its packet), if any."""
+        found = self._alias.get(target) or self._alias.get(".".join(target.split(".")[:2]))
+        return found[0] if found else None
 
     def _check_unique(self, key: str, site: str) -> None:
         previous = self._rules[key].site if key in self._rules else self._free.get(key)
@@ -172,6 +193,16 @@ def cost_rule(*ops: Any) -> Callable[[RuleFn], RuleFn]:
 
     def decorate(fn: RuleFn) -> RuleFn:
         REGISTRY.register(ops, fn)
+        return fn
+
+    return decorate
+
+
+def alias_rule(*ops: Any) -> Callable[[AliasRule], AliasRule]:
+    """Register the decorated check as the alias rule of `ops` in the default registry."""
+
+    def decorate(fn: AliasRule) -> AliasRule:
+        REGISTRY.register_alias(ops, fn)
         return fn
 
     return decorate

@@ -65,6 +65,8 @@ def _from_file(path: Path, entry: str | None, sizes: Mapping[str, int]) -> Loade
     spec = importlib.util.spec_from_file_location(f"fxlens_user_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     code = importlib.util.module_from_spec(spec)
+    # Registered before it runs, as `import` would: dataclasses and pickling look it up there.
+    sys.modules[spec.name] = code
     sys.path.insert(0, str(path.resolve().parent))
     try:
         spec.loader.exec_module(code)

@@ -7,17 +7,104 @@ summary says so.
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from fxlens.analyzer.graph import ancestors
 from fxlens.analyzer.report import ModuleReport, Report
 from fxlens.reports.units import binary_bytes, percent, si
 
 
 def render_terminal(report: Report, depth: int = 2, top: int = 10) -> RenderableType:
-    return Group(summary(report), module_tree(report, depth), top_ops(report, top))
+    parts: list[RenderableType] = [summary(report), module_tree(report, depth),
+                                   top_ops(report, top)]
+    if "training" in report.sections:
+        parts.append(training_tables(report.sections["training"], depth))
+    elif "memory" in report.sections:
+        parts.append(memory_table(report.sections["memory"], top))
+    return Group(*parts)
+
+
+def memory_table(memory: dict[str, Any], top: int) -> Table:
+    """Inference memory: resident bytes, the activation peak and what is live there."""
+    table = Table(title="memory (inference)", title_justify="left")
+    table.add_column("what")
+    table.add_column("bytes", justify="right")
+    table.add_column("where")
+    table.add_row("parameters", binary_bytes(memory["param_bytes"]), "")
+    table.add_row("buffers", binary_bytes(memory["buffer_bytes"]), "")
+    table.add_row("inputs", binary_bytes(memory["input_bytes"]), "")
+    table.add_row(Text("activation peak", style="bold"),
+                  Text(binary_bytes(memory["peak_activation_bytes"]), style="bold"),
+                  f"node {memory['peak_node']} in {memory['peak_module'] or '(root)'}")
+    for live in memory["live_at_peak"][:top]:
+        table.add_row(f"  live: {live['target']}", binary_bytes(live["bytes"]),
+                      f"{live['module'] or '(root)'} {tuple(live['shape'])} {live['dtype']}")
+    return table
+
+
+def training_tables(training: dict[str, Any], depth: int) -> Group:
+    return Group(_step_summary(training), _state_by_module(training, depth))
+
+
+def _step_summary(training: dict[str, Any]) -> Table:
+    table = Table(title=f"training step · {training['precision']} · {training['optimizer']}",
+                  show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    table.add_column()
+    step = training["step_flops"]
+    for label, key in (("forward", "forward_flops"), ("backward", "backward_flops"),
+                       ("optimizer", "optimizer_flops")):
+        table.add_row(f"{label} FLOPs", si(training[key]), percent(training[key], step))
+    table.add_row("step FLOPs", si(step), "")
+    states = training["states"]
+    for label, key in (("weights", "weights_bytes"), ("master weights", "master_bytes"),
+                       ("gradients", "grad_bytes"), ("optimizer state", "optimizer_bytes"),
+                       ("buffers", "buffer_bytes")):
+        table.add_row(label, binary_bytes(states[key]), "")
+    table.add_row("saved activations", binary_bytes(training["saved_activation_bytes"]),
+                  "autograd's saved tensors, each storage once")
+    breakdown = training["peak_breakdown"]
+    table.add_row(Text("step peak", style="bold"),
+                  Text(binary_bytes(training["step_peak_bytes"]), style="bold"),
+                  f"persistent {binary_bytes(breakdown['persistent_bytes'])} + forward/backward "
+                  f"peak {binary_bytes(breakdown['fwd_bwd_peak_bytes'])}")
+    if "checkpointing" in training:
+        ckpt = training["checkpointing"]
+        table.add_row("checkpointing", binary_bytes(ckpt["memory_saved_bytes"]),
+                      f"saved over {len(ckpt['blocks'])} blocks for "
+                      f"+{si(ckpt['recompute_flops'])}FLOPs ({ckpt['flops_overhead']:.0%})")
+    if "fit" in training:
+        fit = training["fit"]
+        verdict = Text("fits", style="bold green") if fit["fits"] else Text(
+            "does not fit", style="bold red")
+        table.add_row(f"on {fit['device']}", verdict,
+                      f"headroom {binary_bytes(fit['headroom_bytes'])}, "
+                      f"largest batch {fit['largest_batch']}")
+    return table
+
+
+def _state_by_module(training: dict[str, Any], depth: int) -> Table:
+    table = Table(title=f"training memory by module (depth ≤ {depth})", title_justify="left")
+    for name in ("module", "weights", "grads", "optimizer", "master", "saved act."):
+        table.add_column(name, justify="left" if name == "module" else "right")
+    saved: dict[str, int] = defaultdict(int)
+    for entry in training["saved_by_module"]:
+        for path in ancestors(entry["module"]):
+            saved[path] += entry["bytes"]
+    for path, state in training["states"]["by_module"].items():
+        level = len(ancestors(path)) - 1
+        if level > depth:
+            continue
+        table.add_row("  " * level + (path.rsplit(".", 1)[-1] if path else "(root)"),
+                      binary_bytes(state["weights_bytes"]), binary_bytes(state["grad_bytes"]),
+                      binary_bytes(state["optimizer_bytes"]), binary_bytes(state["master_bytes"]),
+                      binary_bytes(saved[path]))
+    return table
 
 
 def summary(report: Report) -> Table:

@@ -29,6 +29,10 @@ Conventions:
   once, the output written once). Backward of reflection/replication padding adds each
   padded element's gradient into the element it copied: 1 FLOP per padded element.
 
+Alias checks for the memory pass (`fxlens.analyzer.costs.alias_rule`): a no-op
+``to``/``type_as``/``contiguous`` and a dropout that is not training hand back their input, so
+their output shares its storage; otherwise the output is a fresh tensor.
+
 Known limitations: the one-byte mask of dropout is the CUDA/CPU kernels' ``bool``; a fused
 kernel that regenerates the mask from the RNG state in backward writes none. Feature dropout
 masks are taken as one element per (N, C) pair.
@@ -38,7 +42,7 @@ from __future__ import annotations
 
 import torch
 
-from fxlens.analyzer.costs import Cost, OpCall, cost_rule
+from fxlens.analyzer.costs import Cost, OpCall, alias_rule, cost_rule
 from fxlens.analyzer.graph import TensorSpec
 from fxlens.rules.pointwise import SPECIAL_FUNCTION_FLOPS, out_numel, reads_except_out
 
@@ -75,6 +79,12 @@ def cast(call: OpCall) -> Cost:
     if is_noop_cast(call):
         return FREE
     return Cost(bytes_read=call.tensor("self").storage_bytes)
+
+
+@alias_rule(aten.to, aten.type_as, aten.contiguous)
+def cast_is_alias(call: OpCall) -> bool:
+    """Returns its input exactly when it is a no-op."""
+    return is_noop_cast(call)
 
 
 @cost_rule(
@@ -201,6 +211,13 @@ def _dropout(call: OpCall, flops_per_element: int, mask_elements: int) -> Cost:
 def _feature_mask(x: TensorSpec) -> int:
     """One mask element per (N, C) pair (per C for an unbatched input)."""
     return x.shape[0] * x.shape[1] if len(x.shape) > 2 else x.shape[0]
+
+
+@alias_rule(aten.dropout, aten.feature_dropout, aten.alpha_dropout,
+            aten.feature_alpha_dropout)
+def dropout_is_alias(call: OpCall) -> bool:
+    """Not training (or ``p == 0``), the composite dropouts return their input itself."""
+    return not _training(call)
 
 
 @cost_rule(aten.dropout)

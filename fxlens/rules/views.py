@@ -18,6 +18,9 @@ Ops that are a view only sometimes are *not* declared free; a rule decides per c
 ``reshape``/``flatten``/``ravel``/``reshape_as`` are free when the input's strides allow a
 view, else they are a copy (read the input's storage once, write the output once).
 ``contiguous``, ``to`` and ``dropout(train=False)`` live with the copies in data_movement.py.
+The same decision is registered as an alias check (`fxlens.analyzer.costs.alias_rule`) for the
+memory pass, with ``_unsafe_view``/``unsafe_split*``/``unsafe_chunk``/``lift``, which share
+their input's storage although their schemas carry no alias annotation.
 
 Known limitations: ``resolve_conj``/``resolve_neg`` (copy only when a lazy bit is set) are not
 covered; the viewability of a reshape is decided on the meta device from the input's strides.
@@ -33,7 +36,7 @@ from typing import Any
 import torch
 
 from fxlens.analyzer.aten import meta_tensor
-from fxlens.analyzer.costs import Cost, OpCall, cost_rule, declare_free
+from fxlens.analyzer.costs import Cost, OpCall, alias_rule, cost_rule, declare_free
 from fxlens.analyzer.graph import TensorSpec
 
 VIEW_OPS: frozenset[str] = frozenset(f"aten.{name}" for name in (
@@ -106,3 +109,16 @@ def _view_or_copy(call: OpCall, source: str) -> Cost:
 def reshape(call: OpCall) -> Cost:
     """A view when the strides allow it (no cost), else clone + view: read input, write out."""
     return _view_or_copy(call, "self")
+
+
+@alias_rule(aten.reshape, aten.flatten, aten.ravel, aten.reshape_as)
+def reshape_is_view(call: OpCall) -> bool:
+    """The output shares the input's storage exactly when the strides allow a view."""
+    return can_view(call.tensor("self"), call.out.shape)
+
+
+@alias_rule(aten._unsafe_view, aten.unsafe_split, aten.unsafe_split_with_sizes,
+            aten.unsafe_chunk, aten.lift)
+def unannotated_view(call: OpCall) -> bool:
+    """Views whose schemas carry no alias annotation."""
+    return True

@@ -77,3 +77,20 @@ def test_bad_model_files_name_the_problem(tmp_path: Path, text: str, message: st
 def test_missing_file(tmp_path: Path) -> None:
     with pytest.raises(LoadError, match="not found"):
         load(str(tmp_path / "nope.py"))
+
+
+def test_model_file_with_dataclasses_loads(tmp_path: Path) -> None:
+    text = """
+    from __future__ import annotations
+    from dataclasses import dataclass
+    import torch
+
+    @dataclass(frozen=True)
+    class Config:
+        width: int = 4
+
+    def build():
+        return torch.nn.Linear(Config().width, 2), (torch.randn(1, 4),)
+    """
+    loaded = load(str(write(tmp_path, text, "with_dataclass.py")))
+    assert loaded.module.in_features == 4

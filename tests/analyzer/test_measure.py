@@ -1,0 +1,144 @@
+"""Real runs: the storage tracker on hand-derived cases, then every zoo model's predicted
+activation peak (`liveness`, eager lifetimes) against its measured CPU run.
+
+Inference must agree within `TOLERANCE`. A model that cannot, for a reason we can name, is in
+`KNOWN_DIVERGENCES` with that reason and the bound we measured; it must still stay within it,
+never over-predict by more than `TOLERANCE`, and leave the table once it agrees.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+from fxlens.analyzer.capture import capture
+from fxlens.analyzer.measure import measure_memory
+from fxlens.analyzer.memory import liveness
+from fxlens.rules import load_rules
+from tests.models import OWN_ZOO
+from tests.models.hf_zoo import ZOO as HF_ZOO
+
+F32 = 4
+X = 4 * 8 * F32   # a (4, 8) fp32 tensor
+TOLERANCE = 0.05
+
+NAMED_LOCALS = (
+    "eager keeps names bound in a forward until it returns ({names}); the graph frees them at "
+    "their last use and `fxlens.analyzer.eager` extends only call arguments and names read by "
+    "a later statement"
+)
+
+
+@dataclass(frozen=True)
+class Divergence:
+    reason: str
+    lowest_ratio: float          # predicted / measured, as measured (torch 2.13, CPU) minus ~3 %
+
+
+KNOWN_DIVERGENCES: dict[str, Divergence] = {
+    "lstm": Divergence(
+        "the CPU LSTM/GRU kernels run per-step ops whose intermediates (every step's input "
+        "projection, each step's hidden state until the final stack) one graph node hides", 0.30),
+    "branchy": Divergence(NAMED_LOCALS.format(names="the MoE's probs, chosen, y"), 0.80),
+    "hf-gpt2": Divergence(NAMED_LOCALS.format(names="inputs_embeds, position_embeds, "
+                                              "attn_output"), 0.85),
+    "hf-llama": Divergence(NAMED_LOCALS.format(names="inputs_embeds"), 0.88),
+    "hf-mixtral": Divergence(NAMED_LOCALS.format(names="inputs_embeds, the experts' sorted "
+                                                 "token states"), 0.82),
+    "hf-whisper": Divergence(NAMED_LOCALS.format(names="the encoder's inputs_embeds, the "
+                                                 "attention's q, k, v"), 0.84),
+    "hf-vit": Divergence(NAMED_LOCALS.format(names="hidden_states_norm, attention_output, "
+                                             "q, k, v"), 0.85),
+    "hf-wav2vec2": Divergence(NAMED_LOCALS.format(names="the attention's q, k, v and the "
+                                                  "feature projection"), 0.90),
+}
+
+
+# --- the tracker on hand-derived cases ---------------------------------------------------------
+
+class Probe(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(8, 8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x @ self.w.t()        # X (the transposed weight is a view of the parameter)
+        v = y.view(32)            # a view: nothing new
+        v.add_(1)                 # in place: nothing new
+        z = torch.relu(v)         # X
+        del y, v                  # frees y's storage
+        return z * 3              # X
+
+
+def test_tracker_counts_each_new_storage_once_until_released() -> None:
+    measured = measure_memory(Probe(), (torch.randn(4, 8),))
+    assert measured.peak_bytes == 2 * X
+    assert measured.end_bytes == X           # z died with the forward; the output is held
+    assert measured.storages == 3 and measured.allocated_bytes == 3 * X
+    assert measured.ops[measured.timeline.index(2 * X)].startswith("aten.relu")
+
+
+def test_training_step_counts_gradients_and_adamw_state() -> None:
+    model = nn.Linear(4, 3)
+    before = model.weight.detach().clone()
+    measured = measure_memory(model, (torch.randn(2, 4),), train=True)
+    output, grads = 2 * 3 * F32, (4 * 3 + 3) * F32
+    adam_moments = 2 * grads                 # exp_avg and exp_avg_sq, fp32
+    assert measured.end_bytes == output + grads + adam_moments
+    assert measured.peak_bytes >= measured.end_bytes
+    assert torch.equal(model.weight, before) and model.weight.grad is None   # a copy trained
+
+
+def test_training_step_takes_an_optimizer_factory() -> None:
+    def sgd(params: Any) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=0.1)
+
+    measured = measure_memory(nn.Linear(4, 3), (torch.randn(2, 4),), train=True,
+                              optimizer_factory=sgd)
+    assert measured.end_bytes == 2 * 3 * F32 + (4 * 3 + 3) * F32   # output + grads, no state
+
+
+# --- predicted against measured on the zoo -----------------------------------------------------
+
+def ratio_of(build: Callable[[], tuple[Any, Any]]) -> tuple[int, int]:
+    module, inputs = build()
+    module.eval()
+    registry = load_rules()
+    with torch.no_grad():
+        graph = capture(module, inputs, registry)
+    predicted = liveness(graph, registry).peak_activation_bytes
+    measured = measure_memory(module, inputs).peak_bytes
+    return predicted, measured
+
+
+def check(name: str, build: Callable[[], tuple[Any, Any]]) -> None:
+    predicted, measured = ratio_of(build)
+    ratio = predicted / measured
+    assert ratio <= 1 + TOLERANCE, f"{name}: predicted {predicted} B over measured {measured} B"
+    known = KNOWN_DIVERGENCES.get(name)
+    if known is None:
+        assert ratio >= 1 - TOLERANCE, (
+            f"{name}: predicted {predicted} B, measured {measured} B (ratio {ratio:.3f})")
+    else:
+        assert ratio >= known.lowest_ratio, f"{name}: ratio {ratio:.3f} below its bound"
+        assert ratio < 1 - TOLERANCE, f"{name} now agrees ({ratio:.3f}): drop it from the table"
+
+
+@pytest.mark.parametrize("name", sorted(OWN_ZOO))
+def test_predicted_peak_matches_a_real_run(name: str) -> None:
+    check(name, OWN_ZOO[name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(HF_ZOO))
+def test_predicted_peak_matches_a_real_run_of_transformers_models(name: str) -> None:
+    check(f"hf-{name}", HF_ZOO[name])
+
+
+def test_every_known_divergence_names_a_zoo_model() -> None:
+    assert set(KNOWN_DIVERGENCES) <= set(OWN_ZOO) | {f"hf-{n}" for n in HF_ZOO}

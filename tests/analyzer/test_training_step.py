@@ -1,0 +1,87 @@
+"""The `training` report section, with the expected figures derived by hand."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import pytest
+
+from fxlens.analyzer.report import Report
+from fxlens.api import AnalysisOptions, analyze_target
+
+MLP = "tests/models/mlp.py"          # 32 → 64 → 64 → 10, batch 4
+GPT = "tests/models/tiny_gpt.py"     # 2 blocks
+MLP_PARAMS = (32 * 64 + 64) + (64 * 64 + 64) + (64 * 10 + 10)
+
+
+@functools.cache
+def step(target: str, **options: Any) -> Report:
+    return analyze_target(target, AnalysisOptions(train=True, **options))
+
+
+def training(target: str, **options: Any) -> dict[str, Any]:
+    return step(target, **options).sections["training"]
+
+
+def test_fp32_adamw_states_are_16_bytes_per_parameter() -> None:
+    states = training(MLP)["states"]
+    assert states["weights_bytes"] == states["grad_bytes"] == 4 * MLP_PARAMS
+    assert states["optimizer_bytes"] == 8 * MLP_PARAMS
+    assert states["total"] == 16 * MLP_PARAMS
+
+
+def test_amp_bf16_states_and_captured_gradients() -> None:
+    section = training(MLP, precision="amp-bf16", optimizer="adam")
+    states = section["states"]
+    assert states["total"] == (4 + 2 + 2 + 8) * MLP_PARAMS
+    report = step(MLP, precision="amp-bf16", optimizer="adam")
+    assert report.sections["memory"]["peak_by_category"]["gradient"] == 2 * MLP_PARAMS
+
+
+def test_step_flops_add_up() -> None:
+    section = training(MLP)
+    assert section["optimizer_flops"] == 14 * MLP_PARAMS        # AdamW, per element
+    assert section["step_flops"] == (section["forward_flops"] + section["backward_flops"]
+                                     + section["optimizer_flops"])
+    report = step(MLP)
+    assert section["forward_flops"] + section["backward_flops"] == report.totals.flops
+
+
+def test_saved_activations_of_the_mlp() -> None:
+    """relu saves its output (also fc2's saved input), gelu saves its input (fc2's output),
+    fc3 saves gelu's output; fc1's input is a graph input, not an activation."""
+    batch, hidden = 4, 64
+    section = training(MLP)
+    assert section["saved_activation_bytes"] == 3 * batch * hidden * 4
+    modules = {entry["module"] for entry in section["saved_by_module"]}
+    assert modules == {"act1", "fc2", "act2"}
+
+
+def test_step_peak_is_persistent_state_plus_the_larger_phase() -> None:
+    section = training(MLP)
+    parts = section["peak_breakdown"]
+    assert parts["persistent_bytes"] == (4 + 8) * MLP_PARAMS          # weights + AdamW m, v
+    assert section["step_peak_bytes"] == parts["persistent_bytes"] + max(
+        parts["fwd_bwd_peak_bytes"], parts["optimizer_phase_bytes"])
+
+
+def test_checkpointing_recomputes_each_block_forward() -> None:
+    section = training(GPT, checkpoint=True)
+    ckpt = section["checkpointing"]
+    assert ckpt["blocks"] == ["blocks.0", "blocks.1"]
+    report = step(GPT, checkpoint=True)
+    block_forward = sum(n.flops for n in report.nodes
+                        if n.phase == "forward" and n.module.startswith("blocks."))
+    assert ckpt["recompute_flops"] == block_forward
+    assert ckpt["memory_saved_bytes"] > 0
+    assert ckpt["flops_overhead"] == pytest.approx(block_forward / section["step_flops"])
+
+
+def test_fit_verdict_and_largest_batch() -> None:
+    small = training(MLP, device_memory="100KB")["fit"]
+    assert small["fits"] is False and small["headroom_bytes"] < 0
+    assert small["largest_batch"] == 0
+    big = training(MLP, device_memory="h100")["fit"]
+    assert big["fits"] is True and big["device"] == "h100"
+    assert big["largest_batch"] > 4
