@@ -32,7 +32,8 @@ from fxlens.rules import load_rules
 from fxlens.rules.hardware import device as named_device
 from fxlens.rules.training import CASTABLE_DTYPES, Optimizer, Precision
 
-__all__ = ["AnalysisOptions", "analyze", "analyze_target", "capture", "load", "load_rules"]
+__all__ = ["AnalysisOptions", "analyze", "analyze_loaded", "analyze_target", "capture", "load",
+           "load_rules"]
 
 DEFAULT_PRECISION = {"float32": "fp32", "bfloat16": "amp-bf16", "float16": "amp-fp16"}
 
@@ -59,9 +60,18 @@ def analyze_target(
     """Load `target`, capture it (a training step with `options.train`) and cost every op."""
     on_step(f"loading {target}")
     loaded = load(target, options.entry, options.overrides, options.sizes)
-    registry = load_rules()
+    return analyze_loaded(loaded, options, on_step)
+
+
+def analyze_loaded(
+    loaded: LoadedModel,
+    options: AnalysisOptions = AnalysisOptions(),
+    on_step: Callable[[str], None] = lambda _: None,
+) -> Report:
+    """Capture a loaded model (a training step with `options.train`) and cost every op."""
     if options.train:
         return _training_report(loaded, options, on_step)
+    registry = load_rules()
     graph = capture(loaded.module, loaded.inputs, registry, options.methods, on_step)
     on_step("costing ops")
     report = analyze(graph, registry, loaded.name, loaded.source, options.strict)

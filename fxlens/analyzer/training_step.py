@@ -8,10 +8,12 @@ in which activations and gradients are allocated as the forward and backward pro
 The step's peak = persistent state (working weights, master weights, optimizer state, buffers)
 + the larger of
   - the liveness peak of the forward+backward (activations, saved tensors, gradients), and
-  - the optimizer step: every gradient plus one temporary the size of the largest parameter
-    (NB: torch's for-loop optimizers allocate per-parameter temporaries; the foreach kernels
-    allocate per group, more).
-The optimizer state is taken as existing before the step (a steady-state step, not the first).
+  - the optimizer step: every gradient plus `OPTIMIZER_TEMPORARIES` temporaries the size of
+    the largest parameter in the optimizer's precision (NB: torch's single-tensor AdamW
+    computes ``exp_avg_sq.sqrt() / bias_correction`` — two such tensors live at once; the
+    foreach kernels allocate per parameter group, more).
+`step_peak_bytes` takes the optimizer state as existing before the step (a steady-state step);
+`first_step_peak_bytes` lets the optimizer allocate it during the step, as a first step does.
 
 Largest batch: activations scale with the batch, states and gradients do not (NB: linear in
 batch, measured at the captured batch).
@@ -41,6 +43,8 @@ from fxlens.analyzer.training_memory import (
     state_memory,
 )
 
+OPTIMIZER_TEMPORARIES = 2
+
 
 @dataclass(frozen=True)
 class StepSettings:
@@ -67,8 +71,12 @@ def training_section(
     persistent = states.total - states.grad_bytes
     gradients = memory.at_peak_by_category.get(Category.GRADIENT.value, 0)
     all_gradients = memory.peak_by_category.get(Category.GRADIENT.value, 0)
-    optimizer_phase = all_gradients + _largest_trainable_bytes(graph, settings.precision)
+    temporaries = OPTIMIZER_TEMPORARIES * _largest_trainable_bytes(graph, settings.precision)
+    optimizer_phase = all_gradients + temporaries
     peak = persistent + max(memory.peak_activation_bytes, optimizer_phase)
+    before_first_step = persistent - states.optimizer_bytes
+    first_step_peak = before_first_step + max(memory.peak_activation_bytes,
+                                              optimizer_phase + states.optimizer_bytes)
     saved = saved_activations(graph, step.saved, registry)
     section: dict[str, Any] = {
         "precision": settings.precision_name,
@@ -81,6 +89,7 @@ def training_section(
         "saved_activation_bytes": sum(saved.values()),
         "saved_by_module": [{"module": m, "bytes": b} for m, b in saved.most_common()],
         "step_peak_bytes": peak,
+        "first_step_peak_bytes": first_step_peak,
         "peak_breakdown": {
             "persistent_bytes": persistent,
             "fwd_bwd_peak_bytes": memory.peak_activation_bytes,

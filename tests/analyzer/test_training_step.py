@@ -7,8 +7,14 @@ from typing import Any
 
 import pytest
 
+from fxlens.analyzer.loaded import LoadedModel
+from fxlens.analyzer.measure import measure_memory
 from fxlens.analyzer.report import Report
-from fxlens.api import AnalysisOptions, analyze_target
+from fxlens.api import AnalysisOptions, analyze_loaded, analyze_target
+from tests.models import OWN_ZOO
+from tests.models.hf_zoo import ZOO as HF_ZOO
+
+ZOO = {**OWN_ZOO, **{f"hf-{k}": v for k, v in HF_ZOO.items()}}
 
 MLP = "tests/models/mlp.py"          # 32 → 64 → 64 → 10, batch 4
 GPT = "tests/models/tiny_gpt.py"     # 2 blocks
@@ -85,3 +91,20 @@ def test_fit_verdict_and_largest_batch() -> None:
     big = training(MLP, device_memory="h100")["fit"]
     assert big["fits"] is True and big["device"] == "h100"
     assert big["largest_batch"] > 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_first_step_peak_within_10_percent_of_a_real_run(name: str) -> None:
+    """A real forward, backward and AdamW step on CPU, storages followed as they live: its
+    peak against ours for a first step, less the weights and buffers that existed before."""
+    module, inputs = ZOO[name]()
+    report = analyze_loaded(LoadedModel(module, inputs, name, name),
+                            AnalysisOptions(train=True, precision="fp32"))
+    section = report.sections["training"]
+    states = section["states"]
+    predicted = (section["first_step_peak_bytes"] - states["weights_bytes"]
+                 - states["buffer_bytes"] - states["master_bytes"])
+    module.train()
+    measured = measure_memory(module, inputs, train=True).peak_bytes
+    assert predicted == pytest.approx(measured, rel=0.10)
