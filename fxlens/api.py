@@ -21,6 +21,7 @@ from fxlens.analyzer.capture import METHODS, capture
 from fxlens.analyzer.engine import analyze
 from fxlens.analyzer.errors import LoadError
 from fxlens.analyzer.graph import Graph, NodeKind
+from fxlens.analyzer.kv_cache import decode_step, kv_cache, kv_layout
 from fxlens.analyzer.load import load
 from fxlens.analyzer.loaded import LoadedModel
 from fxlens.analyzer.memory import liveness
@@ -50,6 +51,8 @@ class AnalysisOptions:
     optimizer: str = "adamw"
     device_memory: str | None = None    # "80GiB" or a GPU name ("h100")
     checkpoint: bool = False
+    kv_cache: bool = False
+    context: int | None = None          # KV cache context; None: the captured sequence length
 
 
 def analyze_target(
@@ -60,7 +63,15 @@ def analyze_target(
     """Load `target`, capture it (a training step with `options.train`) and cost every op."""
     on_step(f"loading {target}")
     loaded = load(target, options.entry, options.overrides, options.sizes)
-    return analyze_loaded(loaded, options, on_step)
+    if not options.kv_cache:
+        return analyze_loaded(loaded, options, on_step)
+    if options.train:
+        report = analyze_loaded(loaded, options, on_step)
+        graph = capture(loaded.module, loaded.inputs, load_rules(), options.methods, on_step)
+    else:
+        report, graph = _inference_report(loaded, options, on_step)
+    on_step("sizing the KV cache and one decode step")
+    return _with_sections(report, kv_cache=_kv_section(target, loaded, graph, report, options))
 
 
 def analyze_loaded(
@@ -71,11 +82,17 @@ def analyze_loaded(
     """Capture a loaded model (a training step with `options.train`) and cost every op."""
     if options.train:
         return _training_report(loaded, options, on_step)
+    return _inference_report(loaded, options, on_step)[0]
+
+
+def _inference_report(
+    loaded: LoadedModel, options: AnalysisOptions, on_step: Callable[[str], None]
+) -> tuple[Report, Graph]:
     registry = load_rules()
     graph = capture(loaded.module, loaded.inputs, registry, options.methods, on_step)
     on_step("costing ops")
     report = analyze(graph, registry, loaded.name, loaded.source, options.strict)
-    return _with_sections(report, memory=liveness(graph, registry).to_section())
+    return _with_sections(report, memory=liveness(graph, registry).to_section()), graph
 
 
 def _training_report(
@@ -98,6 +115,27 @@ def _training_report(
     )
     training = training_section(step, report, memory, registry, settings)
     return _with_sections(report, memory=memory.to_section(), training=training)
+
+
+def _kv_section(
+    target: str, loaded: LoadedModel, graph: Graph, report: Report, options: AnalysisOptions
+) -> dict[str, Any]:
+    """KV cache at `options.context` tokens and the memory of one decode step, whose
+    activations come from the model captured again at one token (``seq_len=1``)."""
+    registry = load_rules()
+    layout = kv_layout(loaded.module, graph)
+    if not layout.layers:
+        raise LoadError("--kv-cache: no attention layers found (no transformers config and "
+                        "no attention op in the graph)")
+    batch = options.sizes.get("batch") or _batch(graph)
+    context = options.context or _sequence_length(graph)
+    cache = kv_cache(layout.layers, batch, context, layout.dtype_bytes, layout.source)
+    one_token = load(target, options.entry, options.overrides, {**options.sizes, "seq_len": 1})
+    token_graph = capture(one_token.module, one_token.inputs, registry, options.methods)
+    token_activations = liveness(token_graph, registry).peak_activation_bytes
+    weights = report.model.param_bytes + report.model.buffer_bytes
+    return {**cache.to_section(),
+            "decode_step": decode_step(weights, cache, token_activations).to_section()}
 
 
 def _with_sections(report: Report, **sections: Any) -> Report:
@@ -146,3 +184,12 @@ def _batch(graph: Graph) -> int:
             shape = node.outputs[0].shape
             return shape[0] if shape else 1
     return 1
+
+
+def _sequence_length(graph: Graph) -> int:
+    """The token count of the example inputs: dimension 1 of the first 2-D integer input."""
+    for node in graph.nodes:
+        spec = node.outputs[0] if node.kind is NodeKind.INPUT and node.outputs else None
+        if spec is not None and len(spec.shape) == 2 and spec.dtype.startswith("int"):
+            return spec.shape[1]
+    raise LoadError("--kv-cache: cannot tell the sequence length; give --context")

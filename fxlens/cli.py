@@ -56,6 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
                           help="optimizer whose state is accounted (default adamw)")
     training.add_argument("--checkpoint", action="store_true",
                           help="what-if: activation checkpointing of every repeated block")
+    inference = parser.add_argument_group("inference memory")
+    inference.add_argument("--kv-cache", action="store_true",
+                           help="KV cache bytes per layer and the memory of one decode step")
+    inference.add_argument("--context", type=int,
+                           help="KV cache context in tokens (default: the sequence length)")
     training.add_argument("--device-mem", metavar="SIZE|GPU",
                           help="device memory for a fits verdict: 80GiB, 24GB or a GPU name")
     parser.add_argument("--quiet", action="store_true", help="no tables, files only")
@@ -94,6 +99,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         methods=tuple(args.method) if args.method else METHODS, strict=args.strict,
         train=args.train, precision=args.precision, optimizer=args.optimizer,
         device_memory=args.device_mem, checkpoint=args.checkpoint,
+        kv_cache=args.kv_cache, context=args.context,
     )
     with err.status("loading…") as status:
         report = analyze_target(args.target, options,

@@ -104,3 +104,47 @@ def test_unknown_preset_lists_the_known_ones(capsys: pytest.CaptureFixture) -> N
     assert main(["hf:not-a-model"]) == 2
     err = capsys.readouterr().err
     assert "llama-2-7b" in err and "gpt2" in err
+
+
+def test_memory_section_in_every_report(tmp_path: Path) -> None:
+    out = tmp_path / "r.json"
+    assert main([str(ROOT / "tests/models/mlp.py"), "--quiet", "--json", str(out)]) == 0
+    memory = json.loads(out.read_text())["memory"]
+    assert {"param_bytes", "buffer_bytes", "peak_activation_bytes", "peak_node",
+            "timeline"} <= set(memory)
+    report = json.loads(out.read_text())
+    assert len(memory["timeline"]) == len(report["nodes"])
+    assert memory["peak_activation_bytes"] == max(memory["timeline"])
+
+
+def test_train_flags_fill_the_training_section(tmp_path: Path,
+                                               capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "r.json"
+    argv = [str(ROOT / "tests/models/tiny_gpt.py"), "--train", "--precision", "amp-bf16",
+            "--optimizer", "adam", "--checkpoint", "--device-mem", "24GiB", "--json", str(out)]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "training step · amp-bf16 · adam" in printed and "fits" in printed
+    training = json.loads(out.read_text())["training"]
+    assert training["precision"] == "amp-bf16" and training["optimizer"] == "adam"
+    assert training["fit"]["device_bytes"] == 24 * 2**30
+    assert training["checkpointing"]["blocks"] == ["blocks.0", "blocks.1"]
+    assert training["backward_flops"] > training["forward_flops"] > 0
+
+
+def test_kv_cache_of_a_preset(tmp_path: Path) -> None:
+    """Llama-2-7B shape, batch 1, context 2048, fp16: 2 × 32 × 2048 × 4096 × 2 B = 1 GiB."""
+    out = tmp_path / "r.json"
+    argv = ["hf:llama-2-7b", "--seq-len", "16", "--kv-cache", "--context", "2048",
+            "--quiet", "--json", str(out)]
+    assert main(argv) == 0
+    cache = json.loads(out.read_text())["kv_cache"]
+    assert cache["total_bytes"] == 2 * 32 * 2048 * 4096 * 2 == 2**30
+    assert len(cache["layers"]) == 32
+    step = cache["decode_step"]
+    assert step["total_bytes"] == step["weights_bytes"] + 2**30 + step["activation_bytes"]
+
+
+def test_unknown_device_is_a_one_line_error(capsys: pytest.CaptureFixture) -> None:
+    assert main([str(ROOT / "tests/models/mlp.py"), "--train", "--device-mem", "h1000"]) == 2
+    assert "h100" in capsys.readouterr().err

@@ -25,7 +25,32 @@ def render_terminal(report: Report, depth: int = 2, top: int = 10) -> Renderable
         parts.append(training_tables(report.sections["training"], depth))
     elif "memory" in report.sections:
         parts.append(memory_table(report.sections["memory"], top))
+    if "kv_cache" in report.sections:
+        parts.append(kv_cache_table(report.sections["kv_cache"]))
     return Group(*parts)
+
+
+def kv_cache_table(cache: dict[str, Any]) -> Table:
+    table = Table(title=f"KV cache · batch {cache['batch']} · context {cache['context']} "
+                        f"· {cache['dtype_bytes']} B/element (layout from {cache['source']})",
+                  title_justify="left")
+    for name in ("layers", "kv heads × head dim", "tokens", "bytes per layer"):
+        table.add_column(name, justify="left" if name == "layers" else "right")
+    groups: dict[tuple[int, int, int, int], list[str]] = defaultdict(list)
+    for layer in cache["layers"]:
+        key = (layer["kv_heads"], layer["k_head_dim"], layer["tokens"], layer["bytes"])
+        groups[key].append(layer["name"])
+    for (heads, dim, tokens, size), names in groups.items():
+        label = names[0] if len(names) == 1 else f"{len(names)} layers ({names[0]} …)"
+        table.add_row(label, f"{heads} × {dim}", str(tokens), binary_bytes(size))
+    table.add_row(Text("total", style="bold"), "", "",
+                  Text(binary_bytes(cache["total_bytes"]), style="bold"))
+    step = cache["decode_step"]
+    table.caption = (f"decode step: weights {binary_bytes(step['weights_bytes'])} + cache "
+                     f"{binary_bytes(step['kv_cache_bytes'])} + one token's activations "
+                     f"{binary_bytes(step['activation_bytes'])} = "
+                     f"{binary_bytes(step['total_bytes'])}")
+    return table
 
 
 def memory_table(memory: dict[str, Any], top: int) -> Table:
