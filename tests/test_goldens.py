@@ -10,21 +10,20 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from fxlens.analyzer.capture import capture
-from fxlens.analyzer.engine import analyze
+from fxlens.analyzer.loaded import LoadedModel
+from fxlens.analyzer.report import Report
+from fxlens.api import AnalysisOptions, analyze_loaded
 from fxlens.reports.terminal import render_terminal
-from fxlens.rules import load_rules
 from tests.models import convnet, mlp
 
 GOLDENS = Path(__file__).parent / "goldens"
 MODELS = {"mlp": mlp.build, "convnet": convnet.build}
 
 
-def report_of(name: str):  # type: ignore[no-untyped-def]
-    registry = load_rules()
+def report_of(name: str) -> Report:
     module, inputs = MODELS[name]()
-    return analyze(capture(module, inputs, registry), registry, name=name,
-                   source=f"tests/models/{name}.py", strict=True)
+    loaded = LoadedModel(module, inputs, name, f"tests/models/{name}.py")
+    return analyze_loaded(loaded, AnalysisOptions(strict=True))
 
 
 def check(path: Path, text: str, update: bool) -> None:
