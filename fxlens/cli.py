@@ -1,6 +1,9 @@
-"""The `analyze` command: the only module that prints. Exit codes: 0 ok, 2 could not run.
+"""The `analyze` command: with `fxlens.commands`, the only code that prints.
 
     analyze TARGET [options]          TARGET: model.py, pkg.module:function or hf:<preset>
+    analyze SUBCOMMAND ...            one of `SUBCOMMANDS` (see `fxlens.commands`)
+
+Exit codes: 0 ok, 1 a gate tripped, 2 could not run.
 
 Tables go to stdout, diagnostics and progress to stderr. Errors fxlens raises on purpose get
 one line and exit code 2; `--debug` shows the traceback.
@@ -9,6 +12,7 @@ one line and exit code 2; `--debug` shows the traceback.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 from collections.abc import Sequence
@@ -68,18 +72,30 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# name → module with build_parser() and run(args); see fxlens/commands/__init__.py
+SUBCOMMANDS: dict[str, str] = {}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.debug else logging.WARNING,
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        command = importlib.import_module(SUBCOMMANDS[argv[0]])
+        parser, run = command.build_parser(), command.run
+        argv = argv[1:]
+    else:
+        parser, run = build_parser(), run_analyze
+    args = parser.parse_args(argv)
+    debug = getattr(args, "debug", False)
+    logging.basicConfig(level=logging.DEBUG if debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    if not args.debug:
+    if not debug:
         # A failing capture method is expected and reported by us; torch's own warnings
         # about it (graph dumps, unbacked symbols) are noise.
         logging.getLogger("torch").setLevel(logging.ERROR)
     try:
-        return run_analyze(args)
+        return int(run(args))
     except FxlensError as error:
-        if args.debug:
+        if getattr(args, "debug", False):
             err.print_exception()
         err.print(f"[bold red]error:[/] {error}", markup=True, highlight=False, soft_wrap=True)
         return EXIT_ERROR
