@@ -24,6 +24,7 @@ tensor created outside any aten call (``torch.tensor([...])`` data before its ``
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -32,7 +33,10 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
+
+from fxlens.analyzer.recorder import fake_then_real
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 
@@ -177,3 +181,28 @@ def _measure_step(
 def _state(module: torch.nn.Module, inputs: Any) -> list[torch.Tensor]:
     leaves = [t for t in pytree.tree_leaves(inputs) if isinstance(t, torch.Tensor)]
     return [*module.parameters(), *module.buffers(), *leaves]
+
+
+def simulate_eager_memory(module: torch.nn.Module, inputs: Any) -> MeasuredMemory:
+    """`measure_memory` of an inference forward, run on fake tensors: no weights, no compute.
+
+    Fake tensors are freed when Python drops them, exactly as real ones, so this follows
+    eager PyTorch's lifetimes, Python's own references included — what graph liveness cannot
+    see. Falls back to a small real run where fake tensors cannot go (see
+    `fxlens.analyzer.recorder.fake_then_real`).
+    """
+    args, kwargs = _split(inputs)
+
+    def run(real_or_fake: torch.nn.Module, state: dict[str, torch.Tensor],
+            run_args: tuple[Any, ...], run_kwargs: dict[str, Any],
+            fake_mode: FakeTensorMode | None) -> MeasuredMemory:
+        tracker = StorageTracker([*state.values(), *_state(torch.nn.Module(),
+                                                            (run_args, run_kwargs))])
+        tensors = fake_mode if fake_mode is not None else contextlib.nullcontext()
+        with tensors, torch.no_grad(), tracker:
+            out = torch.func.functional_call(real_or_fake, state, run_args, run_kwargs)
+        result = tracker.result()
+        del out
+        return result
+
+    return fake_then_real(module, args, kwargs, run)[0]

@@ -64,7 +64,12 @@ def memory_table(memory: dict[str, Any], top: int) -> Table:
     table.add_row("inputs", binary_bytes(memory["input_bytes"]), "")
     table.add_row(Text("activation peak", style="bold"),
                   Text(binary_bytes(memory["peak_activation_bytes"]), style="bold"),
-                  f"node {memory['peak_node']} in {memory['peak_module'] or '(root)'}")
+                  f"node {memory['peak_node']} in {memory['peak_module'] or '(root)'}"
+                  " (graph executor)")
+    eager = memory.get("eager", {})
+    if eager.get("peak_bytes") is not None:
+        table.add_row("eager peak", binary_bytes(eager["peak_bytes"]),
+                      f"after {eager['peak_op']} (eager, simulated)")
     for live in memory["live_at_peak"][:top]:
         table.add_row(f"  live: {live['target']}", binary_bytes(live["bytes"]),
                       f"{live['module'] or '(root)'} {tuple(live['shape'])} {live['dtype']}")
