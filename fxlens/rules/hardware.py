@@ -1,59 +1,265 @@
-"""Named accelerators and their specifications, from the vendors' datasheets.
+"""Named devices and their specifications, from the vendors' datasheets; user and calibrated ones.
 
-One frozen `DeviceSpec` per device name as users type it (``--device-mem h100``); only the
-memory capacity today, more fields (peak FLOP/s per dtype, bandwidth) are to come with the
-roofline.
+One frozen `DeviceSpec` per device name as users type it (``--device h100``,
+``--device-mem h100``): memory capacity, dense peak FLOP/s per dtype key (`DTYPE_KEYS`), memory
+bandwidth, the share of those peaks real kernels reach, and a per-kernel launch cost. The
+roofline (`fxlens.analyzer.roofline`) reads these as data; nothing here knows a model.
 
 Units: vendors print GPU memory as "GB", but the DRAM behind it comes in power-of-two
 sizes, and what the driver reports is more than the decimal reading allows (an RTX 4090
 "24 GB" shows "23.68 GiB total capacity" in PyTorch's out-of-memory message,
-zai-org/CogVideo#36, where 24·10⁹ B would be only 22.35 GiB). So every figure here is the
-datasheet number read as GiB (2³⁰ bytes).
+zai-org/CogVideo#36, where 24·10⁹ B would be only 22.35 GiB). So every capacity here is the
+datasheet number read as GiB (2³⁰ bytes). Bandwidths are decimal (1 TB/s = 10¹² B/s) and
+FLOP/s too, as the datasheets print them.
 NB: the capacity a program can use is smaller: the driver and ECC reserve some (≈ 79.1 GiB
 of an "80 GB" H100 or A100, ≈ 14.7 GiB of a T4 with ECC on, as torch reports them), and a
 CUDA context takes a few hundred MiB more. Keep some of the headroom `fits` reports.
+
+Peaks are *dense*: datasheets print tensor-core figures "with sparsity" (2:4 structured, 2×),
+which dense models never get; every figure below is the sparse one halved where the datasheet
+marks it so. ``fp32`` is the non-tensor (CUDA core / vector) rate; ``tf32`` is what fp32
+matmuls get only when TF32 is allowed. A peak of 0 means the device has no such path
+(FP8 before Hopper/Ada, BF16 and TF32 on Turing); `DeviceSpec.peak` then falls back along
+`FALLBACK` and says which figure it used.
+
+NB: achievable, not datasheet: large cuBLAS/rocBLAS GEMMs reach roughly 60–80 % of the dense
+datasheet peak and streaming copies 80–90 % of the datasheet bandwidth (NVIDIA's "Matrix
+Multiplication Background User's Guide" shows Hopper/Ampere GEMMs below peak; BabelStream
+and NVIDIA's bandwidthTest reach ≈ 80–90 % of HBM bandwidth). `GEMM_EFFICIENCY` = 0.7 and
+`BANDWIDTH_EFFICIENCY` = 0.8 are those rules of thumb; `analyze calibrate` measures the real
+figures of one machine and a profile replaces both peaks and factors (factors 1.0).
+NB: launch cost: a CUDA kernel launch costs ≈ 2–5 µs of CPU time and PyTorch's eager
+dispatch ≈ 5–10 µs per op on top for tiny kernels; `GPU_LAUNCH_S` = 5 µs. Calibrate to measure.
+
+The host CPU (``cpu``) has conservative defaults — a few-core laptop-class x86 — since no
+datasheet describes "this machine"; `analyze calibrate --device cpu` writes a profile that
+replaces them (and is used automatically when it exists, see `cached_profile`).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
 
 GIB = 2**30
+T = 1e12
+DTYPE_KEYS = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
+# Where a missing (0) peak falls back to: the path the framework takes instead.
+FALLBACK: Mapping[str, str] = {"tf32": "fp32", "bf16": "fp32", "fp16": "fp32", "fp8": "bf16",
+                               "int8": "fp32"}
+GEMM_EFFICIENCY = 0.7
+BANDWIDTH_EFFICIENCY = 0.8
+GPU_LAUNCH_S = 5e-6
+CPU_LAUNCH_S = 5e-6
 
 
 @dataclass(frozen=True)
 class DeviceSpec:
-    """One accelerator model. ``source`` names the datasheet the figures come from."""
+    """One device model. ``source`` names the datasheet (or calibration) the figures come from.
+
+    `peak_flops`: dense peak FLOP/s (OP/s for int8) per `DTYPE_KEYS` key, 0 where the device
+    has no such path. `bandwidth_bytes_per_s`: memory bandwidth. The efficiencies are the
+    share of those that real kernels achieve (1.0 for a calibrated profile, whose figures are
+    measured). `launch_s` is added once per kernel.
+    """
 
     name: str
     memory_bytes: int
     source: str
+    peak_flops: Mapping[str, float] = field(default_factory=dict)
+    bandwidth_bytes_per_s: float = 0.0
+    kind: str = "gpu"                            # "gpu" or "cpu"
+    compute_efficiency: float = GEMM_EFFICIENCY
+    bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
+    launch_s: float = GPU_LAUNCH_S
+    calibrated: bool = False
+
+    def peak(self, key: str) -> tuple[float, str]:
+        """Datasheet dense FLOP/s for dtype `key` and the key whose figure it is (after
+        `FALLBACK` for a path the device lacks)."""
+        seen = key
+        while self.peak_flops.get(seen, 0.0) <= 0.0 and seen in FALLBACK:
+            seen = FALLBACK[seen]
+        return self.peak_flops.get(seen, 0.0), seen
+
+    def achievable_flops(self, key: str) -> float:
+        return self.peak(key)[0] * self.compute_efficiency
+
+    @property
+    def achievable_bandwidth(self) -> float:
+        return self.bandwidth_bytes_per_s * self.bandwidth_efficiency
+
+    def to_json(self) -> dict[str, Any]:
+        return {f.name: (dict(getattr(self, f.name)) if f.name == "peak_flops"
+                         else getattr(self, f.name)) for f in fields(self)}
 
 
-def _spec(name: str, memory_gib: int, source: str) -> DeviceSpec:
-    return DeviceSpec(name, memory_gib * GIB, source)
+def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: float,
+         source: str) -> DeviceSpec:
+    """`tflops`: dense TFLOP/s in `DTYPE_KEYS` order (fp32, tf32, bf16, fp16, fp8, int8)."""
+    assert len(tflops) == len(DTYPE_KEYS)
+    peaks = {k: v * T for k, v in zip(DTYPE_KEYS, tflops, strict=True)}
+    return DeviceSpec(name, memory_gib * GIB, source, peaks, bandwidth_tb_s * T)
 
 
 DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
-    # H100 SXM5 and PCIe both 80 GB (H100 NVL: 94 GB)
-    _spec("h100", 80, "NVIDIA H100 Tensor Core GPU Datasheet (H100 SXM, 80 GB HBM3)"),
-    _spec("h200", 141, "NVIDIA H200 Tensor Core GPU Datasheet (141 GB HBM3e)"),
-    _spec("a100-40gb", 40, "NVIDIA A100 Tensor Core GPU Datasheet (40 GB HBM2)"),
-    _spec("a100-80gb", 80, "NVIDIA A100 Tensor Core GPU Datasheet (80 GB HBM2e)"),
-    _spec("l4", 24, "NVIDIA L4 Tensor Core GPU Datasheet (24 GB GDDR6)"),
-    # AWS's variant of the A10; same memory as the NVIDIA A10 datasheet
-    _spec("a10g", 24, "Amazon EC2 G5 instance specifications (NVIDIA A10G, 24 GB GDDR6)"),
-    _spec("t4", 16, "NVIDIA T4 Tensor Core GPU Datasheet (16 GB GDDR6)"),
-    _spec("rtx4090", 24, "NVIDIA GeForce RTX 4090 specifications (24 GB GDDR6X)"),
-    _spec("mi300x", 192, "AMD Instinct MI300X Accelerator Data Sheet (192 GB HBM3)"),
+    # Tensor-core figures on NVIDIA datasheets are "with sparsity": halved here.
+    #               fp32   tf32    bf16    fp16    fp8     int8     TB/s
+    _gpu("h100", 80, (67, 494.5, 989.5, 989.5, 1979, 1979), 3.35,
+         "NVIDIA H100 Tensor Core GPU Datasheet (H100 SXM5, 80 GB HBM3; dense = sparse / 2)"),
+    _gpu("h100-pcie", 80, (51, 378, 756.5, 756.5, 1513, 1513), 2.0,
+         "NVIDIA H100 Tensor Core GPU Datasheet (H100 PCIe, 80 GB HBM2e; dense = sparse / 2)"),
+    _gpu("h200", 141, (67, 494.5, 989.5, 989.5, 1979, 1979), 4.8,
+         "NVIDIA H200 Tensor Core GPU Datasheet (H200 SXM, 141 GB HBM3e; dense = sparse / 2)"),
+    # Ampere: no FP8. A100 SXM bandwidth: 1,555 GB/s (40 GB), 2,039 GB/s (80 GB).
+    _gpu("a100-40gb", 40, (19.5, 156, 312, 312, 0, 624), 1.555,
+         "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 40 GB HBM2; dense figures)"),
+    _gpu("a100-80gb", 80, (19.5, 156, 312, 312, 0, 624), 2.039,
+         "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 80 GB HBM2e; dense figures)"),
+    _gpu("l4", 24, (30.3, 60, 121, 121, 242.5, 242.5), 0.3,
+         "NVIDIA L4 Tensor Core GPU Datasheet (24 GB GDDR6; dense = sparse / 2)"),
+    # NB: AWS publishes no per-dtype peaks for its A10G; these are the NVIDIA A10 datasheet's
+    # (same GA102 die and 24 GB GDDR6 at 600 GB/s); calibrate an A10G for its own figures.
+    _gpu("a10g", 24, (31.2, 62.5, 125, 125, 0, 250), 0.6,
+         "Amazon EC2 G5 instance specifications (NVIDIA A10G, 24 GB GDDR6); peaks from the "
+         "NVIDIA A10 Tensor Core GPU Datasheet (dense = sparse / 2)"),
+    # Turing: no TF32, BF16 or FP8; 65 FP16 TFLOPS and 130 INT8 TOPS are dense.
+    _gpu("t4", 16, (8.1, 0, 0, 65, 0, 130), 0.32,
+         "NVIDIA T4 Tensor Core GPU Datasheet (16 GB GDDR6)"),
+    # GeForce: FP16/BF16 with FP32 accumulate (what PyTorch uses) runs at half the FP16-accumulate
+    # rate: 165.2 dense; FP8 and INT8 660.6 dense.
+    _gpu("rtx4090", 24, (82.6, 82.6, 165.2, 165.2, 660.6, 660.6), 1.008,
+         "NVIDIA GeForce RTX 4090 specifications (24 GB GDDR6X) and NVIDIA Ada GPU "
+         "Architecture whitepaper, Appendix A (dense, FP32 accumulate)"),
+    # NB: fp32 is MI300X's FP32 *matrix* rate (163.4; vector 81.7): rocBLAS runs fp32 GEMMs on
+    # the matrix cores. Dense = the sparsity figure halved.
+    _gpu("mi300x", 192, (163.4, 653.7, 1307.4, 1307.4, 2614.9, 2614.9), 5.3,
+         "AMD Instinct MI300X Accelerator Data Sheet (192 GB HBM3, 5.3 TB/s; dense figures)"),
 )}
 
+ALIASES: Mapping[str, str] = {"h100-sxm": "h100", "h200-sxm": "h200", "a100": "a100-80gb",
+                              "a10": "a10g", "4090": "rtx4090"}
 
-def device(name: str) -> DeviceSpec:
-    """The device called `name` (case-insensitive), or a ValueError listing the known ones."""
+
+def host_cpu() -> DeviceSpec:
+    """The host CPU with conservative defaults.
+
+    NB: 100 GFLOP/s fp32 (≈ 2 AVX2 FMA cores at 3 GHz reach 190; MKL/oneDNN get ~70 % of
+    that), bf16/fp16 at a quarter (no AMX/AVX512-FP16 assumed: converted to fp32 on the fly),
+    int8 at the fp32 rate, 10 GB/s copy bandwidth (one or two cores of a dual-channel
+    DDR4 system; STREAM copy on such a host is 10–20 GB/s). Calibrate to replace them.
+    """
+    peaks = {"fp32": 1e11, "tf32": 0.0, "bf16": 2.5e10, "fp16": 2.5e10, "fp8": 0.0,
+             "int8": 1e11}
+    return DeviceSpec("cpu", _host_memory_bytes(), "conservative defaults for the host CPU "
+                      "(fxlens.rules.hardware.host_cpu); run `analyze calibrate --device cpu`",
+                      peaks, 1e10, kind="cpu", compute_efficiency=1.0, bandwidth_efficiency=1.0,
+                      launch_s=CPU_LAUNCH_S)
+
+
+def _host_memory_bytes() -> int:
     try:
-        return DEVICES[name.strip().lower()]
+        return int(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (ValueError, OSError, AttributeError):
+        return 16 * GIB
+
+
+def device(name: str, extra: Mapping[str, DeviceSpec] | None = None) -> DeviceSpec:
+    """The device called `name` (case-insensitive; `extra` first, e.g. from a user file), or
+    a ValueError listing the known ones."""
+    key = name.strip().lower()
+    key = ALIASES.get(key, key)
+    if extra and key in extra:
+        return extra[key]
+    if key == "cpu":
+        return host_cpu()
+    try:
+        return DEVICES[key]
     except KeyError:
-        known = ", ".join(sorted(DEVICES))
+        known = ", ".join(sorted({*DEVICES, "cpu", *(extra or {})}))
         raise ValueError(f"unknown device {name!r}; known devices: {known}") from None
+
+
+# --- user files and calibrated profiles -------------------------------------------------------
+
+_NUMBERS = ("memory_bytes", "bandwidth_bytes_per_s", "compute_efficiency",
+            "bandwidth_efficiency", "launch_s")
+
+
+def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> DeviceSpec:
+    """A device from a JSON object with `DeviceSpec`'s field names (base units); fields left
+    out come from `base` (an override) — `peak_flops` is merged key by key."""
+    if "name" not in data and base is None:
+        raise ValueError("a device needs a name")
+    unknown = set(data) - {f.name for f in fields(DeviceSpec)}
+    if unknown:
+        raise ValueError(f"unknown device field(s) {sorted(unknown)}; "
+                         f"known: {[f.name for f in fields(DeviceSpec)]}")
+    peaks = dict(data.get("peak_flops", {}))
+    bad = set(peaks) - set(DTYPE_KEYS)
+    if bad:
+        raise ValueError(f"unknown dtype key(s) {sorted(bad)} in peak_flops; known: {DTYPE_KEYS}")
+    values: dict[str, Any] = {k: float(data[k]) for k in _NUMBERS if k in data}
+    if "memory_bytes" in values:
+        values["memory_bytes"] = int(values["memory_bytes"])
+    values.update({k: data[k] for k in ("name", "source", "kind", "calibrated") if k in data})
+    if base is None:
+        full_peaks = {k: float(peaks.get(k, 0.0)) for k in DTYPE_KEYS}
+        values.setdefault("memory_bytes", 0)
+        values.setdefault("source", "user device file")
+        return DeviceSpec(peak_flops=full_peaks, **values)
+    merged = {**base.peak_flops, **{k: float(v) for k, v in peaks.items()}}
+    return replace(base, peak_flops=merged, **values)
+
+
+def load_devices(path: Path) -> dict[str, DeviceSpec]:
+    """Devices from a user JSON file ``{"devices": {name: {field: value}}}``: a known name
+    overrides the listed fields of that device, a new name adds a device."""
+    try:
+        data = json.loads(Path(path).read_text())
+        entries = data["devices"]
+        if not isinstance(entries, dict):
+            raise TypeError("'devices' must be an object of name → fields")
+        loaded: dict[str, DeviceSpec] = {}
+        for raw_name, entry in entries.items():
+            name = ALIASES.get(raw_name.lower(), raw_name.lower())
+            base = _known(name)
+            spec = spec_from_json({**entry, "name": name}, base)
+            loaded[name] = spec if base is not None else replace(
+                spec, source=entry.get("source", f"user device file {path}"))
+        return loaded
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"cannot read devices from {path}: {error}") from error
+
+
+def _known(name: str) -> DeviceSpec | None:
+    if name == "cpu":
+        return host_cpu()
+    return DEVICES.get(name)
+
+
+def profile_dir() -> Path:
+    """Where calibrated profiles are cached: ``$XDG_CACHE_HOME/fxlens/profiles`` (default
+    ``~/.cache/fxlens/profiles``)."""
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "fxlens" / "profiles"
+
+
+def load_profile(path: Path) -> DeviceSpec:
+    """A calibrated profile written by `analyze calibrate`: ``{"device": {...}, "measured":
+    {...}}``; the device entry has every `DeviceSpec` field."""
+    try:
+        data = json.loads(Path(path).read_text())
+        return spec_from_json(data["device"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"cannot read profile {path}: {error}") from error
+
+
+def cached_profile(name: str) -> DeviceSpec | None:
+    """The cached calibrated profile of device `name`, if `analyze calibrate` wrote one."""
+    path = profile_dir() / f"{name}.json"
+    return load_profile(path) if path.is_file() else None

@@ -1,0 +1,132 @@
+"""The device registry (fxlens/rules/hardware.py): every device complete and sourced, dense
+peaks, fallbacks for missing paths, user files and calibrated profiles."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fxlens.rules.hardware import (
+    BANDWIDTH_EFFICIENCY,
+    DEVICES,
+    DTYPE_KEYS,
+    GEMM_EFFICIENCY,
+    DeviceSpec,
+    cached_profile,
+    device,
+    host_cpu,
+    load_devices,
+    load_profile,
+    profile_dir,
+    spec_from_json,
+)
+
+REQUIRED = ("h100", "h100-pcie", "h200", "a100-40gb", "a100-80gb", "l4", "a10g", "t4",
+            "rtx4090", "mi300x", "cpu")
+T = 1e12
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_every_device_has_every_field_and_a_source(name: str) -> None:
+    spec = device(name)
+    assert spec.name == name
+    assert spec.memory_bytes > 0 and spec.bandwidth_bytes_per_s > 0
+    assert set(spec.peak_flops) == set(DTYPE_KEYS)
+    assert all(v >= 0 for v in spec.peak_flops.values())
+    assert spec.peak_flops["fp32"] > 0          # every path falls back to fp32 in the end
+    cited = spec.source.lower().replace(" ", "")
+    assert "datasheet" in cited or "specifications" in cited or name == "cpu"
+    assert 0 < spec.compute_efficiency <= 1 and 0 < spec.bandwidth_efficiency <= 1
+    assert spec.launch_s > 0
+    for key in DTYPE_KEYS:
+        assert spec.peak(key)[0] > 0
+
+
+def test_gpu_peaks_are_dense_datasheet_figures() -> None:
+    h100 = DEVICES["h100"]
+    # H100 SXM datasheet: BF16 1,979 TFLOPS and FP8 3,958 "with sparsity" → halved.
+    assert h100.peak_flops["bf16"] == 1979 / 2 * T
+    assert h100.peak_flops["fp8"] == 3958 / 2 * T
+    assert h100.bandwidth_bytes_per_s == 3.35 * T
+    assert DEVICES["a100-80gb"].peak_flops["bf16"] == 312 * T
+    assert DEVICES["h200"].bandwidth_bytes_per_s > h100.bandwidth_bytes_per_s
+    # fp16/bf16 tensor paths are faster than fp32 on every accelerator that has them
+    for spec in DEVICES.values():
+        assert spec.peak("bf16")[0] >= spec.peak_flops["fp32"]
+
+
+def test_missing_paths_fall_back_and_say_so() -> None:
+    assert DEVICES["a100-80gb"].peak("fp8") == (312 * T, "bf16")   # Ampere: no FP8
+    assert DEVICES["t4"].peak("bf16") == (8.1 * T, "fp32")          # Turing: no BF16
+    assert DEVICES["t4"].peak("fp8") == (8.1 * T, "fp32")
+    assert DEVICES["h100"].peak("tf32") == (494.5 * T, "tf32")
+
+
+def test_achievable_figures_apply_the_stated_factors() -> None:
+    h100 = DEVICES["h100"]
+    assert h100.compute_efficiency == GEMM_EFFICIENCY == 0.7
+    assert h100.bandwidth_efficiency == BANDWIDTH_EFFICIENCY == 0.8
+    assert h100.achievable_flops("bf16") == pytest.approx(0.7 * 989.5 * T)
+    assert h100.achievable_bandwidth == pytest.approx(0.8 * 3.35 * T)
+
+
+def test_aliases_and_unknown_names() -> None:
+    assert device("H100-SXM") is DEVICES["h100"]
+    assert device("a100") is DEVICES["a100-80gb"]
+    with pytest.raises(ValueError, match="known devices: .*cpu.*h100"):
+        device("h1000")
+
+
+def test_host_cpu_defaults_are_conservative_and_stated() -> None:
+    cpu = host_cpu()
+    assert cpu.kind == "cpu" and not cpu.calibrated
+    assert cpu.peak_flops["fp32"] <= 2e11 and cpu.bandwidth_bytes_per_s <= 2e10
+    assert "calibrate" in cpu.source
+
+
+def test_user_file_overrides_and_adds_devices(tmp_path: Path) -> None:
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps({"devices": {
+        "H100": {"bandwidth_bytes_per_s": 3.0e12, "peak_flops": {"bf16": 7.0e14}},
+        "l40s": {"memory_bytes": 48 * 2**30, "bandwidth_bytes_per_s": 8.64e11,
+                 "peak_flops": {"fp32": 9.16e13, "bf16": 3.62e14},
+                 "source": "NVIDIA L40S datasheet"},
+    }}))
+    extra = load_devices(path)
+    h100 = device("h100", extra)
+    assert h100.bandwidth_bytes_per_s == 3.0e12 and h100.peak_flops["bf16"] == 7.0e14
+    assert h100.peak_flops["fp8"] == DEVICES["h100"].peak_flops["fp8"]   # merged, not replaced
+    l40s = device("l40s", extra)
+    assert l40s.source == "NVIDIA L40S datasheet" and l40s.peak_flops["fp8"] == 0.0
+    assert l40s.peak("fp8") == (3.62e14, "bf16")
+
+
+@pytest.mark.parametrize("bad", [
+    {"devices": {"x": {"peak_flops": {"fp4": 1.0}}}},
+    {"devices": {"x": {"bandwidth": 1.0}}},
+    {"devices": []},
+    {"nothing": {}},
+])
+def test_bad_user_files_name_the_problem(tmp_path: Path, bad: dict) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(bad))
+    with pytest.raises(ValueError, match="cannot read devices from"):
+        load_devices(path)
+
+
+def test_profiles_round_trip_and_are_found_in_the_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert profile_dir() == tmp_path / "fxlens" / "profiles"
+    assert cached_profile("cpu") is None
+    spec = DeviceSpec("cpu", 2**30, "calibrated here", {k: 1e11 for k in DTYPE_KEYS}, 2e10,
+                      kind="cpu", compute_efficiency=1.0, bandwidth_efficiency=1.0,
+                      launch_s=2e-6, calibrated=True)
+    profile_dir().mkdir(parents=True)
+    (profile_dir() / "cpu.json").write_text(json.dumps({"device": spec.to_json(), "measured": {}}))
+    assert cached_profile("cpu") == spec
+    assert load_profile(profile_dir() / "cpu.json") == spec
+    assert spec_from_json(spec.to_json()) == spec
