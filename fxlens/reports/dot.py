@@ -1,0 +1,350 @@
+"""Annotated graphviz: Report → DOT text, and DOT → SVG/PNG through the `dot` binary.
+
+`render_dot` is pure and deterministic (node order is the report's, clusters in order of first
+appearance, no timestamps): the same report gives the same bytes, which the goldens pin.
+
+- Nodes are coloured on a 9-step heat scale (ColorBrewer YlOrRd) by one metric: ``flops``,
+  ``bytes`` (read + written), ``time`` (the roofline section's estimate) or ``memory`` (live
+  bytes right after the node, from the memory timeline). The scale is logarithmic between the
+  smallest non-zero and the largest value shown; zero is grey.
+- Labels: op (``aten.`` and ``.default`` dropped), first output shape and dtype, the metric.
+- Modules become nested clusters; a module holding a single item gets no cluster of its own.
+- Repeated blocks (`repeated_blocks`: children ``0…N-1`` of one parent, one type — the layers
+  of a transformer) collapse into one summary node each, labelled with the op count and the
+  sums of FLOPs and bytes over its nodes (the maximum for live memory); ``expand=True`` opens
+  them. Every node carries ``id``/``URL`` (``n<node id>``, ``b<block index>``), so the SVG that
+  graphviz writes can be linked back to the report by the HTML page.
+- Edges carry the shape of the producer's first output; between collapsed blocks, parallel
+  edges merge into one (the first one's label).
+
+NB: summing node figures for a collapsed block is display aggregation, not a new metric.
+Known limitation: graphviz's layout of an expanded graph with thousands of nodes takes tens of
+seconds; the collapsed default stays small.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+import subprocess
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from fxlens.analyzer.errors import ReportError
+from fxlens.analyzer.report import NodeReport, Report
+from fxlens.analyzer.training_memory import repeated_blocks
+from fxlens.reports.escape import dot_escape
+from fxlens.reports.sections import node_memory, node_times
+from fxlens.reports.units import binary_bytes, si
+
+COLORS = ("flops", "bytes", "time", "memory")
+PALETTE = ("#ffffcc", "#ffeda0", "#fed976", "#feb24c", "#fd8d3c", "#fc4e2a", "#e31a1c",
+           "#bd0026", "#800026")
+ZERO_COLOR = "#eeeeee"
+DOT_TIMEOUT_S = 300
+
+
+def render_dot(report: Report, color: str = "flops", expand: bool = False) -> str:
+    """The report's graph as DOT, coloured by `color`, repeated blocks collapsed unless
+    `expand`. Raises ReportError for an unknown metric or one the report does not hold."""
+    values = metric_values(report, color)
+    layout = _layout(report, () if expand else collapsed_blocks(report))
+    item_values = _item_values(report, layout, values, color)
+    scale = _Scale(item_values.values())
+    lines = [f'digraph "{dot_escape(report.model.name)}" {{',
+             '  graph [rankdir=TB, fontname="Helvetica", fontsize=11, nodesep=0.25, '
+             'ranksep=0.35, labeljust=l, '
+             f'label="{dot_escape(_title(report, color))}", labelloc=t];',
+             '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=9, '
+             'penwidth=0.6];',
+             '  edge [fontname="Helvetica", fontsize=7, color="#777777", arrowsize=0.5];']
+    by_id = {n.id: n for n in report.nodes}
+    lines += _cluster_lines(report, layout, by_id, item_values, scale, color)
+    lines += _edge_lines(report, layout)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def collapsed_blocks(report: Report) -> tuple[str, ...]:
+    """Module paths that collapse into one node each (in the report's module order)."""
+    return repeated_blocks({m.path: m.type for m in report.modules})
+
+
+def block_node_id(index: int) -> str:
+    """The DOT/SVG id of the summary node of `collapsed_blocks(report)[index]`."""
+    return f"b{index}"
+
+
+def node_dot_id(node_id: int) -> str:
+    return f"n{node_id}"
+
+
+def metric_values(report: Report, color: str) -> dict[int, float]:
+    """Per-node value of the colouring metric, read from the report."""
+    if color == "flops":
+        return {n.id: n.flops for n in report.nodes}
+    if color == "bytes":
+        return {n.id: n.bytes_read + n.bytes_written for n in report.nodes}
+    if color == "time":
+        times = node_times(report)
+        if times is None:
+            raise ReportError("--color time needs a roofline section in the report "
+                              "(estimate times for a device first)")
+        return {n.id: times.get(n.id, 0.0) for n in report.nodes}
+    if color == "memory":
+        live = node_memory(report)
+        if live is None:
+            raise ReportError("--color memory needs the memory section's timeline")
+        return {n.id: float(v) for n, v in ((n, live[n.id]) for n in report.nodes)}
+    raise ReportError(f"unknown colour metric {color!r}; choose one of {', '.join(COLORS)}")
+
+
+def format_metric(value: float, color: str) -> str:
+    if color == "flops":
+        return si(value, "FLOP")
+    if color == "time":
+        return format_seconds(value)
+    text = binary_bytes(value)
+    return f"{text} live" if color == "memory" else text
+
+
+def format_seconds(value: float) -> str:
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value * 1e9:.0f} ns"
+
+
+def short_op(target: str) -> str:
+    """``aten.addmm.default`` → ``addmm``; ``aten.add.Tensor`` → ``add.Tensor``."""
+    name = target.removeprefix("aten.")
+    return name.removesuffix(".default")
+
+
+def shape_text(node: NodeReport) -> str:
+    if not node.outputs:
+        return "—"
+    first = node.outputs[0]
+    shape = first.get("shape") if isinstance(first, Mapping) else None
+    dims = "×".join(str(d) for d in shape) if shape else "scalar"
+    more = f" (+{len(node.outputs) - 1})" if len(node.outputs) > 1 else ""
+    return f"{dims} {first.get('dtype', '')}".rstrip() + more
+
+
+# --- layout: which item each node becomes, and which cluster holds it -------------------------
+
+
+@dataclass
+class _Layout:
+    item_of: dict[int, str]                      # node id → DOT item id
+    items: list[str] = field(default_factory=list)   # item ids in first-appearance order
+    module_of: dict[str, str] = field(default_factory=dict)   # item id → module path
+    block_nodes: dict[str, list[NodeReport]] = field(default_factory=dict)
+    block_path: dict[str, str] = field(default_factory=dict)
+
+
+def _layout(report: Report, blocks: tuple[str, ...]) -> _Layout:
+    layout = _Layout(item_of={})
+    for node in report.nodes:
+        block = _block_of(node.module, blocks)
+        if block is None:
+            item, module = node_dot_id(node.id), node.module
+        else:
+            item = block_node_id(blocks.index(block))
+            module = block.rpartition(".")[0]
+            layout.block_nodes.setdefault(item, []).append(node)
+            layout.block_path[item] = block
+        layout.item_of[node.id] = item
+        if item not in layout.module_of:
+            layout.items.append(item)
+            layout.module_of[item] = module
+    return layout
+
+
+def _block_of(module: str, blocks: tuple[str, ...]) -> str | None:
+    for block in blocks:
+        if module == block or module.startswith(block + "."):
+            return block
+    return None
+
+
+def _item_values(report: Report, layout: _Layout, values: Mapping[int, float],
+                 color: str) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for node in report.nodes:
+        item = layout.item_of[node.id]
+        value = values.get(node.id, 0.0)
+        previous = out.get(item, 0.0)
+        out[item] = max(previous, value) if color == "memory" else previous + value
+    return out
+
+
+class _Scale:
+    """Log-scaled bucket of a value among the values shown."""
+
+    def __init__(self, values: Iterable[float]) -> None:
+        positive = [v for v in values if v > 0]
+        self.low = math.log10(min(positive)) if positive else 0.0
+        self.high = math.log10(max(positive)) if positive else 0.0
+
+    def level(self, value: float) -> int | None:
+        if value <= 0:
+            return None
+        if self.high <= self.low:
+            return len(PALETTE) - 1
+        t = (math.log10(value) - self.low) / (self.high - self.low)
+        return min(len(PALETTE) - 1, max(0, int(t * len(PALETTE))))
+
+
+# --- emission --------------------------------------------------------------------------------
+
+
+def _cluster_lines(report: Report, layout: _Layout, by_id: Mapping[int, NodeReport],
+                   item_values: Mapping[str, float], scale: _Scale, color: str) -> list[str]:
+    """Nodes inside nested module clusters, emitted depth-first without recursion."""
+    types = {m.path: m.type for m in report.modules}
+    cluster_of = _clusters(layout)
+    children: dict[str, list[str]] = {}
+    members: dict[str, list[str]] = {}
+    for item in layout.items:
+        members.setdefault(cluster_of[item], []).append(item)
+    for path in _ordered_clusters(layout, cluster_of):
+        children.setdefault(_parent_cluster(path, set(cluster_of.values())), []).append(path)
+    lines: list[str] = []
+    counter = 0
+    stack: list[tuple[str, bool, int]] = [("", False, 1)]
+    while stack:
+        path, closing, depth = stack.pop()
+        indent = "  " * depth
+        if closing:
+            lines.append(indent + "}")
+            continue
+        if path:
+            counter += 1
+            label = f"{path} · {types.get(path, '').rsplit('.', 1)[-1]}"
+            lines += [f'{indent}subgraph "cluster_{counter}" {{',
+                      f'{indent}  label="{dot_escape(label)}"; style="rounded"; '
+                      'color="#bbbbbb"; fontsize=9;']
+            stack.append((path, True, depth))
+            indent += "  "
+        for item in members.get(path, []):
+            lines.append(indent + _item_line(item, layout, by_id, item_values, scale,
+                                                      color, types))
+        inner = depth + 1 if path else depth
+        stack.extend((child, False, inner) for child in reversed(children.get(path, [])))
+    return lines
+
+
+def _clusters(layout: _Layout) -> dict[str, str]:
+    """Item → the deepest enclosing module that holds at least two items (or the root)."""
+    counts: dict[str, int] = {}
+    for item in layout.items:
+        path = layout.module_of[item]
+        while path:
+            counts[path] = counts.get(path, 0) + 1
+            path = path.rpartition(".")[0]
+    cluster_of: dict[str, str] = {}
+    for item in layout.items:
+        path = layout.module_of[item]
+        while path and counts.get(path, 0) < 2:
+            path = path.rpartition(".")[0]
+        cluster_of[item] = path
+    return cluster_of
+
+
+def _ordered_clusters(layout: _Layout, cluster_of: Mapping[str, str]) -> list[str]:
+    """Every non-root cluster, with the emitted ancestors it needs, in first-appearance order."""
+    used = set(cluster_of.values())
+    ordered: list[str] = []
+    for item in layout.items:
+        path = cluster_of[item]
+        chain = []
+        while path:
+            if path in used:
+                chain.append(path)
+            path = path.rpartition(".")[0]
+        ordered += [p for p in reversed(chain) if p not in ordered]
+    return ordered
+
+
+def _parent_cluster(path: str, used: set[str]) -> str:
+    parent = path.rpartition(".")[0]
+    while parent and parent not in used:
+        parent = parent.rpartition(".")[0]
+    return parent
+
+
+def _item_line(item: str, layout: _Layout, by_id: Mapping[int, NodeReport],
+               item_values: Mapping[str, float], scale: _Scale, color: str,
+               types: Mapping[str, str]) -> str:
+    value = item_values.get(item, 0.0)
+    level = scale.level(value)
+    fill = ZERO_COLOR if level is None else PALETTE[level]
+    font = "#ffffff" if level is not None and level >= 6 else "#000000"
+    if item in layout.block_nodes:
+        path = layout.block_path[item]
+        nodes = layout.block_nodes[item]
+        label_lines = [f"{path} · {types.get(path, '').rsplit('.', 1)[-1]}",
+                       f"{len(nodes)} ops (collapsed)",
+                       f"{si(sum(n.flops for n in nodes), 'FLOP')} · "
+                       f"{binary_bytes(sum(n.bytes_read + n.bytes_written for n in nodes))}"]
+        if color not in ("flops", "bytes"):
+            label_lines.append(format_metric(value, color))
+        tooltip = f"{path}: {len(nodes)} ops; --expand to open"
+        shape = ', shape=box3d, style="filled"'
+    else:
+        node = by_id[int(item[1:])]
+        label_lines = [short_op(node.target), shape_text(node), format_metric(value, color)]
+        tooltip = f"{node.module or '(root)'} · {node.source}"
+        shape = ""
+    label = "\n".join(label_lines)
+    return (f'{item} [id="{item}", URL="#{item}", label="{dot_escape(label)}", '
+            f'tooltip="{dot_escape(tooltip)}", fillcolor="{fill}", fontcolor="{font}"{shape}];')
+
+
+def _edge_lines(report: Report, layout: _Layout) -> list[str]:
+    by_id = {n.id: n for n in report.nodes}
+    seen: set[tuple[str, str]] = set()
+    lines: list[str] = []
+    for node in report.nodes:
+        dst = layout.item_of[node.id]
+        for source in node.inputs:
+            if source not in by_id:
+                continue            # parameters, buffers and graph inputs are not drawn
+            src = layout.item_of[source]
+            if src == dst or (src, dst) in seen:
+                continue
+            seen.add((src, dst))
+            label = dot_escape(shape_text(by_id[source]).split(" (")[0])
+            lines.append(f'  {src} -> {dst} [label="{label}"];')
+    return lines
+
+
+def _title(report: Report, color: str) -> str:
+    return (f"{report.model.name} · coloured by {color} · "
+            f"{si(report.totals.flops, 'FLOP')} forward")
+
+
+# --- graphviz --------------------------------------------------------------------------------
+
+
+def dot_binary() -> str | None:
+    """Path of graphviz's `dot`, or None when it is not installed."""
+    return shutil.which("dot")
+
+
+def graphviz_render(dot_source: str, fmt: str = "svg") -> bytes:
+    """Run `dot -T<fmt>` on `dot_source`. Raises ReportError when dot is missing or fails."""
+    binary = dot_binary()
+    if binary is None:
+        raise ReportError("graphviz's `dot` is not installed (apt-get install graphviz); "
+                          "the .dot file was still written")
+    try:
+        result = subprocess.run([binary, f"-T{fmt}"], input=dot_source.encode(),
+                                capture_output=True, timeout=DOT_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired as error:
+        raise ReportError(f"dot -T{fmt} took over {DOT_TIMEOUT_S} s; try without --expand"
+                          ) from error
+    if result.returncode != 0:
+        raise ReportError(f"dot -T{fmt} failed: {result.stderr.decode(errors='replace')[:500]}")
+    return result.stdout

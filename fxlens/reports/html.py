@@ -1,0 +1,422 @@
+"""One self-contained HTML page for a report: inline CSS and JS, no CDN, works offline.
+
+`render_html(report, svg)` is pure. The page has the report JSON embedded in a
+``<script type="application/json" id="fxlens-data">`` block (written with `json_script`, so no
+``</script>`` can close it early) and a small script (`html_assets/report.js`) that builds
+the big parts from it on the client: the module tree (expandable, sortable by any column) and
+the ops table (filter box, sortable, virtually scrolled: only the rows on screen exist in the
+DOM), so a 2,000-node LLM page is interactive in well under a second.
+
+Rendered here, with every user-derived string through `html_escape`: summary cards, hotspots
+(FLOPs; time with a roofline section; memory with a memory section), the memory timeline chart
+(inline SVG, peak marked), the roofline chart, fusion findings and the quantization table when
+those sections exist, and the graph: graphviz's SVG inline (its text is already XML-escaped by
+graphviz; the XML prolog, fixed size and any script element are removed), with pan and zoom
+and a details panel on click. The JS only ever writes report strings through ``textContent``.
+
+Diff hook: `diff_html` is an HTML *fragment* already rendered and escaped by the diff
+renderer (`fxlens.reports.diff_html`); it is placed as the page's "diff" section.
+
+Known limitations: the graph SVG is as big as graphviz makes it (collapsed blocks keep an LLM's
+small; ``--expand`` on a 2,000-node graph is slow in graphviz, not in the page). The memory chart
+keeps each bucket's maximum when the timeline has more points than pixels, so peaks survive.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from importlib import resources
+from typing import Any
+
+from fxlens.analyzer.report import NodeReport, Report
+from fxlens.reports.dot import collapsed_blocks, format_seconds, short_op
+from fxlens.reports.escape import html_escape as esc
+from fxlens.reports.escape import json_script
+from fxlens.reports.sections import (
+    findings,
+    first_key,
+    module_times,
+    node_times,
+    quant_layers,
+    quant_plan,
+    roofline_device,
+    roofline_points,
+    roofline_roof,
+    roofline_total_s,
+)
+from fxlens.reports.units import binary_bytes, percent, si
+
+CHART_POINTS = 1200     # the memory chart keeps at most this many (bucket maxima)
+TOP = 10
+
+
+def render_html(report: Report, svg: str | None, diff_html: str | None = None) -> str:
+    """The whole page. `svg`: graphviz's SVG of the graph (None: dot was not available)."""
+    sections = [
+        ("summary", "Summary", _summary_cards(report)),
+        ("modules", "Modules", _module_tree_shell(report)),
+        ("ops", "Ops", _ops_shell(report)),
+        ("hotspots", "Hotspots", _hotspots(report)),
+    ]
+    optional = [
+        ("memory", "Memory timeline", _memory_chart(report)),
+        ("roofline", "Roofline", _roofline_chart(report)),
+        ("findings", "Fusion findings", _findings_table(report)),
+        ("quant", "Quantization", _quant_tables(report)),
+    ]
+    sections += [s for s in optional if s[2]]
+    sections.append(("graph", "Graph", _graph_section(svg)))
+    if diff_html:
+        sections.append(("diff", "Diff", diff_html))
+    nav = "".join(f'<a href="#{key}">{title}</a>' for key, title, _ in sections)
+    body = "\n".join(f'<section id="{key}"><h2>{title}</h2>\n{html}\n</section>'
+                     for key, title, html in sections)
+    data = {"report": report.to_dict(), "view": {"blocks": list(collapsed_blocks(report)),
+                                                  "times": _times_json(report),
+                                                  "module_times": module_times(report)}}
+    title = esc(f"fxlens · {report.model.name}")
+    return (
+        "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+        "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+        f"<link rel=\"icon\" href=\"data:,\"><title>{title}</title>"
+        f"<style>{_asset('report.css')}</style></head>\n<body>\n"
+        f"<header><h1>{title}</h1><nav>{nav}</nav></header>\n<main>\n{body}\n</main>\n"
+        f"<aside id=\"details\" hidden><button id=\"details-close\" title=\"close\">×</button>"
+        f"<div id=\"details-body\"></div></aside>\n"
+        f"<script type=\"application/json\" id=\"fxlens-data\">{json_script(data)}</script>\n"
+        f"<script>{_asset('report.js')}</script>\n</body></html>\n"
+    )
+
+
+def _asset(name: str) -> str:
+    return (resources.files("fxlens.reports") / "html_assets" / name).read_text("utf-8")
+
+
+def _times_json(report: Report) -> dict[str, float]:
+    times = node_times(report) or {}
+    return {str(k): v for k, v in sorted(times.items())}
+
+
+# --- summary ---------------------------------------------------------------------------------
+
+
+def _summary_cards(report: Report) -> str:
+    model, totals, coverage = report.model, report.totals, report.coverage
+    cards = [
+        ("parameters", si(model.params), binary_bytes(model.param_bytes)),
+        ("forward FLOPs", si(totals.flops, "FLOP"), si(totals.macs, "MAC")),
+        ("bytes moved", binary_bytes(totals.bytes_read + totals.bytes_written),
+         f"read {binary_bytes(totals.bytes_read)} · written "
+         f"{binary_bytes(totals.bytes_written)}"),
+        ("coverage", f"{coverage.ratio:.1%}",
+         f"{coverage.costed} costed · {coverage.free} free · "
+         f"{sum(coverage.unsupported.values()) + len(coverage.failed)} missing"),
+        ("ops", str(len(report.nodes)), model.capture_method),
+    ]
+    cards += _section_cards(report)
+    html = "".join(f'<div class="card"><div class="k">{esc(k)}</div><div class="v">{esc(v)}'
+                   f'</div><div class="s">{esc(s)}</div></div>' for k, v, s in cards)
+    notes = "".join(f"<li>{esc(n)}</li>" for n in model.capture_notes)
+    source = f'<p class="muted">source: {esc(model.source)}</p>'
+    missing = _coverage_gaps(report)
+    return (f'<div class="cards">{html}</div>{source}'
+            + (f'<ul class="notes">{notes}</ul>' if notes else "") + missing
+            + '<p class="muted">1 MAC = 2 FLOPs · SI prefixes for counts, binary (KiB…) '
+              "for bytes</p>")
+
+
+def _section_cards(report: Report) -> list[tuple[str, str, str]]:
+    cards: list[tuple[str, str, str]] = []
+    memory = report.sections.get("memory")
+    if isinstance(memory, Mapping) and "peak_activation_bytes" in memory:
+        cards.append(("activation peak", binary_bytes(memory["peak_activation_bytes"]),
+                      f"at node {memory.get('peak_node')} in "
+                      f"{memory.get('peak_module') or '(root)'}"))
+    training = report.sections.get("training")
+    if isinstance(training, Mapping) and "step_peak_bytes" in training:
+        cards.append(("training step peak", binary_bytes(training["step_peak_bytes"]),
+                      f"{training.get('precision', '')} · {training.get('optimizer', '')} · "
+                      f"{si(training.get('step_flops', 0), 'FLOP')}/step"))
+    cache = report.sections.get("kv_cache")
+    if isinstance(cache, Mapping) and "total_bytes" in cache:
+        cards.append(("KV cache", binary_bytes(cache["total_bytes"]),
+                      f"batch {cache.get('batch')} · context {cache.get('context')}"))
+    total_s = roofline_total_s(report)
+    if total_s is not None:
+        cards.append(("estimated time", format_seconds(total_s),
+                      str(roofline_device(report).get("name", ""))))
+    found = findings(report)
+    if found:
+        saved = sum(int(f.get("saved_bytes") or 0) for f in found)
+        cards.append(("fusion findings", str(len(found)), f"{binary_bytes(saved)} saveable"))
+    return cards
+
+
+def _coverage_gaps(report: Report) -> str:
+    coverage = report.coverage
+    items = [f"{op} ×{n} unsupported" for op, n in coverage.unsupported.items()]
+    items += [f"{op}: rule failed: {error}" for op, error in coverage.failed.items()]
+    if not items:
+        return ""
+    return '<ul class="bad">' + "".join(f"<li>{esc(i)}</li>" for i in items) + "</ul>"
+
+
+# --- shells the JS fills ---------------------------------------------------------------------
+
+
+def _module_tree_shell(report: Report) -> str:
+    return ('<div class="toolbar"><button id="tree-expand">expand all</button>'
+            '<button id="tree-collapse">collapse</button>'
+            '<span class="muted">click a header to sort (siblings stay under their parent)'
+            "</span></div>"
+            '<div class="scroll"><table id="module-table" class="data">'
+            "<thead></thead><tbody></tbody></table></div>")
+
+
+def _ops_shell(report: Report) -> str:
+    return (f'<div class="toolbar"><input id="op-filter" type="search" '
+            f'placeholder="filter by op, module, shape or source…" size="48">'
+            f'<span id="op-count" class="muted">{len(report.nodes)} ops</span></div>'
+            '<div id="ops-scroll" class="scroll vscroll"><table id="ops-table" class="data">'
+            "<thead></thead><tbody></tbody></table></div>")
+
+
+# --- hotspots --------------------------------------------------------------------------------
+
+
+def _hotspots(report: Report) -> str:
+    total = report.totals.flops
+    by_flops = sorted((n for n in report.nodes if n.flops), key=lambda n: (-n.flops, n.id))
+    parts = [_node_table("by FLOPs", by_flops[:TOP],
+                         ("FLOPs", "share"), lambda n: (si(n.flops), percent(n.flops, total)))]
+    times = node_times(report)
+    if times:
+        total_s = sum(times.values())
+        ranked = sorted((n for n in report.nodes if times.get(n.id)),
+                        key=lambda n: (-times.get(n.id, 0.0), n.id))
+        parts.append(_node_table("by estimated time", ranked[:TOP], ("time", "share"),
+                                 lambda n: (format_seconds(times.get(n.id, 0.0)),
+                                            percent(times.get(n.id, 0.0), total_s))))
+    memory = report.sections.get("memory")
+    if isinstance(memory, Mapping) and memory.get("live_at_peak"):
+        rows = [(str(t.get("node", "")), str(t.get("target", "")), t.get("module") or "(root)",
+                 "×".join(str(d) for d in t.get("shape", [])) + f" {t.get('dtype', '')}",
+                 binary_bytes(t.get("bytes", 0)), str(t.get("category", "")))
+                for t in memory["live_at_peak"][:TOP]]
+        parts.append('<div class="hot"><h3>by memory: largest tensors live at the peak</h3>'
+                     + _table(("node", "op", "module", "shape", "bytes", "kind"), rows,
+                              node_column=0) + "</div>")
+    return '<div class="hotspots">' + "".join(parts) + "</div>"
+
+
+def _node_table(title: str, nodes: Sequence[NodeReport], heads: tuple[str, str],
+                values: Any) -> str:
+    rows = [(str(n.id), short_op(n.target), n.module or "(root)", *values(n), n.source)
+            for n in nodes]
+    return (f'<div class="hot"><h3>{esc(title)}</h3>'
+            + _table(("node", "op", "module", *heads, "source"), rows, node_column=0)
+            + "</div>")
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[Any]],
+           node_column: int | None = None) -> str:
+    """A static sortable table; `node_column` makes rows open that node's details."""
+    head = "".join(f"<th>{esc(h)}</th>" for h in header)
+    body = []
+    for row in rows:
+        attr = f' data-node="{esc(row[node_column])}"' if node_column is not None else ""
+        cells = "".join(f"<td>{esc('' if c is None else c)}</td>" for c in row)
+        body.append(f"<tr{attr}>{cells}</tr>")
+    return (f'<table class="data sortable"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{''.join(body)}</tbody></table>")
+
+
+# --- charts ----------------------------------------------------------------------------------
+
+
+def _memory_chart(report: Report, width: int = 960, height: int = 220) -> str:
+    memory = report.sections.get("memory")
+    timeline = memory.get("timeline") if isinstance(memory, Mapping) else None
+    if not isinstance(timeline, list) or not timeline:
+        return ""
+    points = _bucket_max(timeline, CHART_POINTS)
+    top = max(max(timeline), 1)
+    peak_index = timeline.index(max(timeline))
+    pad_l, pad_b = 70, 24
+    plot_w, plot_h = width - pad_l - 10, height - pad_b - 20
+
+    def x(i: float) -> float:
+        return pad_l + plot_w * i / max(len(timeline) - 1, 1)
+
+    def y(v: float) -> float:
+        return 20 + plot_h * (1 - v / top)
+
+    coords = " ".join(f"{x(i):.1f},{y(v):.1f}" for i, v in points)
+    phases = _phase_bands(report, x, 20, plot_h)
+    nodes = report.nodes
+    peak_node = nodes[peak_index] if len(nodes) == len(timeline) else None
+    label = (f"peak {binary_bytes(top)} at node {peak_node.id if peak_node else peak_index}"
+             + (f" ({peak_node.module or '(root)'})" if peak_node else ""))
+    ticks = "".join(f'<text x="{pad_l - 6}" y="{y(v) + 4:.1f}" class="tick" '
+                    f'text-anchor="end">{esc(binary_bytes(v))}</text>'
+                    f'<line x1="{pad_l}" x2="{width - 10}" y1="{y(v):.1f}" y2="{y(v):.1f}" '
+                    'class="grid"/>' for v in (0, top / 2, top))
+    data_node = f' data-node="{peak_node.id}"' if peak_node else ""
+    return (f'<svg id="memory-chart" class="chart" viewBox="0 0 {width} {height}" '
+            f'role="img" aria-label="live memory per node">{phases}{ticks}'
+            f'<polyline points="{coords}" class="line"/>'
+            f'<line x1="{x(peak_index):.1f}" x2="{x(peak_index):.1f}" y1="20" '
+            f'y2="{20 + plot_h}" class="peak"/>'
+            f'<circle cx="{x(peak_index):.1f}" cy="{y(top):.1f}" r="4" class="peak"'
+            f'{data_node}><title>{esc(label)}</title></circle>'
+            f'<text x="{min(x(peak_index) + 6, width - 260):.1f}" y="14" class="peak-label">'
+            f"{esc(label)}</text>"
+            f'<text x="{pad_l}" y="{height - 6}" class="tick">node order →  '
+            f"({len(timeline)} ops; live activations, gradients and optimizer state)</text>"
+            "</svg>")
+
+
+def _bucket_max(values: Sequence[int], limit: int) -> list[tuple[float, int]]:
+    if len(values) <= limit:
+        return list(enumerate(values))
+    step = len(values) / limit
+    out = []
+    for b in range(limit):
+        lo, hi = int(b * step), max(int((b + 1) * step), int(b * step) + 1)
+        chunk = values[lo:hi]
+        best = max(range(len(chunk)), key=chunk.__getitem__)
+        out.append((float(lo + best), chunk[best]))
+    return out
+
+
+def _phase_bands(report: Report, x: Any, top: float, plot_h: float) -> str:
+    bands, start = [], 0
+    nodes = report.nodes
+    for i in range(1, len(nodes) + 1):
+        if i == len(nodes) or nodes[i].phase != nodes[start].phase:
+            bands.append((nodes[start].phase, start, i - 1))
+            start = i
+    if len(bands) < 2:
+        return ""
+    return "".join(f'<rect x="{x(a):.1f}" y="{top}" width="{max(x(b) - x(a), 1):.1f}" '
+                   f'height="{plot_h}" class="phase phase-{k % 3}"><title>{esc(p)}</title>'
+                   f'</rect><text x="{x(a) + 4:.1f}" y="{top + 12}" class="tick">{esc(p)}'
+                   "</text>" for k, (p, a, b) in enumerate(bands))
+
+
+def _roofline_chart(report: Report, width: int = 640, height: int = 360) -> str:
+    """Each node at (FLOP/byte, FLOP/s). NB: when the section gives no intensity, the
+    x position is the node's FLOPs over its bytes moved, a plot coordinate only."""
+    by_id = {n.id: n for n in report.nodes}
+    points = []
+    for entry in roofline_points(report):
+        node = by_id.get(entry.get("id"))  # type: ignore[arg-type]
+        seconds = first_key(entry, ("time_s", "estimated_s", "predicted_s"))
+        if node is None or not node.flops or not seconds:
+            continue
+        moved = node.bytes_read + node.bytes_written
+        intensity = first_key(entry, ("intensity", "arithmetic_intensity"))
+        intensity = intensity or (node.flops / moved if moved else None)
+        if intensity:
+            points.append((node, float(intensity), node.flops / float(seconds)))
+    if not points:
+        return ""
+    return _log_scatter(points, roofline_roof(report), width, height)
+
+
+def _log_scatter(points: list[tuple[NodeReport, float, float]],
+                 roof_spec: tuple[float, float, str] | None, width: int, height: int) -> str:
+    xs = [p[1] for p in points]
+    ys = [p[2] for p in points] + ([roof_spec[0]] if roof_spec else [])
+    x0, x1 = math.log10(min(xs)) - 0.3, math.log10(max(xs)) + 0.3
+    y0, y1 = math.log10(min(ys)) - 0.3, math.log10(max(ys)) + 0.3
+    pad = 56
+
+    def px(v: float) -> float:
+        return pad + (width - pad - 10) * (math.log10(v) - x0) / (x1 - x0)
+
+    def py(v: float) -> float:
+        return 10 + (height - pad - 10) * (1 - (math.log10(v) - y0) / (y1 - y0))
+
+    roof = ""
+    if roof_spec:
+        peak, bandwidth, label = roof_spec
+        lo, hi = 10 ** x0, 10 ** x1
+        ridge = peak / bandwidth
+        pts = [(lo, lo * bandwidth), (max(min(ridge, hi), lo), min(ridge, hi) * bandwidth),
+               (hi, peak)]
+        roof = ('<polyline class="roof" points="'
+                + " ".join(f"{px(a):.1f},{py(max(b, 10 ** y0)):.1f}" for a, b in pts) + '"/>'
+                f'<text x="{width - 12}" y="{py(peak) - 5:.1f}" class="tick" '
+                f'text-anchor="end">{esc(label)} peak {esc(si(peak, "FLOP/s"))}</text>')
+    dots = "".join(f'<circle cx="{px(i):.1f}" cy="{py(f):.1f}" r="3" data-node="{n.id}">'
+                   f"<title>{esc(_point_title(n))}</title></circle>" for n, i, f in points)
+    axes = (f'<text x="{width / 2}" y="{height - 8}" class="tick" text-anchor="middle">'
+            "arithmetic intensity (FLOP/byte, log)</text>"
+            f'<text x="12" y="{height / 2}" class="tick" transform="rotate(-90 12 '
+            f'{height / 2})" text-anchor="middle">FLOP/s (log)</text>')
+    return (f'<svg id="roofline-chart" class="chart" viewBox="0 0 {width} {height}">'
+            f"{roof}<g class=\"dots\">{dots}</g>{axes}</svg>")
+
+
+def _point_title(node: NodeReport) -> str:
+    return f"#{node.id} {short_op(node.target)} · {node.module or '(root)'}"
+
+
+# --- findings, quantization ------------------------------------------------------------------
+
+
+def _findings_table(report: Report) -> str:
+    found = sorted(findings(report), key=lambda f: -int(f.get("saved_bytes") or 0))
+    if not found:
+        return ""
+    rows = [(f.get("code", ""), ", ".join(str(m) for m in f.get("modules", []) or []),
+             binary_bytes(int(f.get("saved_bytes") or 0)),
+             format_seconds(float(f["saved_s"])) if f.get("saved_s") else "",
+             f.get("message", ""), f.get("fix", "")) for f in found]
+    return _table(("code", "modules", "saves", "time saved", "finding", "fix"), rows)
+
+
+def _quant_tables(report: Report) -> str:
+    rows = quant_layers(report)
+    if not rows:
+        return ""
+    columns = list(dict.fromkeys(k for row in rows for k in row))
+    plan = quant_plan(report)
+    plan_html = (_table(("plan", "value"), [(k, _cell(v)) for k, v in plan.items()])
+                 if plan else "")
+    return plan_html + _table(columns, [[_cell(r.get(c)) for c in columns] for r in rows])
+
+
+def _cell(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return "" if value is None else str(value)
+
+
+# --- graph -----------------------------------------------------------------------------------
+
+
+def _graph_section(svg: str | None) -> str:
+    if not svg:
+        return ('<p class="muted" id="graph-missing">The graph image needs graphviz\'s '
+                "<code>dot</code> (apt-get install graphviz); graph.dot was written next to "
+                "this report.</p>")
+    return ('<div class="toolbar"><button id="zoom-in">+</button><button id="zoom-out">−'
+            '</button><button id="zoom-fit">fit</button><span class="muted">drag to pan, '
+            "wheel to zoom, click a node for its details</span></div>"
+            f'<div id="graph-view">{clean_svg(svg)}</div>')
+
+
+def clean_svg(svg: str) -> str:
+    """Graphviz SVG ready to inline: no XML prolog or doctype, no fixed size, no scripts."""
+    svg = re.sub(r"<\?xml.*?\?>|<!DOCTYPE.*?>|<!--.*?-->", "", svg, flags=re.S)
+    svg = re.sub(r"<script\b.*?</script\s*>|<foreignObject\b.*?</foreignObject\s*>", "", svg,
+                 flags=re.S | re.I)
+    return re.sub(r"<svg\b([^>]*?)\s(?:width|height)=\"[^\"]*\"([^>]*?)\s(?:width|height)="
+                  r"\"[^\"]*\"", r"<svg\1\2", svg, count=1).strip()
+
+
+__all__ = ["clean_svg", "render_html"]

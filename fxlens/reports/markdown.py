@@ -1,0 +1,122 @@
+"""A compact Markdown summary of a report, fit for a pull-request comment.
+
+One headline table (parameters, FLOPs, bytes, coverage, and the memory, training, KV cache and
+roofline figures when the report holds them), the top modules and ops by FLOPs, the top
+findings when present, and the rest folded in ``<details>`` blocks so the comment stays short.
+Every user-derived string goes through `markdown_escape`. Pure: Report → str.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+from fxlens.analyzer.report import Report
+from fxlens.reports.dot import collapsed_blocks, format_seconds, short_op
+from fxlens.reports.escape import markdown_escape as esc
+from fxlens.reports.sections import findings, roofline_device, roofline_total_s
+from fxlens.reports.units import binary_bytes, percent, si
+
+TOP = 5
+
+
+def render_markdown(report: Report, top: int = TOP) -> str:
+    model = report.model
+    lines = [f"### fxlens · {esc(model.name)}", "",
+             *_table(("figure", "value"), _headline(report)), ""]
+    lines += _details(f"top {top} leaf modules by FLOPs", _module_rows(report, top),
+                      ("module", "type", "params", "FLOPs", "share"))
+    lines += _details(f"top {top} ops by FLOPs", _op_rows(report, top),
+                      ("op", "calls", "FLOPs", "share", "bytes moved"))
+    found = sorted(findings(report), key=lambda f: -int(f.get("saved_bytes") or 0))
+    if found:
+        rows = [(str(f.get("code", "")), ", ".join(str(m) for m in f.get("modules") or [])[:80],
+                 binary_bytes(int(f.get("saved_bytes") or 0)), str(f.get("message", "")))
+                for f in found[:top]]
+        lines += _details(f"{len(found)} fusion findings", rows,
+                          ("code", "modules", "saves", "finding"))
+    lines.append(f"<sub>capture: {esc(model.capture_method)} · fxlens "
+                 f"{esc(report.meta.get('fxlens_version', ''))} · 1 MAC = 2 FLOPs · SI "
+                 "prefixes for counts, binary for bytes</sub>")
+    return "\n".join(lines) + "\n"
+
+
+def _headline(report: Report) -> list[tuple[str, str]]:
+    model, totals, coverage = report.model, report.totals, report.coverage
+    rows = [("parameters", f"{si(model.params)} ({binary_bytes(model.param_bytes)})"),
+            ("forward FLOPs", f"{si(totals.flops, 'FLOP')} ({si(totals.macs, 'MAC')})"),
+            ("bytes moved", f"read {binary_bytes(totals.bytes_read)}, written "
+                            f"{binary_bytes(totals.bytes_written)}")]
+    missing = sum(coverage.unsupported.values()) + len(coverage.failed)
+    rows.append(("coverage", f"{coverage.ratio:.1%}" + (f" ({missing} ops uncosted)"
+                                                         if missing else "")))
+    memory = report.sections.get("memory")
+    if isinstance(memory, Mapping) and "peak_activation_bytes" in memory:
+        rows.append(("activation peak", f"{binary_bytes(memory['peak_activation_bytes'])} in "
+                                        f"{memory.get('peak_module') or '(root)'}"))
+    training = report.sections.get("training")
+    if isinstance(training, Mapping) and "step_peak_bytes" in training:
+        rows.append(("training step", f"{si(training.get('step_flops', 0), 'FLOP')}, peak "
+                                      f"{binary_bytes(training['step_peak_bytes'])} "
+                                      f"({training.get('precision')}, "
+                                      f"{training.get('optimizer')})"))
+    cache = report.sections.get("kv_cache")
+    if isinstance(cache, Mapping) and "total_bytes" in cache:
+        rows.append(("KV cache", f"{binary_bytes(cache['total_bytes'])} at context "
+                                 f"{cache.get('context')}, batch {cache.get('batch')}"))
+    total_s = roofline_total_s(report)
+    if total_s is not None:
+        rows.append(("estimated time", f"{format_seconds(total_s)} on "
+                                       f"{roofline_device(report).get('name', '?')}"))
+    return rows
+
+
+def _module_rows(report: Report, top: int) -> list[tuple[str, ...]]:
+    """The leaf modules (no submodule of their own) that carry the most FLOPs; the same leaf
+    of every repeated block is one row (``layers.*.mlp.up_proj ×32``)."""
+    total = report.totals.flops
+    blocks = collapsed_blocks(report)
+    parents = {m.path.rpartition(".")[0] for m in report.modules if m.path}
+    groups: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    for m in report.modules:
+        if m.path and m.path not in parents:
+            entry = groups[(_generic_path(m.path, blocks), m.type.rsplit(".", 1)[-1])]
+            entry[0] += 1
+            entry[1] += m.params
+            entry[2] += m.flops
+    ranked = sorted(groups.items(), key=lambda kv: (-kv[1][2], kv[0]))[:top]
+    return [(path + (f" ×{count}" if count > 1 else ""), kind, si(params), si(flops),
+             percent(flops, total)) for (path, kind), (count, params, flops) in ranked]
+
+
+def _generic_path(path: str, blocks: Sequence[str]) -> str:
+    for block in blocks:
+        if path == block or path.startswith(block + "."):
+            return block.rpartition(".")[0] + ".*" + path[len(block):]
+    return path
+
+
+def _op_rows(report: Report, top: int) -> list[tuple[str, ...]]:
+    by_op: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for node in report.nodes:
+        entry = by_op[node.target]
+        entry[0] += 1
+        entry[1] += node.flops
+        entry[2] += node.bytes_read + node.bytes_written
+    ranked = sorted(by_op.items(), key=lambda kv: (-kv[1][1], -kv[1][2], kv[0]))[:top]
+    return [(short_op(op), str(calls), si(flops), percent(flops, report.totals.flops),
+             binary_bytes(moved)) for op, (calls, flops, moved) in ranked]
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    lines = ["| " + " | ".join(esc(h) for h in header) + " |",
+             "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(esc(c) for c in row) + " |" for row in rows]
+    return lines
+
+
+def _details(summary: str, rows: Sequence[Sequence[str]], header: Sequence[str]) -> list[str]:
+    if not rows:
+        return []
+    return [f"<details><summary>{esc(summary)}</summary>", "", *_table(header, rows), "",
+            "</details>", ""]

@@ -1,0 +1,68 @@
+"""Write the rendered files of one report: graph.dot (+ .svg/.png), report.html, summary.md.
+
+The renderers (`dot`, `html`, `markdown`) are pure; this is the one place in `reports/` that
+touches the file system or runs graphviz. It never prints: it returns what it wrote and the
+notes the CLI should show (e.g. graphviz missing), so `fxlens.cli` stays the only printer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fxlens.analyzer.errors import ReportError
+from fxlens.analyzer.report import Report
+from fxlens.reports.dot import dot_binary, graphviz_render, render_dot
+from fxlens.reports.html import render_html
+from fxlens.reports.markdown import render_markdown
+
+
+@dataclass(frozen=True)
+class PageOptions:
+    """Where each file goes; None: the default name in `folder`."""
+
+    folder: Path
+    dot: Path | None = None
+    svg: Path | None = None
+    png: bool = False
+    html: Path | None = None
+    md: Path | None = None
+    color: str = "flops"
+    expand: bool = False
+
+
+@dataclass
+class Written:
+    paths: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def write_pages(report: Report, options: PageOptions) -> Written:
+    """Render and write every page; graphviz output only when the `dot` binary exists."""
+    written = Written()
+    dot_source = render_dot(report, options.color, options.expand)
+    _write(written, options.dot or options.folder / "graph.dot", dot_source)
+    svg = None
+    if dot_binary() is None:
+        written.notes.append("graphviz's `dot` not found: wrote graph.dot only, no SVG/PNG "
+                             "and no graph in the HTML (apt-get install graphviz)")
+    else:
+        svg_path = options.svg or options.folder / "graph.svg"
+        try:
+            svg = graphviz_render(dot_source, "svg").decode("utf-8")
+            _write(written, svg_path, svg)
+            if options.png:
+                png_path = svg_path.with_suffix(".png")
+                png_path.write_bytes(graphviz_render(dot_source, "png"))
+                written.paths.append(png_path)
+        except ReportError as error:
+            written.notes.append(f"graph image skipped: {error}")
+    _write(written, options.html or options.folder / "report.html", render_html(report, svg))
+    _write(written, options.md or options.folder / "summary.md", render_markdown(report))
+    return written
+
+
+def _write(written: Written, path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    written.paths.append(path)
