@@ -14,6 +14,7 @@ import dataclasses
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -28,10 +29,12 @@ from fxlens.analyzer.loaded import LoadedModel
 from fxlens.analyzer.measure import simulate_eager_memory
 from fxlens.analyzer.memory import liveness
 from fxlens.analyzer.report import Report
+from fxlens.analyzer.roofline import roofline_section
 from fxlens.analyzer.training import capture_training
 from fxlens.analyzer.training_memory import parse_bytes
 from fxlens.analyzer.training_step import StepSettings, training_section
 from fxlens.rules import load_rules
+from fxlens.rules.hardware import DeviceSpec, cached_profile, load_devices, load_profile
 from fxlens.rules.hardware import device as named_device
 from fxlens.rules.training import CASTABLE_DTYPES, Optimizer, Precision
 
@@ -57,6 +60,10 @@ class AnalysisOptions:
     checkpoint: bool = False
     kv_cache: bool = False
     context: int | None = None          # KV cache context; None: the captured sequence length
+    device: str | None = None           # roofline device ("h100", "cpu"); None: no roofline
+    devices_file: str | None = None     # user JSON adding or overriding devices
+    profile: str | None = None          # calibrated profile JSON (`analyze calibrate`)
+    tf32: bool = False                  # fp32 matmuls may use TF32
 
 
 def analyze_target(
@@ -98,7 +105,7 @@ def _inference_report(
     report = analyze(graph, registry, loaded.name, loaded.source, options.strict)
     on_step("simulating the eager forward's memory on fake tensors")
     memory = {**liveness(graph, registry).to_section(), "eager": _eager_memory(loaded)}
-    return _with_sections(report, memory=memory), graph
+    return _with_roofline(_with_sections(report, memory=memory), graph, options), graph
 
 
 def _eager_memory(loaded: LoadedModel) -> dict[str, Any]:
@@ -131,7 +138,8 @@ def _training_report(
         checkpoint=options.checkpoint,
     )
     training = training_section(step, report, memory, registry, settings)
-    return _with_sections(report, memory=memory.to_section(), training=training)
+    report = _with_sections(report, memory=memory.to_section(), training=training)
+    return _with_roofline(report, step.graph, options)
 
 
 def _kv_section(
@@ -157,6 +165,34 @@ def _kv_section(
 
 def _with_sections(report: Report, **sections: Any) -> Report:
     return dataclasses.replace(report, sections={**report.sections, **sections})
+
+
+def _with_roofline(report: Report, graph: Graph, options: AnalysisOptions) -> Report:
+    if options.device is None:
+        return report
+    spec = device_spec(options.device, options.devices_file, options.profile)
+    return _with_sections(report, roofline=roofline_section(report, graph, spec, options.tf32))
+
+
+def device_spec(name: str, devices_file: str | None = None, profile: str | None = None
+                ) -> DeviceSpec:
+    """The device to estimate for: a calibrated `profile` when given; else `name` from the
+    user's `devices_file` or the registry; ``cpu`` and ``cuda`` use their cached calibrated
+    profile (`analyze calibrate`) when one exists."""
+    try:
+        if profile is not None:
+            return load_profile(Path(profile))
+        extra = load_devices(Path(devices_file)) if devices_file else {}
+        key = name.strip().lower()
+        cached = cached_profile(key) if key in ("cpu", "cuda") and key not in extra else None
+        if cached is not None:
+            return cached
+        if key == "cuda" and "cuda" not in extra:
+            raise ValueError("no calibrated profile for 'cuda'; run `analyze calibrate "
+                             "--device cuda` or name the GPU (--device h100)")
+        return named_device(name, extra)
+    except ValueError as error:
+        raise LoadError(f"--device: {error}") from None
 
 
 def _precision(name: str | None, module: torch.nn.Module) -> Precision:

@@ -67,13 +67,43 @@ def build_parser() -> argparse.ArgumentParser:
                            help="KV cache context in tokens (default: the sequence length)")
     training.add_argument("--device-mem", metavar="SIZE|GPU",
                           help="device memory for a fits verdict: 80GiB, 24GB or a GPU name")
+    roofline = parser.add_argument_group("roofline time estimate")
+    roofline.add_argument("--device", help="estimate time on this device: h100, a100-80gb, "
+                          "cpu… (see fxlens/rules/hardware.py)")
+    roofline.add_argument("--devices", metavar="PATH",
+                          help="JSON file adding or overriding devices")
+    roofline.add_argument("--profile", metavar="PATH",
+                          help="calibrated profile (analyze calibrate) instead of the datasheet")
+    roofline.add_argument("--tf32", action="store_true", help="fp32 matmuls may use TF32")
+    review = parser.add_argument_group("pre-merge review (see analyze diff)")
+    review.add_argument("--baseline", metavar="REPORT|TARGET",
+                        help="compare with this report .json, model or git:REF:path")
+    review.add_argument("--fail-on", metavar="GATES",
+                        help='exit 1 when a metric grows past a threshold against --baseline: '
+                             '"flops:+2%%,peak_memory:+5%%,params:+0"')
+    pages = parser.add_argument_group("graph and pages (default: graph.dot, graph.svg, "
+                                      "report.html, summary.md in the report folder)")
+    pages.add_argument("--dot", type=Path, metavar="PATH", help="write the graphviz graph here")
+    pages.add_argument("--svg", type=Path, metavar="PATH",
+                       help="write the graph as SVG here (needs graphviz's dot)")
+    pages.add_argument("--png", action="store_true", help="also a PNG next to the SVG")
+    pages.add_argument("--color", default="flops", choices=("flops", "bytes", "time", "memory"),
+                       help="colour graph nodes by this metric (default flops)")
+    pages.add_argument("--expand", action="store_true",
+                       help="draw every op of repeated blocks instead of one node per block")
+    pages.add_argument("--html", type=Path, metavar="PATH", help="write the HTML page here")
+    pages.add_argument("--md", type=Path, metavar="PATH", help="write the Markdown summary here")
     parser.add_argument("--quiet", action="store_true", help="no tables, files only")
     parser.add_argument("--debug", action="store_true", help="tracebacks and debug logging")
     return parser
 
 
 # name → module with build_parser() and run(args); see fxlens/commands/__init__.py
-SUBCOMMANDS: dict[str, str] = {}
+SUBCOMMANDS: dict[str, str] = {
+    "diff": "fxlens.commands.diff",
+    "validate": "fxlens.commands.validate",
+    "calibrate": "fxlens.commands.calibrate",
+}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -116,6 +146,7 @@ def run_analyze(args: argparse.Namespace) -> int:
         train=args.train, precision=args.precision, optimizer=args.optimizer,
         device_memory=args.device_mem, checkpoint=args.checkpoint,
         kv_cache=args.kv_cache, context=args.context,
+        device=args.device, devices_file=args.devices, profile=args.profile, tf32=args.tf32,
     )
     with err.status("loading…") as status:
         report = analyze_target(args.target, options,
@@ -125,6 +156,10 @@ def run_analyze(args: argparse.Namespace) -> int:
         out.print(render_terminal(report, depth=args.depth, top=args.top))
     for path in written:
         err.print(f"wrote {path}")
+    if args.baseline or args.fail_on:
+        from fxlens.commands.diff import against_baseline
+
+        return against_baseline(report, args.baseline, args.fail_on, options, args.quiet)
     return EXIT_OK
 
 
@@ -132,7 +167,14 @@ def _write_files(report: Report, args: argparse.Namespace) -> list[Path]:
     folder = args.out or Path("fxlens-out") / _safe_name(report.model.name)
     json_path = args.json or folder / "report.json"
     write_report(report, json_path)
-    return [json_path]
+    from fxlens.reports.write import PageOptions, write_pages
+
+    pages = write_pages(report, PageOptions(
+        folder=folder, dot=args.dot, svg=args.svg, png=args.png, html=args.html, md=args.md,
+        color=args.color, expand=args.expand))
+    for note in pages.notes:
+        err.print(f"[yellow]note:[/] {note}", markup=True, highlight=False)
+    return [json_path, *pages.paths]
 
 
 def _safe_name(name: str) -> str:

@@ -15,6 +15,7 @@ from rich.text import Text
 
 from fxlens.analyzer.graph import ancestors
 from fxlens.analyzer.report import ModuleReport, Report
+from fxlens.reports.roofline_terminal import roofline_parts
 from fxlens.reports.units import binary_bytes, percent, si
 
 
@@ -27,6 +28,7 @@ def render_terminal(report: Report, depth: int = 2, top: int = 10) -> Renderable
         parts.append(memory_table(report.sections["memory"], top))
     if "kv_cache" in report.sections:
         parts.append(kv_cache_table(report.sections["kv_cache"]))
+    parts.extend(roofline_parts(report.sections, depth, top))
     return Group(*parts)
 
 

@@ -1,0 +1,84 @@
+"""DOT output: goldens (``pytest --update-goldens``), determinism, collapsing, colouring and
+escaping."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import shutil
+
+import pytest
+
+from fxlens.analyzer.errors import ReportError
+from fxlens.analyzer.report import Report
+from fxlens.reports.dot import PALETTE, collapsed_blocks, graphviz_render, render_dot
+from tests.models import evil_names
+from tests.test_goldens import GOLDENS, MODELS, check, report_of
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_dot_matches_golden(name: str, update_goldens: bool) -> None:
+    check(GOLDENS / f"{name}.dot", render_dot(report_of(name)), update_goldens)
+
+
+def test_dot_golden_of_collapsed_gpt(gpt_report: Report, update_goldens: bool) -> None:
+    check(GOLDENS / "tiny_gpt.collapsed.dot", render_dot(gpt_report, color="bytes"),
+          update_goldens)
+
+
+def test_same_report_same_bytes(gpt_report: Report) -> None:
+    assert render_dot(gpt_report) == render_dot(gpt_report)
+    assert render_dot(gpt_report, expand=True) == render_dot(gpt_report, expand=True)
+
+
+def test_repeated_blocks_collapse_unless_expanded(gpt_report: Report) -> None:
+    assert collapsed_blocks(gpt_report) == ("blocks.0", "blocks.1")
+    collapsed, expanded = render_dot(gpt_report), render_dot(gpt_report, expand=True)
+    block_nodes = [n for n in gpt_report.nodes if n.module.startswith("blocks.")]
+    assert 'b0 [id="b0"' in collapsed and 'b1 [id="b1"' in collapsed
+    assert f"{sum(n.module.startswith('blocks.0') for n in block_nodes)} ops" in collapsed
+    assert not any(f'n{n.id} [id=' in collapsed for n in block_nodes)
+    assert "b0 -> b1" in collapsed
+    assert all(f'n{n.id} [id="n{n.id}", URL="#n{n.id}"' in expanded for n in gpt_report.nodes)
+    assert "b0" not in re.findall(r"\bb\d+\b", expanded)
+
+
+def test_every_edge_labelled_with_a_shape(gpt_report: Report) -> None:
+    edges = [line for line in render_dot(gpt_report, expand=True).splitlines() if "->" in line]
+    assert edges and all(re.search(r'label="[\d×]+ \w+"', e) for e in edges)
+
+
+def test_colour_follows_the_metric(gpt_report: Report) -> None:
+    text = render_dot(gpt_report, expand=True)
+    biggest = max(gpt_report.nodes, key=lambda n: n.flops)
+    line = next(x for x in text.splitlines() if x.strip().startswith(f"n{biggest.id} "))
+    assert f'fillcolor="{PALETTE[-1]}"' in line
+    memory = render_dot(gpt_report, color="memory")
+    assert "live" in memory and memory != text
+
+
+def test_time_colour_needs_a_roofline(gpt_report: Report) -> None:
+    with pytest.raises(ReportError, match="roofline"):
+        render_dot(gpt_report, color="time")
+    timed = dataclasses.replace(gpt_report, sections={**gpt_report.sections, "roofline": {
+        "nodes": [{"id": n.id, "time_s": 1e-6 * (i + 1)} for i, n in
+                  enumerate(gpt_report.nodes)]}})
+    assert "µs" in render_dot(timed, color="time")
+    with pytest.raises(ReportError, match="unknown colour"):
+        render_dot(gpt_report, color="heat")
+
+
+def test_names_from_user_code_are_escaped(evil_report: Report) -> None:
+    text = render_dot(evil_report)
+    assert 'tooltip="q\\"uote&amp;\\\\amp' in text
+    assert evil_names.SCRIPT_NAME in text        # plain text inside a quoted DOT string
+    unescaped = text.replace("\\\\", "").replace('\\"', "")
+    assert all(line.count('"') % 2 == 0 for line in unescaped.splitlines())
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot is not installed")
+def test_graphviz_accepts_it_and_keeps_node_ids(evil_report: Report, gpt_report: Report) -> None:
+    svg = graphviz_render(render_dot(gpt_report)).decode()
+    assert 'id="b0"' in svg and 'xlink:href="#b0"' in svg
+    evil = graphviz_render(render_dot(evil_report)).decode()
+    assert "<script>" not in evil and "&lt;script&gt;" in evil

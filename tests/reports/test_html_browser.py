@@ -1,0 +1,135 @@
+"""The HTML page in a real headless Chromium (Debian's chromium + chromedriver via Selenium):
+no console errors, the graph renders, sorting reorders rows, clicking a node shows its details
+and source line, a module named ``<script>…`` does not run. Screenshots go to tests/output/.
+
+These run in CI (scripts/setup.sh installs chromium); they skip, saying why, only where the
+browser or its driver is absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from fxlens.analyzer.report import Report
+from fxlens.reports.dot import dot_binary, graphviz_render, render_dot
+from fxlens.reports.html import render_html
+from tests.models import evil_names
+from tests.reports.browser import chromium, chromium_missing, console_errors, wait_ready
+
+pytestmark = pytest.mark.skipif(chromium_missing() is not None,
+                                reason=f"browser tests need Chromium: {chromium_missing()}")
+
+OUTPUT = Path(__file__).resolve().parents[1] / "output"
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as driver:
+        yield driver
+
+
+def open_page(driver: Any, report: Report, tmp_path: Path, name: str) -> Any:
+    svg = graphviz_render(render_dot(report)).decode() if dot_binary() else None
+    page = tmp_path / f"{name}.html"
+    page.write_text(render_html(report, svg), encoding="utf-8")
+    driver.get_log("browser")                      # drop entries of earlier pages
+    driver.get(page.as_uri())
+    wait_ready(driver)
+    return driver
+
+
+def click(driver: Any, css: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    element = driver.find_element(By.CSS_SELECTOR, css)
+    driver.execute_script("arguments[0].scrollIntoView({block: 'center'})", element)
+    element.click()
+
+
+def test_page_loads_clean_and_graph_renders(browser: Any, gpt_report: Report,
+                                            tmp_path: Path) -> None:
+    open_page(browser, gpt_report, tmp_path, "gpt")
+    assert console_errors(browser) == []
+    rows = browser.execute_script("return document.querySelectorAll('#module-table tbody tr')"
+                                  ".length")
+    assert rows >= 3
+    if dot_binary():
+        size = browser.execute_script(
+            "var r = document.querySelector('#graph-view svg').getBoundingClientRect();"
+            "return [r.width, r.height, document.querySelectorAll('#graph-view g.node')"
+            ".length]")
+        assert size[0] > 100 and size[1] > 100 and size[2] >= 5
+    OUTPUT.mkdir(exist_ok=True)
+    browser.save_screenshot(str(OUTPUT / "report_tiny_gpt.png"))
+    assert (OUTPUT / "report_tiny_gpt.png").stat().st_size > 10_000
+
+
+def test_sorting_a_column_reorders_rows(browser: Any, gpt_report: Report,
+                                        tmp_path: Path) -> None:
+    open_page(browser, gpt_report, tmp_path, "sort")
+    order = ("return Array.from(document.querySelectorAll('#ops-table tbody tr[data-node]'))"
+             ".map(r => Number(r.dataset.node))")
+    before = browser.execute_script(order)
+    click(browser, "#ops-table th[data-key='flops']")
+    after = browser.execute_script(order)
+    assert after != before
+    flops = {n.id: n.flops for n in gpt_report.nodes}
+    assert [flops[i] for i in after] == sorted((flops[i] for i in after), reverse=True)
+    assert after[0] == max(gpt_report.nodes, key=lambda n: (n.flops, -n.id)).id
+    tree = ("return Array.from(document.querySelectorAll('#module-table tbody tr'))"
+            ".map(r => r.dataset.path)")
+    before = browser.execute_script(tree)
+    click(browser, "#module-table th[data-key='path']")
+    click(browser, "#module-table th[data-key='path']")      # descending by name
+    assert browser.execute_script(tree) != before
+
+
+def test_filter_box_filters_ops(browser: Any, gpt_report: Report, tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    open_page(browser, gpt_report, tmp_path, "filter")
+    browser.find_element(By.ID, "op-filter").send_keys("layer_norm")
+    expected = sum(n.target == "aten.layer_norm.default" for n in gpt_report.nodes)
+    WebDriverWait(browser, 5).until(lambda d: d.find_element(By.ID, "op-count").text.startswith(
+        f"{expected} of"))
+
+
+@pytest.mark.skipif(dot_binary() is None, reason="graphviz's dot is not installed")
+def test_clicking_a_node_shows_details_and_source(browser: Any, gpt_report: Report,
+                                                  tmp_path: Path) -> None:
+    open_page(browser, gpt_report, tmp_path, "click")
+    head = max((n for n in gpt_report.nodes if not n.module.startswith("blocks.")),
+               key=lambda n: n.flops)
+    click(browser, f"#graph-view g.node[id='n{head.id}'] text")
+    panel = browser.find_element("id", "details")
+    assert panel.is_displayed()
+    text = panel.text
+    assert f"node {head.id}" in text and head.source in text and "FLOPs" in text
+    assert browser.execute_script(
+        f"return document.getElementById('n{head.id}').classList.contains('selected')")
+    click(browser, "#graph-view g.node[id='b1'] text")               # a collapsed block
+    assert "module blocks.1" in browser.find_element("id", "details").text
+    assert console_errors(browser) == []
+
+
+def test_script_module_name_does_not_run(browser: Any, evil_report: Report,
+                                         tmp_path: Path) -> None:
+    open_page(browser, evil_report, tmp_path, "evil")
+    assert browser.execute_script("return typeof window.fxlensReady") == "number"
+    from selenium.common.exceptions import NoAlertPresentException
+
+    with pytest.raises(NoAlertPresentException):
+        _ = browser.switch_to.alert.text               # alert(1) never ran
+    assert browser.execute_script(
+        "return document.querySelectorAll('body script').length") == 2
+    assert evil_names.SCRIPT_NAME in browser.find_element("id", "hotspots").text
+    click(browser, "#module-table tbody tr:nth-child(2) td")
+    assert evil_names.SCRIPT_NAME in browser.find_element("id", "details").text
+    assert console_errors(browser) == []
+    OUTPUT.mkdir(exist_ok=True)
+    browser.save_screenshot(str(OUTPUT / "report_evil_names.png"))
