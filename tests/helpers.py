@@ -21,8 +21,11 @@ def T(*shape: int, dtype: str = "float32") -> TensorSpec:
     return TensorSpec(tuple(shape), dtype, tuple(reversed(stride)))
 
 
-def op_call(target: str, *args: Any, **kwargs: Any) -> OpCall:
-    """An OpCall for `target` on the given specs; outputs come from running the op on meta."""
+def op_call(
+    target: str, *args: Any, given_outputs: tuple[TensorSpec, ...] | None = None, **kwargs: Any
+) -> OpCall:
+    """An OpCall for `target` on the given specs. Outputs come from running the op on meta,
+    or are `given_outputs` for ops that cannot run there (data-dependent output shapes)."""
     inputs: list[Node] = []
 
     def as_ref(value: Any) -> Any:
@@ -41,18 +44,23 @@ def op_call(target: str, *args: Any, **kwargs: Any) -> OpCall:
         return value
 
     op = resolve_op(target)
-    result = op(*as_meta(args), **{k: as_meta(v) for k, v in kwargs.items()})
-    flat = result if isinstance(result, (tuple, list)) else (result,)
-    outputs = tuple(spec_of(r) if isinstance(r, torch.Tensor) else None for r in flat)
+    if given_outputs is None:
+        result = op(*as_meta(args), **{k: as_meta(v) for k, v in kwargs.items()})
+        flat = result if isinstance(result, (tuple, list)) else (result,)
+        outputs = tuple(spec_of(r) if isinstance(r, torch.Tensor) else None for r in flat)
+    else:
+        outputs = given_outputs
     bound = bind_args(op, args, kwargs, convert=as_ref)
     node = Node(len(inputs), NodeKind.CALL, target, bound, outputs)
     return OpCall(node, Graph((*inputs, node), "synthetic"))
 
 
-def cost_of(target: str, *args: Any, **kwargs: Any) -> Cost:
+def cost_of(
+    target: str, *args: Any, given_outputs: tuple[TensorSpec, ...] | None = None, **kwargs: Any
+) -> Cost:
     """Run the registered rule for `target` on a synthetic call."""
     registry = load_rules()
-    call = op_call(target, *args, **kwargs)
+    call = op_call(target, *args, given_outputs=given_outputs, **kwargs)
     rule = registry.lookup(call.node)
     assert callable(rule), f"{target} has no cost rule (lookup gave {rule!r})"
     return rule(call)

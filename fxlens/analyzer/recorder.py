@@ -203,8 +203,16 @@ def materialise(module: torch.nn.Module) -> torch.nn.Module:
             f"the model needs a real run but its weights take {size / 2**30:.1f} GiB "
             f"(limit {REAL_RUN_LIMIT_BYTES / 2**30:.0f} GiB); try smaller sizes with --set"
         )
-    real = copy.deepcopy(module).to_empty(device="cpu")
-    generator = torch.Generator().manual_seed(0)
+    return random_weights(module, "cpu")
+
+
+def random_weights(module: torch.nn.Module, device: str) -> torch.nn.Module:
+    """A copy of a meta-device module on `device`, floating weights drawn from N(0, 0.02²)
+    with a fixed seed, other parameters and buffers zero.
+    NB: buffers computed at construction (rotary tables, position ids) are zeros too: values
+    change the numbers, not which kernels run or their shapes."""
+    real = copy.deepcopy(module).to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
     with torch.no_grad():
         for p in real.parameters():
             if p.is_floating_point():

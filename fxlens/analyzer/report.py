@@ -92,6 +92,16 @@ class Coverage:
 
 
 @dataclass(frozen=True)
+class OpTotal:
+    """Every call of one op overload, summed."""
+
+    target: str
+    calls: int
+    flops: int
+    bytes_moved: int
+
+
+@dataclass(frozen=True)
 class Report:
     model: ModelInfo
     totals: Totals
@@ -110,6 +120,17 @@ class Report:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")) + "\n"
+
+    def by_op(self) -> list[OpTotal]:
+        """Totals per op overload, most FLOPs first (then most bytes, then name)."""
+        sums: dict[str, list[int]] = {}
+        for node in self.nodes:
+            entry = sums.setdefault(node.target, [0, 0, 0])
+            entry[0] += 1
+            entry[1] += node.flops
+            entry[2] += node.bytes_read + node.bytes_written
+        totals = [OpTotal(target, *figures) for target, figures in sums.items()]
+        return sorted(totals, key=lambda t: (-t.flops, -t.bytes_moved, t.target))
 
     def module(self, path: str) -> ModuleReport:
         for module in self.modules:

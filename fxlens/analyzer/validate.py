@@ -26,7 +26,6 @@ per-kernel launch cost of the roofline models; a real executor pays it too.
 
 from __future__ import annotations
 
-import copy
 import statistics
 import time
 from collections import defaultdict
@@ -41,7 +40,7 @@ from fxlens.analyzer.aten import resolve_op
 from fxlens.analyzer.capture import plain_outputs
 from fxlens.analyzer.graph import Graph, Node, NodeKind, TensorRef, TensorSpec, ancestors
 from fxlens.analyzer.measure import measure_memory
-from fxlens.analyzer.recorder import on_meta, real_like
+from fxlens.analyzer.recorder import on_meta, random_weights, real_like
 from fxlens.analyzer.report import Report
 
 Values = dict[int, tuple[Any, ...]]
@@ -80,24 +79,6 @@ def prepare(module: torch.nn.Module, inputs: Any, device: str, dtype: torch.dtyp
             t = t.to(dtype)
         return t.to(device)
     return real.eval(), pytree.tree_map_only(torch.Tensor, leaf, inputs)
-
-
-def random_weights(module: torch.nn.Module, device: str) -> torch.nn.Module:
-    """A copy of a meta-device module on `device`, floating weights drawn from N(0, 0.02²)
-    with a fixed seed, other parameters and buffers zero (as `recorder.materialise`).
-    NB: buffers computed at construction (rotary tables, position ids) are zeros too: values
-    do not change the kernels' times, only the numbers."""
-    real = copy.deepcopy(module).to_empty(device=device)
-    generator = torch.Generator(device=device).manual_seed(0)
-    with torch.no_grad():
-        for p in real.parameters():
-            if p.is_floating_point():
-                p.normal_(0.0, 0.02, generator=generator)
-            else:
-                p.zero_()
-        for b in real.buffers():
-            b.zero_()
-    return real
 
 
 # --- binding inputs ---------------------------------------------------------------------------

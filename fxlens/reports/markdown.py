@@ -97,15 +97,9 @@ def _generic_path(path: str, blocks: Sequence[str]) -> str:
 
 
 def _op_rows(report: Report, top: int) -> list[tuple[str, ...]]:
-    by_op: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for node in report.nodes:
-        entry = by_op[node.target]
-        entry[0] += 1
-        entry[1] += node.flops
-        entry[2] += node.bytes_read + node.bytes_written
-    ranked = sorted(by_op.items(), key=lambda kv: (-kv[1][1], -kv[1][2], kv[0]))[:top]
-    return [(short_op(op), str(calls), si(flops), percent(flops, report.totals.flops),
-             binary_bytes(moved)) for op, (calls, flops, moved) in ranked]
+    return [(short_op(op.target), str(op.calls), si(op.flops),
+             percent(op.flops, report.totals.flops), binary_bytes(op.bytes_moved))
+            for op in report.by_op()[:top]]
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:

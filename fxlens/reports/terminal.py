@@ -201,18 +201,12 @@ def _tree_order(modules: tuple[ModuleReport, ...], depth: int) -> list[ModuleRep
 
 
 def top_ops(report: Report, top: int) -> Table:
-    by_op: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for node in report.nodes:
-        entry = by_op[node.target]
-        entry[0] += 1
-        entry[1] += node.flops
-        entry[2] += node.bytes_read + node.bytes_written
     total = report.totals.flops
     table = Table(title=f"top {top} ops by FLOPs", title_justify="left")
     for name, justify in (("op", "left"), ("calls", "right"), ("FLOPs", "right"),
                           ("share", "right"), ("bytes moved", "right")):
         table.add_column(name, justify=justify)  # type: ignore[arg-type]
-    ranked = sorted(by_op.items(), key=lambda kv: (-kv[1][1], -kv[1][2], kv[0]))[:top]
-    for op, (calls, flops, moved) in ranked:
-        table.add_row(op, str(calls), si(flops), percent(flops, total), binary_bytes(moved))
+    for op in report.by_op()[:top]:
+        table.add_row(op.target, str(op.calls), si(op.flops), percent(op.flops, total),
+                      binary_bytes(op.bytes_moved))
     return table

@@ -7,7 +7,6 @@ built node by node; `timeline[i]` is the live bytes right after call ``i``'s all
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -288,11 +287,8 @@ def _layers(count: int) -> Graph:
     return b.graph(outputs=(h,), module_types=types)
 
 
-def test_ten_thousand_nodes_take_well_under_a_second() -> None:
+def test_a_ten_thousand_node_graph_has_a_full_timeline() -> None:
+    """Its speed is measured in bench/liveness.py, not here (no timed tests)."""
     graph = _layers(1000)            # 10 000 call nodes
-    registry = load_rules()
-    start = time.perf_counter()
-    p = liveness(graph, registry, Lifetimes.EAGER)
-    elapsed = time.perf_counter() - start
+    p = liveness(graph, load_rules(), Lifetimes.EAGER)
     assert len(p.timeline) == 10_000
-    assert elapsed < 1.0, f"liveness took {elapsed:.2f} s"

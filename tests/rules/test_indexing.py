@@ -10,9 +10,7 @@ from typing import Any
 
 import pytest
 
-from fxlens.analyzer.aten import bind_args, resolve_op
-from fxlens.analyzer.costs import Cost, OpCall
-from fxlens.analyzer.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
+from fxlens.analyzer.graph import TensorSpec
 from fxlens.rules import load_rules
 from tests.helpers import T, cost_of
 
@@ -187,23 +185,6 @@ def test_masks_and_searches(target: str, args: tuple[Any, ...], kwargs: dict[str
 # ---- ops whose output shape is data-dependent (no meta kernel) ---------------------------
 
 
-def dd_cost(target: str, outputs: tuple[TensorSpec, ...], **kwargs: Any) -> Cost:
-    """Cost a call with given output specs, for ops that cannot run on meta tensors."""
-    inputs: list[Node] = []
-
-    def as_ref(value: Any) -> Any:
-        if isinstance(value, TensorSpec):
-            inputs.append(Node(len(inputs), NodeKind.INPUT, f"x{len(inputs)}", {}, (value,)))
-            return TensorRef(len(inputs) - 1)
-        return value
-
-    bound = bind_args(resolve_op(target), (), kwargs, convert=as_ref)
-    node = Node(len(inputs), NodeKind.CALL, target, bound, outputs)
-    rule = load_rules().lookup(node)
-    assert callable(rule)
-    return rule(OpCall(node, Graph((*inputs, node), "synthetic")))
-
-
 @pytest.mark.parametrize(("target", "kwargs", "expected"), [
     ("aten.nonzero.default", {"self": T(4, 8)}, 32),
     ("aten.argwhere.default", {"self": T(4, 8)}, 32),
@@ -212,7 +193,7 @@ def dd_cost(target: str, outputs: tuple[TensorSpec, ...], **kwargs: Any) -> Cost
 ])
 def test_data_dependent_outputs_are_costed_by_the_input(target: str, kwargs: dict,
                                                         expected: int):
-    assert dd_cost(target, (T(5, 2, dtype=i64),), **kwargs).flops == expected
+    assert cost_of(target, given_outputs=(T(5, 2, dtype=i64),), **kwargs).flops == expected
 
 
 def test_where_with_three_arguments_is_not_ours():

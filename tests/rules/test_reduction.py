@@ -11,9 +11,6 @@ from typing import Any
 import pytest
 import torch
 
-from fxlens.analyzer.aten import bind_args, resolve_op
-from fxlens.analyzer.costs import Cost, OpCall
-from fxlens.analyzer.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
 from fxlens.rules import load_rules
 from fxlens.rules.conventions import SOFTMAX_FLOPS_PER_ELEMENT as SOFTMAX
 from tests.helpers import T, cost_of
@@ -202,28 +199,6 @@ def test_max_other_is_left_to_the_pointwise_family():
 # ---- ops whose output shape is data-dependent (no meta kernel) ---------------------------
 
 
-def data_dependent_call(target: str, outputs: tuple[TensorSpec, ...], **kwargs: Any) -> OpCall:
-    """An OpCall with the given output specs, for ops that cannot run on meta tensors."""
-    inputs: list[Node] = []
-
-    def as_ref(value: Any) -> Any:
-        if isinstance(value, TensorSpec):
-            inputs.append(Node(len(inputs), NodeKind.INPUT, f"x{len(inputs)}", {}, (value,)))
-            return TensorRef(len(inputs) - 1)
-        return value
-
-    bound = bind_args(resolve_op(target), (), kwargs, convert=as_ref)
-    node = Node(len(inputs), NodeKind.CALL, target, bound, outputs)
-    return OpCall(node, Graph((*inputs, node), "synthetic"))
-
-
-def dd_cost(target: str, outputs: tuple[TensorSpec, ...], **kwargs: Any) -> Cost:
-    call = data_dependent_call(target, outputs, **kwargs)
-    rule = load_rules().lookup(call.node)
-    assert callable(rule)
-    return rule(call)
-
-
 @pytest.mark.parametrize(("target", "kwargs", "expected"), [
     ("aten._unique2.default", {"self": T(16)}, 16 * 4 + 16),
     ("aten._unique.default", {"self": T(4, 4)}, 16 * 4 + 16),
@@ -232,4 +207,5 @@ def dd_cost(target: str, outputs: tuple[TensorSpec, ...], **kwargs: Any) -> Cost
     ("aten.bincount.default", {"self": T(16, dtype=i64)}, 16),
 ])
 def test_data_dependent_ops_are_costed_by_their_input(target: str, kwargs: dict, expected: int):
-    assert dd_cost(target, (T(7), T(16, dtype=i64), T(7, dtype=i64)), **kwargs).flops == expected
+    outputs = (T(7), T(16, dtype=i64), T(7, dtype=i64))
+    assert cost_of(target, given_outputs=outputs, **kwargs).flops == expected
