@@ -1,0 +1,377 @@
+"""Quantization knowledge: which layers carry quantizable weights, the number formats, what a
+default random initialisation looks like, the precision plans and the structural risk rules.
+
+Layers: ``nn.Linear``, ``nn.Conv{1,2,3}d``, ``nn.ConvTranspose{1,2,3}d``, ``nn.Embedding``,
+``nn.EmbeddingBag`` and `transformers`' ``Conv1D`` (GPT-2, weight stored ``(in, out)``). The
+*channel axis* is the weight axis of output channels (one scale per entry along it): dim 0 for
+linear, conv and embedding rows, dim 1 for transposed convs and ``Conv1D``.
+
+Formats (weights, symmetric, round to nearest, scales stored in fp16 = 2 bytes):
+- ``int8_per_channel``: one scale per output channel, ``Δ = max|w_c| / 127``;
+- ``int8_per_tensor``: one scale for the tensor;
+- ``int4_g128``: one scale per group of ``group_size`` (128, configurable) consecutive weights
+  along the reduction dimension of each output channel (a channel shorter than a group is one
+  group); ``Δ = max|w_g| / 7``;
+- ``fp8_e4m3``: cast to ``float8_e4m3fn`` after a per-tensor scale mapping ``max|w|`` to 448
+  (the format's largest finite value), scale in fp32;
+- ``bf16``: the 16-bit reference a plan keeps sensitive layers in (no scale).
+
+NB: symmetric integer grids use ``[-(2^(b-1) - 1), 2^(b-1) - 1]`` (no zero point, as most
+weight-only kernels); asymmetric grids would gain about a bit on skewed channels.
+
+Activations (``--activations``): int8 per tensor, static scale from the calibration absmax
+(fp8 e4m3 for the fp8 format).
+
+Risk rules (`RISK_RULES`, codes ``QNT001``…) read a `LayerView` and return a `Risk` or None;
+their docstrings (first line: what; then why and fix) are what reports show.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+from torch import nn
+
+from fxlens.analyzer.quant import QuantKnowledge
+from fxlens.analyzer.quant_report import PlanRequest
+from fxlens.analyzer.quant_types import LayerView, Risk, WeightStats
+
+DEFAULT_GROUP_SIZE = 128
+SCALE_BYTES = 2                 # fp16 scales
+FP8_E4M3_MAX = 448.0
+FP8_SCALE_BYTES = 4             # fp32 per-tensor scale
+
+# --- layers ----------------------------------------------------------------------------------
+
+_AXIS_BY_TYPE: tuple[tuple[type[nn.Module], int], ...] = (
+    (nn.Linear, 0), (nn.Conv1d, 0), (nn.Conv2d, 0), (nn.Conv3d, 0),
+    (nn.ConvTranspose1d, 1), (nn.ConvTranspose2d, 1), (nn.ConvTranspose3d, 1),
+    (nn.Embedding, 0), (nn.EmbeddingBag, 0),
+)
+_AXIS_BY_NAME = {"Conv1D": 1}   # transformers.pytorch_utils.Conv1D: y = x @ W, W (in, out)
+EMBEDDING_TYPES = ("Embedding", "EmbeddingBag")
+
+
+def channel_axis(module: nn.Module) -> int | None:
+    """The output-channel axis of `module`'s weight, or None if it is not a quantizable layer."""
+    weight = getattr(module, "weight", None)
+    if not isinstance(weight, torch.Tensor) or weight.dim() < 2:
+        return None
+    for kind, axis in _AXIS_BY_TYPE:
+        if isinstance(module, kind):
+            return axis
+    return _AXIS_BY_NAME.get(type(module).__name__)
+
+
+# --- op sets the structure walk looks for (overload packets; attention args as "op:arg") ------
+
+SOFTMAX_OPS = frozenset({
+    "aten._softmax", "aten.softmax", "aten._safe_softmax", "aten._log_softmax",
+    "aten.log_softmax",
+    "aten.scaled_dot_product_attention:query", "aten.scaled_dot_product_attention:key",
+    "aten._scaled_dot_product_flash_attention_for_cpu:query",
+    "aten._scaled_dot_product_flash_attention_for_cpu:key",
+})
+NORM_OPS = frozenset({
+    "aten.layer_norm", "aten.native_layer_norm", "aten.rms_norm", "aten._fused_rms_norm",
+    "aten.group_norm", "aten.native_group_norm", "aten.batch_norm",
+    "aten._native_batch_norm_legit_no_training", "aten.native_batch_norm",
+    "aten.instance_norm",
+})
+EXP_DIV_OPS = frozenset({
+    "aten.exp", "aten.exp2", "aten.expm1", "aten.div", "aten.reciprocal", "aten.rsqrt",
+    "aten.log", "aten.pow", "aten.sigmoid", "aten.tanh",
+})
+RESIDUAL_OPS = frozenset({"aten.add", "aten.add_", "aten.sub"})
+STOP_OPS = SOFTMAX_OPS | NORM_OPS   # the walk records them and does not look past them
+
+# --- number formats --------------------------------------------------------------------------
+
+
+class Granularity(str, Enum):
+    TENSOR = "per_tensor"
+    CHANNEL = "per_channel"
+    GROUP = "group"
+    NONE = "none"
+
+
+@dataclass(frozen=True)
+class NumberFormat:
+    """A weight number format: how it rounds and what it stores."""
+
+    name: str
+    kind: str                     # "int", "fp8" or "float" (a plain cast)
+    bits: int
+    granularity: Granularity
+    group_size: int = DEFAULT_GROUP_SIZE
+
+    def fake_quantize(self, weight: torch.Tensor, axis: int) -> torch.Tensor:
+        """`weight` rounded to this format and back to its dtype (float32 maths)."""
+        w = weight.detach().float()
+        if self.kind == "float":
+            return w.to(torch.bfloat16).to(weight.dtype)
+        if self.kind == "fp8":
+            scale = w.abs().amax().clamp(min=1e-12) / FP8_E4M3_MAX
+            return ((w / scale).to(torch.float8_e4m3fn).float() * scale).to(weight.dtype)
+        rows = w.movedim(axis, 0).reshape(w.shape[axis], -1)          # (C_out, K)
+        q = _int_round(_grouped(rows, self.granularity, self.group_size), self.bits)
+        out = q.reshape(rows.shape[0], -1)[:, : rows.shape[1]]
+        shape = [w.shape[axis], *[s for i, s in enumerate(w.shape) if i != axis]]
+        return out.reshape(shape).movedim(0, axis).to(weight.dtype)
+
+    def storage_bytes(self, shape: tuple[int, ...], axis: int) -> int:
+        """Bytes of a weight of `shape` in this format, scales included."""
+        numel = math.prod(shape)
+        data = math.ceil(numel * self.bits / 8)
+        if self.kind == "float":
+            return data
+        if self.kind == "fp8":
+            return data + FP8_SCALE_BYTES
+        channels = shape[axis] if shape else 1
+        scales = {Granularity.TENSOR: 1, Granularity.CHANNEL: channels,
+                  Granularity.GROUP: channels * math.ceil(numel // max(channels, 1)
+                                                          / self.group_size)}
+        return data + SCALE_BYTES * scales.get(self.granularity, 0)
+
+
+def _grouped(rows: torch.Tensor, granularity: Granularity, group: int) -> torch.Tensor:
+    """(C, K) → (G, n): the sets of values sharing one scale."""
+    if granularity is Granularity.TENSOR:
+        return rows.reshape(1, -1)
+    if granularity is Granularity.CHANNEL or rows.shape[1] <= group:
+        return rows
+    pad = (-rows.shape[1]) % group
+    return nn.functional.pad(rows, (0, pad)).reshape(-1, group)
+
+
+def _int_round(groups: torch.Tensor, bits: int) -> torch.Tensor:
+    qmax = 2 ** (bits - 1) - 1
+    scale = groups.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / qmax
+    return torch.clamp(torch.round(groups / scale), -qmax, qmax) * scale
+
+
+def formats(group_size: int = DEFAULT_GROUP_SIZE) -> dict[str, NumberFormat]:
+    """The four weight formats every layer is scored at, by name."""
+    return {
+        "int8_per_channel": NumberFormat("int8_per_channel", "int", 8, Granularity.CHANNEL),
+        "int8_per_tensor": NumberFormat("int8_per_tensor", "int", 8, Granularity.TENSOR),
+        f"int4_g{group_size}": NumberFormat(f"int4_g{group_size}", "int", 4, Granularity.GROUP,
+                                            group_size),
+        "fp8_e4m3": NumberFormat("fp8_e4m3", "fp8", 8, Granularity.TENSOR),
+    }
+
+
+BF16 = NumberFormat("bf16", "float", 16, Granularity.NONE)
+INT8_ACTIVATIONS = NumberFormat("int8_act", "int", 8, Granularity.TENSOR)
+FP8_ACTIVATIONS = NumberFormat("fp8_act", "fp8", 8, Granularity.TENSOR)
+
+
+def activation_format(weight_format: NumberFormat) -> NumberFormat:
+    """The format a layer's input activations take beside `weight_format` (``--activations``)."""
+    return FP8_ACTIVATIONS if weight_format.kind == "fp8" else INT8_ACTIVATIONS
+
+
+# --- precision plans -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanSpec:
+    """A plan: the ladder of formats from the cheapest up; sensitive layers climb it."""
+
+    name: str
+    ladder: tuple[str, ...]       # format names, cheapest first; "bf16" is the top
+    activations: str              # "int8" or "16-bit"
+
+
+def plan_spec(name: str, group_size: int = DEFAULT_GROUP_SIZE) -> PlanSpec:
+    g = f"int4_g{group_size}"
+    plans = {
+        "w8a8": PlanSpec("w8a8", ("int8_per_channel", "bf16"), "int8"),
+        "w4a16": PlanSpec("w4a16", (g, "int8_per_channel", "bf16"), "16-bit"),
+        "auto": PlanSpec("auto", (g, "fp8_e4m3", "int8_per_channel", "bf16"), "16-bit"),
+    }
+    try:
+        return plans[name]
+    except KeyError:
+        raise ValueError(f"unknown quantization plan {name!r}; known: "
+                         f"{', '.join(plans)}") from None
+
+
+# NB: a layer whose predicted output SQNR is below this is kept higher even without a budget;
+# 30 dB (error power 0.1 % of the signal) is about where one layer starts moving top-1 results.
+KEEP_BELOW_DB = 30.0
+
+# --- random initialisation -------------------------------------------------------------------
+
+# NB: default inits. nn.Linear/Conv: kaiming_uniform(a=√5) = U(±1/√fan_in), kurtosis 1.8;
+# nn.Embedding: N(0, 1); transformers: N(0, 0.02) (initializer_range); also Lecun/He/Xavier
+# normal. A Gaussian has kurtosis 3; trained weights drift to heavier tails (MiniLM: 4–30).
+INIT_STD_TOLERANCE = 0.05
+# NB: below this many weights the sample kurtosis is too noisy (se √(24/n) > 0.1) to tell a
+# Gaussian init from trained weights; a small trained stem matched Xavier's std by chance.
+GAUSSIAN_TEST_MIN_NUMEL = 2048
+
+
+def init_stds(fan_in: int, fan_out: int) -> dict[str, float]:
+    return {"N(0,1)": 1.0, "N(0,0.02)": 0.02, "lecun": 1 / math.sqrt(fan_in),
+            "he": math.sqrt(2 / fan_in), "xavier": math.sqrt(2 / (fan_in + fan_out))}
+
+
+def random_init_reason(stats: WeightStats, fan_in: int, fan_out: int) -> str | None:
+    """Why the weight looks like a default random initialisation, or None if it does not.
+
+    Test: kurtosis within 4 standard errors (√(24/n)) of a uniform's 1.8 with ``max|w|`` at
+    most ``1/√fan_in`` (PyTorch's default), or of a Gaussian's 3.0 with a mean near 0 and a
+    std within 5 % of a default init's (N(0,1), N(0,0.02), Lecun, He, Xavier), for weights
+    of at least `GAUSSIAN_TEST_MIN_NUMEL` elements.
+    """
+    tolerance = max(0.1, 4 * math.sqrt(24 / max(stats.numel, 1)))
+    bound = 1 / math.sqrt(max(fan_in, 1))
+    if abs(stats.kurtosis - 1.8) <= tolerance and stats.absmax <= bound * 1.0001:
+        return f"uniform ±1/√fan_in (kurtosis {stats.kurtosis:.2f}, max {stats.absmax:.3g})"
+    if (stats.numel < GAUSSIAN_TEST_MIN_NUMEL or abs(stats.kurtosis - 3.0) > tolerance
+            or abs(stats.mean) > 0.1 * stats.std):
+        return None
+    for name, std in init_stds(fan_in, fan_out).items():
+        if abs(stats.std / std - 1) <= INIT_STD_TOLERANCE:
+            return f"Gaussian {name} (kurtosis {stats.kurtosis:.2f}, std {stats.std:.3g})"
+    return None
+
+
+# --- structural risk rules -------------------------------------------------------------------
+
+RiskRule = Callable[[LayerView], "Risk | None"]
+RISK_RULES: dict[str, RiskRule] = {}
+_SITES: dict[str, str] = {}
+
+# NB: a residual stream whose max|x| exceeds this many stds holds outlier features (LLM.int8
+# reports 6σ-plus features from 6.7B parameters on); per-tensor activation scales then fail.
+RESIDUAL_OUTLIER_RATIO = 20.0
+
+
+def risk_rule(code: str) -> Callable[[RiskRule], RiskRule]:
+    """Register a structural risk rule under a stable code; a duplicate names both sites."""
+    def register(rule: RiskRule) -> RiskRule:
+        site = f"{inspect.getsourcefile(rule)}:{inspect.getsourcelines(rule)[1]}"
+        if code in RISK_RULES:
+            raise ValueError(f"risk rule {code} registered twice: {_SITES[code]} and {site}")
+        RISK_RULES[code], _SITES[code] = rule, site
+        return rule
+    return register
+
+
+def _risk(code: str, rule: RiskRule, detail: str = "") -> Risk:
+    what, _, rest = (inspect.getdoc(rule) or "").partition("\n\n")
+    return Risk(code=code, message=what.replace("\n", " "), fix=rest.replace("\n", " ").strip(),
+                detail=detail)
+
+
+@risk_rule("QNT001")
+def feeds_softmax(layer: LayerView) -> Risk | None:
+    """Feeds a softmax (attention scores): errors are exponentiated.
+
+    Softmax turns additive logit errors into multiplicative ones, and query/key projections set
+    the scores' scale. Keep these layers at 8 bits, or quantize with per-channel scales.
+    """
+    hits = sorted(layer.feeds & SOFTMAX_OPS)
+    return _risk("QNT001", feeds_softmax, ", ".join(hits)) if hits else None
+
+
+@risk_rule("QNT002")
+def feeds_norm(layer: LayerView) -> Risk | None:
+    """Feeds a normalisation: its statistics shift with the error.
+
+    A norm divides by the statistics of its input, so a biased error moves every output.
+    Prefer per-channel scales; check its calibrated SQNR before going below 8 bits.
+    """
+    hits = sorted(layer.feeds & NORM_OPS)
+    return _risk("QNT002", feeds_norm, ", ".join(hits)) if hits else None
+
+
+@risk_rule("QNT003")
+def feeds_exp_or_division(layer: LayerView) -> Risk | None:
+    """Feeds an exponential, a division or a saturating function.
+
+    exp, division and rsqrt amplify relative errors where their input is large (exp) or small
+    (division). Keep the layer at 8 bits or measure it with --calibrate.
+    """
+    hits = sorted(layer.feeds & EXP_DIV_OPS)
+    return _risk("QNT003", feeds_exp_or_division, ", ".join(hits)) if hits else None
+
+
+@risk_rule("QNT004")
+def first_layer(layer: LayerView) -> Risk | None:
+    """First layer: it sees raw inputs, and its error reaches every later layer.
+
+    First layers (stems, embeddings) have few weights and wide input ranges; keeping them in
+    8 or 16 bits costs little memory.
+    """
+    return _risk("QNT004", first_layer) if layer.is_first else None
+
+
+@risk_rule("QNT005")
+def last_layer(layer: LayerView) -> Risk | None:
+    """Last layer (head): its error goes straight to the output.
+
+    Classifier and LM heads write the logits with nothing after them to average the error out.
+    Keep the head at 8 bits at least.
+    """
+    return _risk("QNT005", last_layer) if layer.is_last else None
+
+
+@risk_rule("QNT006")
+def writes_residual(layer: LayerView) -> Risk | None:
+    """Writes into a residual stream with a large range.
+
+    Residual streams carry outlier features (max/std well above 20) that per-tensor activation
+    scales clip or waste; the layers writing them are the first to suffer. Use per-channel or
+    per-token activation scales, or keep activations in 16 bits (W4A16, W8A16).
+    """
+    ratio = layer.residual_max_over_std
+    if not layer.feeds_residual or (ratio is not None and ratio < RESIDUAL_OUTLIER_RATIO):
+        return None
+    detail = f"max/std {ratio:.0f}" if ratio is not None else "range unknown without --calibrate"
+    return _risk("QNT006", writes_residual, detail)
+
+
+def risks(layer: LayerView) -> tuple[Risk, ...]:
+    """Every risk rule's finding for `layer`, by code."""
+    found = (rule(layer) for _, rule in sorted(RISK_RULES.items()))
+    return tuple(r for r in found if r is not None)
+
+
+# NB: the data-free score subtracts this per structural risk (dB) from the weight SQNR; a
+# small prior, so the weights' own statistics decide the order where they differ. Measured
+# (bench/README.md): with 0 dB the digits MLP ranks at ρ 0.03 and MiniLM at 0.70; with 1 dB at
+# 0.89 and 0.60. Not tuned further: two models are too few to fit a constant on.
+RISK_PENALTY_DB = 1.0
+
+
+# NB: typical weight SQNR of trained transformer layers (all-MiniLM-L6-v2, median over its
+# layers), used to size a plan for a model without real weights (meta device, random init).
+NOMINAL_SQNR_DB = {"int8_per_channel": 40.0, "int8_per_tensor": 30.0, "fp8_e4m3": 31.0}
+NOMINAL_INT4_DB = 18.0
+
+
+def knowledge(group_size: int = DEFAULT_GROUP_SIZE) -> QuantKnowledge:
+    """Everything the quantization engine needs from this module."""
+    return QuantKnowledge(
+        formats=formats(group_size), channel_axis=channel_axis, risks=risks,
+        random_init_reason=random_init_reason, activation_format=activation_format,
+        stop_ops=STOP_OPS, residual_ops=RESIDUAL_OPS, embedding_types=EMBEDDING_TYPES,
+        risk_penalty_db=RISK_PENALTY_DB, extra_formats={"bf16": BF16},
+    )
+
+
+def plan_request(name: str, budget_bytes: int | None,
+                 group_size: int = DEFAULT_GROUP_SIZE) -> PlanRequest:
+    spec = plan_spec(name, group_size)
+    nominal = {**NOMINAL_SQNR_DB, f"int4_g{group_size}": NOMINAL_INT4_DB}
+    return PlanRequest(name=spec.name, ladder=spec.ladder, activations=spec.activations,
+                       budget_bytes=budget_bytes, keep_below_db=KEEP_BELOW_DB,
+                       fill_budget=spec.name == "auto", nominal_sqnr_db=nominal)
