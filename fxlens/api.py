@@ -22,18 +22,21 @@ import torch
 from fxlens.analyzer.capture import METHODS, capture
 from fxlens.analyzer.engine import analyze
 from fxlens.analyzer.errors import LoadError
+from fxlens.analyzer.fusion import FusionAnalysis, analyze_fusion, fused_report
 from fxlens.analyzer.graph import Graph, NodeKind
 from fxlens.analyzer.kv_cache import decode_step, kv_cache, kv_layout
 from fxlens.analyzer.load import load
 from fxlens.analyzer.loaded import LoadedModel
 from fxlens.analyzer.measure import simulate_eager_memory
 from fxlens.analyzer.memory import liveness
+from fxlens.analyzer.quant_report import QuantSettings, quant_section
 from fxlens.analyzer.report import Report
 from fxlens.analyzer.roofline import roofline_section
 from fxlens.analyzer.training import capture_training
 from fxlens.analyzer.training_memory import parse_bytes
 from fxlens.analyzer.training_step import StepSettings, training_section
 from fxlens.rules import load_rules
+from fxlens.rules.fusion import FUSION_RULES, kinds_of
 from fxlens.rules.hardware import DeviceSpec, cached_profile, load_devices, load_profile
 from fxlens.rules.hardware import device as named_device
 from fxlens.rules.training import CASTABLE_DTYPES, Optimizer, Precision
@@ -64,6 +67,13 @@ class AnalysisOptions:
     devices_file: str | None = None     # user JSON adding or overriding devices
     profile: str | None = None          # calibrated profile JSON (`analyze calibrate`)
     tf32: bool = False                  # fp32 matmuls may use TF32
+    fused: bool = False                 # roofline over the predicted fused kernels
+    quant: bool = False                 # data-free quantization sensitivity per layer
+    calibrate: bool = False             # + real forwards: output SQNR per layer (implies quant)
+    activations: bool = False           # calibrated runs also fake-quantize layer inputs
+    quant_plan: str | None = None       # "w8a8", "w4a16" or "auto" (implies quant)
+    budget: str | None = None           # weight memory budget of the plan ("4GiB")
+    group_size: int = 128               # int4 group size
 
 
 def analyze_target(
@@ -105,7 +115,9 @@ def _inference_report(
     report = analyze(graph, registry, loaded.name, loaded.source, options.strict)
     on_step("simulating the eager forward's memory on fake tensors")
     memory = {**liveness(graph, registry).to_section(), "eager": _eager_memory(loaded)}
-    return _with_roofline(_with_sections(report, memory=memory), graph, options), graph
+    report = _with_fusion(_with_sections(report, memory=memory), graph, options)
+    report = _with_quant(report, loaded, graph, options, on_step)
+    return _with_roofline(report, graph, options), graph
 
 
 def _eager_memory(loaded: LoadedModel) -> dict[str, Any]:
@@ -171,7 +183,22 @@ def _with_roofline(report: Report, graph: Graph, options: AnalysisOptions) -> Re
     if options.device is None:
         return report
     spec = device_spec(options.device, options.devices_file, options.profile)
-    return _with_sections(report, roofline=roofline_section(report, graph, spec, options.tf32))
+    basis = fused_report(report, _fusion(report, graph).plan) if options.fused else report
+    return _with_sections(report, roofline=roofline_section(basis, graph, spec, options.tf32))
+
+
+def _fusion(report: Report, graph: Graph, bandwidth: float | None = None) -> FusionAnalysis:
+    registry = load_rules()
+    return analyze_fusion(report, graph, kinds_of(list(graph.nodes), registry), FUSION_RULES,
+                          registry.lookup, bandwidth)
+
+
+def _with_fusion(report: Report, graph: Graph, options: AnalysisOptions) -> Report:
+    """`findings` (ranked by bytes saved; seconds on `options.device`) and `fusion`."""
+    spec = (device_spec(options.device, options.devices_file, options.profile)
+            if options.device else None)
+    bandwidth = spec.achievable_bandwidth if spec is not None else None
+    return _with_sections(report, **_fusion(report, graph, bandwidth).sections())
 
 
 def device_spec(name: str, devices_file: str | None = None, profile: str | None = None
@@ -246,3 +273,27 @@ def _sequence_length(graph: Graph) -> int:
         if spec is not None and len(spec.shape) == 2 and spec.dtype.startswith("int"):
             return spec.shape[1]
     raise LoadError("--kv-cache: cannot tell the sequence length; give --context")
+
+
+def _with_quant(report: Report, loaded: LoadedModel, graph: Graph, options: AnalysisOptions,
+                on_step: Callable[[str], None]) -> Report:
+    """The ``quant`` section (`fxlens.analyzer.quant_report`) when any quant option is on."""
+    if not (options.quant or options.calibrate or options.quant_plan):
+        return report
+    from fxlens.rules.quant import knowledge, plan_request
+
+    try:
+        budget = parse_bytes(options.budget) if options.budget else None
+        plan = (plan_request(options.quant_plan, budget, options.group_size)
+                if options.quant_plan else None)
+    except ValueError as error:
+        raise LoadError(f"--quant-plan/--budget: {error}") from None
+    batches, source = None, ""
+    if options.calibrate:
+        source = "calibration()" if loaded.calibration else "example inputs"
+        batches = list(loaded.calibration()) if loaded.calibration else [loaded.inputs]
+    settings = QuantSettings(calibration=batches, calibration_source=source,
+                             activations=options.activations, plan=plan)
+    section = quant_section(loaded.module, graph, knowledge(options.group_size), settings,
+                            on_step)
+    return _with_sections(report, quant=section)

@@ -75,6 +75,19 @@ def build_parser() -> argparse.ArgumentParser:
     roofline.add_argument("--profile", metavar="PATH",
                           help="calibrated profile (analyze calibrate) instead of the datasheet")
     roofline.add_argument("--tf32", action="store_true", help="fp32 matmuls may use TF32")
+    roofline.add_argument("--fused", action="store_true",
+                          help="estimate over the predicted fused kernels (the fusion section)")
+    quant = parser.add_argument_group("quantization sensitivity")
+    quant.add_argument("--quant", action="store_true",
+                       help="data-free per-layer quantization scores from the weights")
+    quant.add_argument("--calibrate", action="store_true", help="run real forwards (example "
+                       "inputs or the model file's calibration()): output SQNR per layer")
+    quant.add_argument("--activations", action="store_true",
+                       help="with --calibrate, also fake-quantize each layer's inputs")
+    quant.add_argument("--quant-plan", choices=("w8a8", "w4a16", "auto"),
+                       help="per-layer precision plan keeping sensitive layers higher")
+    quant.add_argument("--budget", metavar="SIZE", help="weight memory budget of the plan: 4GiB")
+    quant.add_argument("--group-size", type=int, default=128, help="int4 group size (128)")
     review = parser.add_argument_group("pre-merge review (see analyze diff)")
     review.add_argument("--baseline", metavar="REPORT|TARGET",
                         help="compare with this report .json, model or git:REF:path")
@@ -147,6 +160,9 @@ def run_analyze(args: argparse.Namespace) -> int:
         device_memory=args.device_mem, checkpoint=args.checkpoint,
         kv_cache=args.kv_cache, context=args.context,
         device=args.device, devices_file=args.devices, profile=args.profile, tf32=args.tf32,
+        fused=args.fused, quant=args.quant, calibrate=args.calibrate,
+        activations=args.activations, quant_plan=args.quant_plan, budget=args.budget,
+        group_size=args.group_size,
     )
     with err.status("loading…") as status:
         report = analyze_target(args.target, options,

@@ -9,7 +9,8 @@ Targets:
 A factory returns ``(module, example_inputs)``; example inputs are a tuple of positional
 arguments, a dict of keyword arguments, or a single tensor. Sizes from the command line
 (``batch``, ``seq_len``, ``image_size``) are passed to a factory that declares parameters of
-those names (or ``**kwargs``); a factory that does not is called without them.
+those names (or ``**kwargs``); a factory that does not is called without them. A model file
+(or factory module) may define ``calibration()`` yielding input batches for ``--calibrate``.
 
 Every failure is a `LoadError` naming the file (and line, for errors inside user code).
 """
@@ -79,7 +80,8 @@ def _from_file(path: Path, entry: str | None, sizes: Mapping[str, int]) -> Loade
     if entry is None and not hasattr(code, DEFAULT_ENTRY) and hasattr(code, "model"):
         if not hasattr(code, "example_inputs"):
             raise LoadError(f"{path} defines `model` but no `example_inputs`")
-        return _loaded(code.model, code.example_inputs, path.stem, str(path))
+        return _loaded(code.model, code.example_inputs, path.stem, str(path),
+                       _calibration(code))
     return _from_factory(code, entry or DEFAULT_ENTRY, sizes, str(path))
 
 
@@ -105,7 +107,14 @@ def _from_factory(code: Any, name: str, sizes: Mapping[str, int], where: str) ->
         raise LoadError(f"{where}: {name}() must return (module, example_inputs)")
     module, inputs = result
     stem = Path(where).stem if where.endswith(".py") else where.rsplit(".", 1)[-1]
-    return _loaded(module, inputs, f"{stem}:{name}" if name != DEFAULT_ENTRY else stem, where)
+    return _loaded(module, inputs, f"{stem}:{name}" if name != DEFAULT_ENTRY else stem, where,
+                   _calibration(code))
+
+
+def _calibration(code: Any) -> Callable[[], Any] | None:
+    """The model file's ``calibration()`` generator of input batches (for --calibrate)."""
+    found = getattr(code, "calibration", None)
+    return found if callable(found) else None
 
 
 def _accepted(factory: Callable[..., Any], sizes: Mapping[str, int]) -> dict[str, int]:
@@ -118,7 +127,8 @@ def _accepted(factory: Callable[..., Any], sizes: Mapping[str, int]) -> dict[str
     return {k: v for k, v in sizes.items() if k in parameters}
 
 
-def _loaded(module: Any, inputs: Any, name: str, source: str) -> LoadedModel:
+def _loaded(module: Any, inputs: Any, name: str, source: str,
+            calibration: Callable[[], Any] | None = None) -> LoadedModel:
     if not isinstance(module, torch.nn.Module):
         raise LoadError(f"{source}: expected an nn.Module, got {type(module).__name__}")
     if isinstance(inputs, torch.Tensor):
@@ -128,7 +138,8 @@ def _loaded(module: Any, inputs: Any, name: str, source: str) -> LoadedModel:
     if not isinstance(inputs, (tuple, dict)):
         raise LoadError(f"{source}: example inputs must be a tuple, a dict or a tensor, "
                         f"got {type(inputs).__name__}")
-    return LoadedModel(module=module, inputs=inputs, name=name, source=source)
+    return LoadedModel(module=module, inputs=inputs, name=name, source=source,
+                       calibration=calibration)
 
 
 def _user_error(what: str, error: BaseException) -> str:

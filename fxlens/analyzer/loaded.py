@@ -5,6 +5,7 @@ Only the type lives here, so loaders and capture can share it without importing 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +18,11 @@ class LoadedModel:
 
     `inputs` is a tuple of positional arguments or a dict of keyword arguments. `name` is
     short and human (file stem or preset name); `source` says where the model came from.
+    `calibration` is the model file's ``calibration()`` generator of input batches, if any.
     """
 
     module: torch.nn.Module
     inputs: tuple[Any, ...] | dict[str, Any]
     name: str
     source: str
+    calibration: Callable[[], Iterable[Any]] | None = None

@@ -15,6 +15,8 @@ from rich.text import Text
 
 from fxlens.analyzer.graph import ancestors
 from fxlens.analyzer.report import ModuleReport, Report
+from fxlens.reports.fusion_terminal import fusion_parts
+from fxlens.reports.quant_terminal import quant_parts
 from fxlens.reports.roofline_terminal import roofline_parts
 from fxlens.reports.units import binary_bytes, percent, si
 
@@ -29,6 +31,8 @@ def render_terminal(report: Report, depth: int = 2, top: int = 10) -> Renderable
     if "kv_cache" in report.sections:
         parts.append(kv_cache_table(report.sections["kv_cache"]))
     parts.extend(roofline_parts(report.sections, depth, top))
+    parts.extend(fusion_parts(report, top))
+    parts.extend(quant_parts(report, top))
     return Group(*parts)
 
 

@@ -53,8 +53,9 @@ def test_self_contained_with_sections(gpt_report: Report) -> None:
     page = render_html(gpt_report, SVG)
     tags = parse(page)
     assert {"summary", "modules", "ops", "hotspots", "memory", "graph", "module-table",
-            "ops-table", "op-filter", "graph-view", "memory-chart", "details"} <= tags.ids
-    assert not ({"roofline", "findings", "quant", "diff"} & tags.ids)
+            "ops-table", "op-filter", "graph-view", "memory-chart", "details",
+            "findings"} <= tags.ids  # fusion findings: on every inference report
+    assert not ({"roofline", "quant", "diff"} & tags.ids)
     assert len(tags.scripts) == 2 and all("src" not in s for s in tags.scripts)
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
     assert "<link rel=\"stylesheet\"" not in page and "@import" not in page

@@ -12,9 +12,9 @@ def test_headline_and_folded_details(gpt_report: Report) -> None:
     assert text.startswith("### fxlens · tiny\\_gpt")
     assert f"| forward FLOPs | {si(gpt_report.totals.flops, 'FLOP')}" in text
     assert "| activation peak |" in text and "| coverage | 100.0% |" in text
-    assert text.count("<details>") == text.count("</details>") == 2
+    assert text.count("<details>") == text.count("</details>") == 3  # + fusion findings
     assert "blocks.\\*.mlp.0 ×2" in text          # the same leaf of each block, one row
-    assert len(text.splitlines()) < 40
+    assert len(text.splitlines()) < 50  # 40 + the folded fusion findings
 
 
 def test_sections_appear_when_present(evil_report: Report) -> None:

@@ -1,0 +1,103 @@
+"""The fusion engine: the fused-graph model (kernel groups, bytes after fusion), ranking,
+seconds saved on a device, the report sections and the fused roofline view; and, marked slow,
+the predicted kernel count against Inductor's on part of the zoo (bench/inductor_kernels.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from fxlens.analyzer.engine import analyze
+from fxlens.analyzer.fusion import FusionAnalysis, analyze_fusion, fused_report
+from fxlens.analyzer.loaded import LoadedModel
+from fxlens.analyzer.report import Report
+from fxlens.api import AnalysisOptions, analyze_loaded, capture
+from fxlens.rules import load_rules
+from fxlens.rules.fusion import FUSION_RULES, kinds_of
+from tests.models import mlp
+from tests.rules.test_fusion import Chain, LinearRelu
+
+F32 = 4
+
+
+def fusion_of(module: nn.Module, *inputs: torch.Tensor, bandwidth: float | None = None
+              ) -> tuple[FusionAnalysis, Report]:
+    registry = load_rules()
+    graph = capture(module, inputs, registry)
+    report = analyze(graph, registry, strict=True)
+    return analyze_fusion(report, graph, kinds_of(list(graph.nodes), registry), FUSION_RULES,
+                          registry.lookup, bandwidth), report
+
+
+def test_pointwise_chain_is_one_kernel_reading_and_writing_once() -> None:
+    n = 8 * 32 * F32
+    fusion, _ = fusion_of(Chain().eval(), torch.randn(8, 32))
+    section = fusion.section
+    assert (section["kernels_unfused"], section["kernels_fused"]) == (3, 1)
+    assert section["bytes_unfused"] == 3 * (n + n)
+    assert section["bytes_fused"] == n + n
+
+
+def test_gemm_stays_a_library_call_unless_epilogues_fuse() -> None:
+    fusion, _ = fusion_of(LinearRelu().eval(), torch.randn(4, 32))
+    assert fusion.section["kernels_fused"] == 2          # addmm, then relu·0.5 in one kernel
+    assert fusion.section["kernels_fused_with_epilogues"] == 1
+
+
+class Around(nn.Module):
+    """relu and add both touch `a`, but the linear sits between them: no single kernel."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        a = torch.relu(x)
+        return a + self.fc(a)
+
+
+def test_no_fusion_across_a_kernel_in_between() -> None:
+    fusion, _ = fusion_of(Around().eval(), torch.randn(4, 16))
+    assert fusion.section["kernels_fused"] == 3
+
+
+def test_findings_ranked_by_saved_bytes_with_seconds_on_a_device() -> None:
+    bandwidth = 1e9
+    fusion, _ = fusion_of(LinearRelu().eval(), torch.randn(4, 32), bandwidth=bandwidth)
+    saved = [f.saved_bytes for f in fusion.findings]
+    assert saved == sorted(saved, reverse=True)
+    assert fusion.findings[0].saved_s == pytest.approx(fusion.findings[0].saved_bytes / bandwidth)
+    fusion, _ = fusion_of(LinearRelu().eval(), torch.randn(4, 32))
+    assert fusion.findings[0].saved_s is None
+
+
+def test_sections_on_inference_reports_and_the_fused_roofline() -> None:
+    module, inputs = mlp.build()
+    loaded = LoadedModel(module, inputs, "mlp", "tests/models/mlp.py")
+    report = analyze_loaded(loaded, AnalysisOptions(strict=True, device="h100"))
+    findings = report.sections["findings"]
+    assert findings and set(findings[0]) == {"code", "nodes", "modules", "saved_bytes",
+                                             "saved_s", "message", "fix"}
+    assert findings[0]["saved_s"] is not None
+    fusion = report.sections["fusion"]
+    assert fusion["by_module"][""]["kernels_fused"] == fusion["kernels_fused"]
+    assert fusion["by_module"][""]["bytes_unfused"] == fusion["bytes_unfused"]
+    fused = analyze_loaded(loaded, AnalysisOptions(strict=True, device="h100", fused=True))
+    assert len(fused.sections["roofline"]["nodes"]) == fusion["kernels_fused"]
+
+
+def test_fused_report_keeps_flops_and_moves_fused_bytes() -> None:
+    fusion, report = fusion_of(Chain().eval(), torch.randn(8, 32))
+    fused = fused_report(report, fusion.plan)
+    assert sum(n.flops for n in fused.nodes) == report.totals.flops
+    assert sum(n.bytes_read + n.bytes_written for n in fused.nodes) == fusion.plan.bytes_fused
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["mlp", "dict_io", "tiny_gpt"])
+def test_predicted_kernels_within_20_percent_of_inductor(name: str) -> None:
+    from bench.inductor_kernels import compare
+
+    row = compare(name)
+    assert row.inductor > 0 and row.ok, row

