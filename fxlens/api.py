@@ -71,6 +71,7 @@ class AnalysisOptions:
     quant: bool = False                 # data-free quantization sensitivity per layer
     calibrate: bool = False             # + real forwards: output SQNR per layer (implies quant)
     activations: bool = False           # calibrated runs also fake-quantize layer inputs
+    calibrate_metric: str = "auto"      # calibrated ranking: auto (KL for logits)|sqnr|kl|agreement
     quant_plan: str | None = None       # "w8a8", "w4a16" or "auto" (implies quant)
     budget: str | None = None           # weight memory budget of the plan ("4GiB")
     group_size: int = 128               # int4 group size
@@ -293,7 +294,8 @@ def _with_quant(report: Report, loaded: LoadedModel, graph: Graph, options: Anal
         source = "calibration()" if loaded.calibration else "example inputs"
         batches = list(loaded.calibration()) if loaded.calibration else [loaded.inputs]
     settings = QuantSettings(calibration=batches, calibration_source=source,
-                             activations=options.activations, plan=plan)
+                             activations=options.activations,
+                             metric=options.calibrate_metric, plan=plan)
     section = quant_section(loaded.module, graph, knowledge(options.group_size), settings,
                             on_step)
     return _with_sections(report, quant=section)

@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "inputs or the model file's calibration()): output SQNR per layer")
     quant.add_argument("--activations", action="store_true",
                        help="with --calibrate, also fake-quantize each layer's inputs")
+    quant.add_argument("--calibrate-metric", choices=("auto", "sqnr", "kl", "agreement"),
+                       default="auto", help="what ranks layers under --calibrate: output SQNR, "
+                       "KL of the softmax or top-1 agreement; auto (default): KL when the model "
+                       "returns a linear head's output (logits), else SQNR")
     quant.add_argument("--quant-plan", choices=("w8a8", "w4a16", "auto"),
                        help="per-layer precision plan keeping sensitive layers higher")
     quant.add_argument("--budget", metavar="SIZE", help="weight memory budget of the plan: 4GiB")
@@ -161,7 +165,8 @@ def run_analyze(args: argparse.Namespace) -> int:
         kv_cache=args.kv_cache, context=args.context,
         device=args.device, devices_file=args.devices, profile=args.profile, tf32=args.tf32,
         fused=args.fused, quant=args.quant, calibrate=args.calibrate,
-        activations=args.activations, quant_plan=args.quant_plan, budget=args.budget,
+        activations=args.activations, calibrate_metric=args.calibrate_metric,
+        quant_plan=args.quant_plan, budget=args.budget,
         group_size=args.group_size,
     )
     with err.status("loading…") as status:

@@ -61,6 +61,8 @@ class QuantKnowledge:
     embedding_types: tuple[str, ...]
     risk_penalty_db: float = 1.0
     extra_formats: Mapping[str, NumberFormatLike] = field(default_factory=dict)
+    # layer types whose output, returned as is by the model, is read as logits (calibration)
+    logit_layer_types: tuple[str, ...] = ("Linear", "Conv1D")
 
 
 @dataclass(frozen=True)

@@ -4,15 +4,23 @@ Shape (read by `fxlens.reports.sections.quant_layers` / `quant_plan`):
 
     quant = {"status": "scored" | "random_init" | "meta" | "partly_scored",
              "notes": [...], "formats": [names], "score_format": name,
-             "calibration": {"batches", "source", "activations"} | None,
+             "calibration": {"batches", "source", "activations", "metric",
+                             "logit_leaves"} | None,
              "layers": [{"layer", "type", "params", "status", "reason",
                          "stats": {...}, "weight_sqnr_db": {fmt: dB},
                          "data_free_sqnr_db": {fmt: dB}, "output_sqnr_db": {fmt: dB},
+                         "output_kl": {fmt: nats}, "top1_agreement": {fmt: share},
+                         "calibrated_score_db": {fmt: dB},
                          "activation": {...}, "risks": [codes], "precision": fmt}],
              "risks": [{"code", "layers", "message", "fix"}],
              "plan": {...} | None}
 
-dB figures are SQNR: higher is safer. Non-finite values (an exact format) are written as None.
+dB figures are higher-is-safer. ``calibrated_score_db`` is the damage measure the calibration
+``metric`` names (`fxlens.analyzer.quant_calibrate`): the output SQNR (``sqnr``), or for a
+model returning logits ``−10·log10(KL)`` (``kl``, the ``auto`` choice) or the top-1 flip rate in
+dB (``agreement``); it is what ranks the layers. ``output_kl`` and ``top1_agreement`` are
+present only when the outputs hold logits. The plan keeps using the output SQNR (its
+thresholds are SQNR). Non-finite values (an exact format) are written as None.
 """
 
 from __future__ import annotations
@@ -56,6 +64,7 @@ class QuantSettings:
     calibration_source: str = ""
     activations: bool = False
     score_format: str = "int8_per_tensor"           # the format `score_db` columns rank by
+    metric: str = "auto"                            # calibrated ranking: auto|sqnr|kl|agreement
     plan: PlanRequest | None = None
 
 
@@ -68,7 +77,7 @@ def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
     calibration = None
     if settings.calibration is not None:
         calibration = calibrate(module, layers, settings.calibration, knowledge,
-                                settings.activations, on_step)
+                                settings.activations, on_step, settings.metric)
         views = {k: replace(v, residual_max_over_std=_out_ratio(calibration, k))
                  for k, v in views.items()}
     risks = {layer.name: knowledge.risks(views[layer.name]) for layer in layers}
@@ -81,7 +90,8 @@ def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
         "formats": list(knowledge.formats), "score_format": settings.score_format,
         "calibration": None if calibration is None else {
             "batches": calibration.batches, "source": settings.calibration_source,
-            "activations": settings.activations},
+            "activations": settings.activations, "metric": calibration.metric,
+            "logit_leaves": calibration.logit_leaves},
         "layers": rows, "risks": _risk_list(risks), "plan": None,
     }
     if settings.plan is not None:
@@ -101,6 +111,10 @@ def _db(values: Mapping[str, float]) -> dict[str, float | None]:
     return {k: (round(v, 3) if math.isfinite(v) else None) for k, v in values.items()}
 
 
+def _rounded(values: Mapping[str, float]) -> dict[str, float]:
+    return {k: float(f"{v:.4g}") for k, v in values.items()}
+
+
 def _row(layer: Layer, free: DataFree, risks: Sequence[Risk], calibration: Calibration | None
          ) -> dict[str, Any]:
     row: dict[str, Any] = {
@@ -114,6 +128,10 @@ def _row(layer: Layer, free: DataFree, risks: Sequence[Risk], calibration: Calib
     }
     if calibration is not None:
         row["output_sqnr_db"] = _db(calibration.output_sqnr_db.get(layer.name, {}))
+        if calibration.logit_leaves:
+            row["output_kl"] = _rounded(calibration.output_kl.get(layer.name, {}))
+            row["top1_agreement"] = _rounded(calibration.top1_agreement.get(layer.name, {}))
+        row["calibrated_score_db"] = _db(calibration.score_db.get(layer.name, {}))
         stats = calibration.activations.get(layer.name)
         row["activation"] = {k: round(v, 4) if isinstance(v, float) else v
                              for k, v in asdict(stats).items()} if stats else {}

@@ -1,7 +1,8 @@
 """Terminal tables for the ``quant`` section: most sensitive layers, the plan, the risks.
 
-Pure: Report → rich renderables. Layers are ranked by their calibrated output SQNR at the
-section's ``score_format`` when there is one, else by the data-free score (lowest first).
+Pure: Report → rich renderables. Layers are ranked by their calibrated score at the section's
+``score_format`` when there is one (output SQNR, or KL of the softmax for logits: the
+calibration's ``metric``), else by the data-free score (lowest first).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def _db(value: Any) -> str:
 
 
 def _rank_key(row: Mapping[str, Any], fmt: str) -> float:
-    for key in ("output_sqnr_db", "data_free_sqnr_db"):
+    for key in ("calibrated_score_db", "output_sqnr_db", "data_free_sqnr_db"):
         value = (row.get(key) or {}).get(fmt)
         if isinstance(value, (int, float)):
             return float(value)
@@ -45,14 +46,20 @@ def _rank_key(row: Mapping[str, Any], fmt: str) -> float:
 def layer_table(section: Mapping[str, Any], top: int) -> Table:
     fmt = str(section.get("score_format", ""))
     formats = [str(f) for f in section.get("formats", [])]
-    calibrated = section.get("calibration") is not None
+    calibration = section.get("calibration")
+    calibrated = calibration is not None
+    metric = str((calibration or {}).get("metric", "sqnr"))
     rows = sorted(section["layers"], key=lambda r: _rank_key(r, fmt))
+    by = ("calibrated KL of the softmax" if metric == "kl" else "calibrated top-1 flips"
+          if metric == "agreement" else "calibrated output SQNR") if calibrated else (
+          "data-free SQNR")
     title = (f"quantization sensitivity · {section.get('status')} · most sensitive first "
-             f"(by {'calibrated' if calibrated else 'data-free'} SQNR at {fmt}, dB)")
+             f"(by {by} at {fmt}, dB)")
     table = Table(title=title, title_justify="left")
     shown = [f for f in formats if f == fmt or f.startswith("int4")]
     columns = ["layer", "params", "max/std", "kurt."] + [f"w {f}" for f in shown]
-    columns += ["score"] + (["output", "act. outliers"] if calibrated else []) + ["risks"]
+    measured = ["output"] + ([metric] if metric != "sqnr" else []) + ["act. outliers"]
+    columns += ["score"] + (measured if calibrated else []) + ["risks"]
     if section.get("plan"):
         columns.append("plan")
     for name in columns:
@@ -67,8 +74,10 @@ def layer_table(section: Mapping[str, Any], top: int) -> Table:
                      or row.get("status", ""))
         if calibrated:
             act = row.get("activation") or {}
-            cells += [_db((row.get("output_sqnr_db") or {}).get(fmt)),
-                      str(act.get("outlier_channels", ""))]
+            cells.append(_db((row.get("output_sqnr_db") or {}).get(fmt)))
+            if metric != "sqnr":
+                cells.append(_db((row.get("calibrated_score_db") or {}).get(fmt)))
+            cells.append(str(act.get("outlier_channels", "")))
         cells.append(", ".join(row.get("risks", [])))
         if section.get("plan"):
             cells.append(str(row.get("precision") or ""))

@@ -55,6 +55,10 @@ _AXIS_BY_TYPE: tuple[tuple[type[nn.Module], int], ...] = (
 )
 _AXIS_BY_NAME = {"Conv1D": 1}   # transformers.pytorch_utils.Conv1D: y = x @ W, W (in, out)
 EMBEDDING_TYPES = ("Embedding", "EmbeddingBag")
+# NB: a model output that is the very tensor one of these returned (a classifier or LM head,
+# class axis last) is read as logits by calibration's ``auto`` metric (KL of the softmax).
+# Convolutions are left out: their class axis (dim 1) is not the last.
+LOGIT_LAYER_TYPES = ("Linear", "Conv1D")
 
 
 def channel_axis(module: nn.Module) -> int | None:
@@ -365,6 +369,7 @@ def knowledge(group_size: int = DEFAULT_GROUP_SIZE) -> QuantKnowledge:
         random_init_reason=random_init_reason, activation_format=activation_format,
         stop_ops=STOP_OPS, residual_ops=RESIDUAL_OPS, embedding_types=EMBEDDING_TYPES,
         risk_penalty_db=RISK_PENALTY_DB, extra_formats={"bf16": BF16},
+        logit_layer_types=LOGIT_LAYER_TYPES,
     )
 
 
