@@ -333,18 +333,18 @@ def dot_binary() -> str | None:
     return shutil.which("dot")
 
 
-def graphviz_render(dot_source: str, fmt: str = "svg") -> bytes:
-    """Run `dot -T<fmt>` on `dot_source`. Raises ReportError when dot is missing or fails."""
+def graphviz_render(dot_source: str, fmt: str = "svg", timeout_s: float = DOT_TIMEOUT_S) -> bytes:
+    """Run `dot -T<fmt>` on `dot_source`. Raises ReportError when dot is missing, fails or
+    takes longer than `timeout_s`."""
     binary = dot_binary()
     if binary is None:
         raise ReportError("graphviz's `dot` is not installed (apt-get install graphviz); "
                           "the .dot file was still written")
     try:
         result = subprocess.run([binary, f"-T{fmt}"], input=dot_source.encode(),
-                                capture_output=True, timeout=DOT_TIMEOUT_S, check=False)
+                                capture_output=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired as error:
-        raise ReportError(f"dot -T{fmt} took over {DOT_TIMEOUT_S} s; try without --expand"
-                          ) from error
+        raise ReportError(f"dot -T{fmt} took over {timeout_s:g} s on this graph") from error
     if result.returncode != 0:
         raise ReportError(f"dot -T{fmt} failed: {result.stderr.decode(errors='replace')[:500]}")
     return result.stdout

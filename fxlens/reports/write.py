@@ -12,9 +12,11 @@ from pathlib import Path
 
 from fxlens.analyzer.errors import ReportError
 from fxlens.analyzer.report import Report
-from fxlens.reports.dot import dot_binary, graphviz_render, render_dot
+from fxlens.reports.dot import DOT_TIMEOUT_S, dot_binary, graphviz_render, render_dot
 from fxlens.reports.html import render_html
 from fxlens.reports.markdown import render_markdown
+
+DEFAULT_SVG_BUDGET_S = 10
 
 
 @dataclass(frozen=True)
@@ -48,15 +50,19 @@ def write_pages(report: Report, options: PageOptions) -> Written:
                              "and no graph in the HTML (apt-get install graphviz)")
     else:
         svg_path = options.svg or options.folder / "graph.svg"
+        # NB: graphviz's cluster layout grows steeply with many blocks (llama-3-70b's 80 took
+        # minutes); the default SVG gets a short budget, an asked-for --svg the long one.
+        budget = DOT_TIMEOUT_S if options.svg else DEFAULT_SVG_BUDGET_S
         try:
-            svg = graphviz_render(dot_source, "svg").decode("utf-8")
+            svg = graphviz_render(dot_source, "svg", budget).decode("utf-8")
             _write(written, svg_path, svg)
             if options.png:
                 png_path = svg_path.with_suffix(".png")
                 png_path.write_bytes(graphviz_render(dot_source, "png"))
                 written.paths.append(png_path)
         except ReportError as error:
-            written.notes.append(f"graph image skipped: {error}")
+            written.notes.append(f"graph image skipped: {error}; graph.dot is written "
+                                 f"(render it with --svg PATH, up to {DOT_TIMEOUT_S} s)")
     _write(written, options.html or options.folder / "report.html", render_html(report, svg))
     _write(written, options.md or options.folder / "summary.md", render_markdown(report))
     return written

@@ -45,6 +45,17 @@ def test_without_graphviz_a_clear_note(tmp_path: Path, monkeypatch: pytest.Monke
     assert 'id="graph-missing"' in (tmp_path / "report.html").read_text()
 
 
+@pytest.mark.skipif(write.dot_binary() is None, reason="graphviz's dot is not installed")
+def test_a_slow_layout_skips_the_default_svg_with_a_note(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setattr(write, "DEFAULT_SVG_BUDGET_S", 1e-6)
+    assert main([MODEL, "--out", str(tmp_path), "--quiet"]) == 0
+    assert "render it with --svg PATH" in capsys.readouterr().err
+    assert (tmp_path / "graph.dot").exists() and not (tmp_path / "graph.svg").exists()
+    assert (tmp_path / "report.html").exists()
+
+
 def test_time_colour_without_roofline_is_a_clear_error(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]
                                                        ) -> None:
