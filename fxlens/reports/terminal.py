@@ -36,12 +36,21 @@ def render_terminal(report: Report, depth: int = 2, top: int = 10) -> Renderable
     return Group(*parts)
 
 
+def columns_table(title: str, text: tuple[str, ...], figures: tuple[str, ...]) -> Table:
+    """A titled table: `text` columns left-aligned, then `figures` columns right-aligned."""
+    table = Table(title=title, title_justify="left")
+    for name in text:
+        table.add_column(name, justify="left")
+    for name in figures:
+        table.add_column(name, justify="right")
+    return table
+
+
 def kv_cache_table(cache: dict[str, Any]) -> Table:
-    table = Table(title=f"KV cache · batch {cache['batch']} · context {cache['context']} "
-                        f"· {cache['dtype_bytes']} B/element (layout from {cache['source']})",
-                  title_justify="left")
-    for name in ("layers", "kv heads × head dim", "tokens", "bytes per layer"):
-        table.add_column(name, justify="left" if name == "layers" else "right")
+    table = columns_table(
+        f"KV cache · batch {cache['batch']} · context {cache['context']} "
+        f"· {cache['dtype_bytes']} B/element (layout from {cache['source']})",
+        ("layers",), ("kv heads × head dim", "tokens", "bytes per layer"))
     groups: dict[tuple[int, int, int, int], list[str]] = defaultdict(list)
     for layer in cache["layers"]:
         key = (layer["kv_heads"], layer["k_head_dim"], layer["tokens"], layer["bytes"])
@@ -125,9 +134,8 @@ def _step_summary(training: dict[str, Any]) -> Table:
 
 
 def _state_by_module(training: dict[str, Any], depth: int) -> Table:
-    table = Table(title=f"training memory by module (depth ≤ {depth})", title_justify="left")
-    for name in ("module", "weights", "grads", "optimizer", "master", "saved act."):
-        table.add_column(name, justify="left" if name == "module" else "right")
+    table = columns_table(f"training memory by module (depth ≤ {depth})", ("module",),
+                          ("weights", "grads", "optimizer", "master", "saved act."))
     saved: dict[str, int] = defaultdict(int)
     for entry in training["saved_by_module"]:
         for path in ancestors(entry["module"]):
@@ -175,10 +183,8 @@ def _coverage_text(report: Report) -> Text:
 
 def module_tree(report: Report, depth: int) -> Table:
     total = report.totals.flops
-    table = Table(title=f"modules (depth ≤ {depth})", title_justify="left")
-    for name, justify in (("module", "left"), ("type", "left"), ("params", "right"),
-                          ("FLOPs", "right"), ("share", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    table = columns_table(f"modules (depth ≤ {depth})", ("module", "type"),
+                          ("params", "FLOPs", "share"))
     for module in _tree_order(report.modules, depth):
         label = module.path.rsplit(".", 1)[-1] if module.path else "(root)"
         table.add_row("  " * module.depth + label, module.type.rsplit(".", 1)[-1],
@@ -206,10 +212,8 @@ def _tree_order(modules: tuple[ModuleReport, ...], depth: int) -> list[ModuleRep
 
 def top_ops(report: Report, top: int) -> Table:
     total = report.totals.flops
-    table = Table(title=f"top {top} ops by FLOPs", title_justify="left")
-    for name, justify in (("op", "left"), ("calls", "right"), ("FLOPs", "right"),
-                          ("share", "right"), ("bytes moved", "right")):
-        table.add_column(name, justify=justify)  # type: ignore[arg-type]
+    table = columns_table(f"top {top} ops by FLOPs", ("op",),
+                          ("calls", "FLOPs", "share", "bytes moved"))
     for op in report.by_op()[:top]:
         table.add_row(op.target, str(op.calls), si(op.flops), percent(op.flops, total),
                       binary_bytes(op.bytes_moved))
