@@ -23,7 +23,7 @@ from fxlens.analyzer.capture import METHODS, capture
 from fxlens.analyzer.engine import analyze
 from fxlens.analyzer.errors import LoadError
 from fxlens.analyzer.fusion import FusionAnalysis, analyze_fusion, fused_report
-from fxlens.analyzer.graph import Graph, NodeKind
+from fxlens.analyzer.graph import Graph
 from fxlens.analyzer.kv_cache import decode_step, kv_cache, kv_layout
 from fxlens.analyzer.load import load
 from fxlens.analyzer.loaded import LoadedModel
@@ -31,7 +31,7 @@ from fxlens.analyzer.measure import simulate_eager_memory
 from fxlens.analyzer.memory import liveness
 from fxlens.analyzer.quant_report import QuantSettings, quant_section
 from fxlens.analyzer.report import Report
-from fxlens.analyzer.roofline import roofline_section
+from fxlens.analyzer.roofline import roofline_section, throughput_basis
 from fxlens.analyzer.training import capture_training
 from fxlens.analyzer.training_memory import parse_bytes
 from fxlens.analyzer.training_step import StepSettings, training_section
@@ -259,21 +259,16 @@ def _device(text: str | None) -> tuple[str, int | None]:
 
 
 def _batch(graph: Graph) -> int:
-    """The batch of the example inputs: the leading dimension of the first graph input."""
-    for node in graph.nodes:
-        if node.kind is NodeKind.INPUT and node.outputs and node.outputs[0] is not None:
-            shape = node.outputs[0].shape
-            return shape[0] if shape else 1
-    return 1
+    """The batch of the example inputs (see `throughput_basis`)."""
+    return throughput_basis(graph).samples
 
 
 def _sequence_length(graph: Graph) -> int:
-    """The token count of the example inputs: dimension 1 of the first 2-D integer input."""
-    for node in graph.nodes:
-        spec = node.outputs[0] if node.kind is NodeKind.INPUT and node.outputs else None
-        if spec is not None and len(spec.shape) == 2 and spec.dtype.startswith("int"):
-            return spec.shape[1]
-    raise LoadError("--kv-cache: cannot tell the sequence length; give --context")
+    """The tokens per sequence of the example inputs (see `throughput_basis`)."""
+    basis = throughput_basis(graph)
+    if not basis.tokens:
+        raise LoadError("--kv-cache: cannot tell the sequence length; give --context")
+    return basis.tokens // basis.samples
 
 
 def _with_quant(report: Report, loaded: LoadedModel, graph: Graph, options: AnalysisOptions,
