@@ -17,7 +17,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from fxlens.analyzer.load import load
+from fxlens.analyzer.capture.load import load
 
 
 def main() -> None:

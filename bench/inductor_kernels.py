@@ -31,7 +31,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fxlens.analyzer.loaded import LoadedModel  # noqa: E402
+from fxlens.analyzer.core.loaded import LoadedModel  # noqa: E402
 from fxlens.api import AnalysisOptions, analyze_loaded  # noqa: E402
 from tests.models import OWN_ZOO  # noqa: E402
 

@@ -11,9 +11,9 @@ import argparse
 import statistics
 import time
 
-from fxlens.analyzer.capture import capture
-from fxlens.analyzer.load import load
-from fxlens.analyzer.memory import Lifetimes, liveness
+from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.capture.load import load
+from fxlens.analyzer.memory.liveness import Lifetimes, liveness
 from fxlens.rules import load_rules
 
 

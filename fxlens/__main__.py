@@ -1,3 +1,3 @@
-from fxlens.cli import main
+from fxlens.cli.main import main
 
 raise SystemExit(main())

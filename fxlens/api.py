@@ -19,22 +19,22 @@ from typing import Any
 
 import torch
 
-from fxlens.analyzer.capture import METHODS, capture
-from fxlens.analyzer.engine import analyze
-from fxlens.analyzer.errors import LoadError
-from fxlens.analyzer.fusion import FusionAnalysis, analyze_fusion, fused_report
-from fxlens.analyzer.graph import Graph
-from fxlens.analyzer.kv_cache import decode_step, kv_cache, kv_layout
-from fxlens.analyzer.load import load
-from fxlens.analyzer.loaded import LoadedModel
-from fxlens.analyzer.measure import simulate_eager_memory
-from fxlens.analyzer.memory import liveness
-from fxlens.analyzer.quant_report import QuantSettings, quant_section
-from fxlens.analyzer.report import Report
-from fxlens.analyzer.roofline import roofline_section, throughput_basis
-from fxlens.analyzer.training import capture_training
-from fxlens.analyzer.training_memory import parse_bytes
-from fxlens.analyzer.training_step import StepSettings, training_section
+from fxlens.analyzer.capture.chain import METHODS, capture
+from fxlens.analyzer.capture.load import load
+from fxlens.analyzer.capture.training import capture_training
+from fxlens.analyzer.core.errors import LoadError
+from fxlens.analyzer.core.graph import Graph
+from fxlens.analyzer.core.loaded import LoadedModel
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.cost.engine import analyze
+from fxlens.analyzer.fusion.kernels import FusionAnalysis, analyze_fusion, fused_report
+from fxlens.analyzer.memory.kv_cache import decode_step, kv_cache, kv_layout
+from fxlens.analyzer.memory.liveness import liveness
+from fxlens.analyzer.memory.measure import simulate_eager_memory
+from fxlens.analyzer.memory.training_state import parse_bytes
+from fxlens.analyzer.memory.training_step import StepSettings, training_section
+from fxlens.analyzer.quant.section import QuantSettings, quant_section
+from fxlens.analyzer.time.roofline import roofline_section, throughput_basis
 from fxlens.rules import load_rules
 from fxlens.rules.fusion import FUSION_RULES, kinds_of
 from fxlens.rules.hardware import DeviceSpec, cached_profile, load_devices, load_profile
@@ -273,7 +273,7 @@ def _sequence_length(graph: Graph) -> int:
 
 def _with_quant(report: Report, loaded: LoadedModel, graph: Graph, options: AnalysisOptions,
                 on_step: Callable[[str], None]) -> Report:
-    """The ``quant`` section (`fxlens.analyzer.quant_report`) when any quant option is on."""
+    """The ``quant`` section (`fxlens.analyzer.quant.section`) when any quant option is on."""
     if not (options.quant or options.calibrate or options.quant_plan):
         return report
     from fxlens.rules.quant import knowledge, plan_request

@@ -6,9 +6,9 @@ from typing import Any
 
 import torch
 
-from fxlens.analyzer.aten import bind_args, meta_tensor, resolve_op, spec_of
-from fxlens.analyzer.costs import Cost, OpCall
-from fxlens.analyzer.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
+from fxlens.analyzer.core.aten import bind_args, meta_tensor, resolve_op, spec_of
+from fxlens.analyzer.core.costs import Cost, OpCall
+from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
 from fxlens.rules import load_rules
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fxlens.cli import main
+from fxlens.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 

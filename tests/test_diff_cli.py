@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from fxlens.cli import EXIT_ERROR, EXIT_GATE, EXIT_OK, main
+from fxlens.cli.console import EXIT_ERROR, EXIT_GATE, EXIT_OK
+from fxlens.cli.main import main
 
 MODEL = """
 import torch
@@ -156,7 +157,7 @@ def test_what_cannot_run_exits_2(repo: Path, capsys: pytest.CaptureFixture,
 
 def test_git_checkout_of_a_file_in_a_subfolder(repo: Path) -> None:
     """The file lands at its repository path, with its sibling .py files, from any cwd."""
-    from fxlens.analyzer.git_source import git_checkout, parse_git_target
+    from fxlens.analyzer.review.git_source import git_checkout, parse_git_target
 
     (repo / "models").mkdir()
     (repo / "models/net.py").write_text("A = 1\n")

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from fxlens.analyzer.loaded import LoadedModel
-from fxlens.analyzer.report import Report
+from fxlens.analyzer.core.loaded import LoadedModel
+from fxlens.analyzer.core.report import Report
 from fxlens.api import AnalysisOptions, analyze_loaded
 from fxlens.reports.terminal import render_terminal
 from tests.models import convnet, mlp

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fxlens.cli import main
+from fxlens.cli.main import main
 from fxlens.rules.hardware import DTYPE_KEYS, load_profile
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 from torch.utils.flop_counter import FlopCounterMode
 
-from fxlens.analyzer.aten import meta_tensor, resolve_op
-from fxlens.analyzer.capture import capture
-from fxlens.analyzer.engine import analyze
-from fxlens.analyzer.graph import Graph, Node, TensorRef
-from fxlens.analyzer.report import Report
+from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.core.aten import meta_tensor, resolve_op
+from fxlens.analyzer.core.graph import Graph, Node, TensorRef
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.cost.engine import analyze
 from fxlens.rules import load_rules
 from tests.models import OWN_ZOO, tiny_gpt
 from tests.models.hf_zoo import ZOO as HF_ZOO

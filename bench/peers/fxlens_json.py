@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # `tests.models.*` targets, as -m
 
-from fxlens.analyzer.report import write_report  # noqa: E402
+from fxlens.analyzer.core.report import write_report  # noqa: E402
 from fxlens.api import AnalysisOptions, analyze_target  # noqa: E402
 
 

@@ -30,10 +30,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from bench.peers.zoo import load_case  # noqa: E402
-from fxlens.analyzer.capture import capture  # noqa: E402
-from fxlens.analyzer.costs import OpCall  # noqa: E402
-from fxlens.analyzer.engine import analyze  # noqa: E402
-from fxlens.analyzer.graph import Node  # noqa: E402
+from fxlens.analyzer.capture.chain import capture  # noqa: E402
+from fxlens.analyzer.core.costs import OpCall  # noqa: E402
+from fxlens.analyzer.core.graph import Node  # noqa: E402
+from fxlens.analyzer.cost.engine import analyze  # noqa: E402
 from fxlens.rules import load_rules  # noqa: E402
 
 GEMM = {"mm", "addmm", "bmm", "baddbmm", "addbmm", "matmul", "dot", "vdot", "mv", "linear",

@@ -1,7 +1,7 @@
 """The peer benchmark's model zoo: one list, loaded the same way in both environments.
 
 Every entry is an fxlens target, so the fxlens CLI, the ground truth and every peer load the
-same module and the same example inputs through `fxlens.analyzer.load.load`:
+same module and the same example inputs through `fxlens.analyzer.capture.load.load`:
   own      the test zoo's model files (`tests/models/*.py`), real seeded weights on CPU
   hf-zoo   the small `transformers` architectures of `tests/models/hf_zoo.py`, real weights
   preset   `hf:` presets built on the meta device (no weights) at a modest sequence length
@@ -43,7 +43,7 @@ BY_NAME = {case.name: case for case in CASES}
 
 def load_case(name: str) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
     """(module, positional args, keyword args) of the case `name`, as fxlens loads it."""
-    from fxlens.analyzer.load import load
+    from fxlens.analyzer.capture.load import load
 
     case = BY_NAME[name]
     loaded = load(case.target, sizes={"seq_len": case.seq_len})

@@ -6,8 +6,8 @@ sub-units; a figure a report lacks shows as ``n/a``. Pure text; escaping is the 
 
 from __future__ import annotations
 
-from fxlens.analyzer.diff import Delta, ModuleDelta, ModuleStatus, ReportDiff
-from fxlens.analyzer.gates import GateResult
+from fxlens.analyzer.review.diff import Delta, ModuleDelta, ModuleStatus, ReportDiff
+from fxlens.analyzer.review.gates import GateResult
 from fxlens.reports.units import binary_bytes, si
 
 LABELS = {

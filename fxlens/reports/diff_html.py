@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from fxlens.analyzer.diff import TOTAL_METRICS, ReportDiff
-from fxlens.analyzer.gates import GateResult
+from fxlens.analyzer.review.diff import TOTAL_METRICS, ReportDiff
+from fxlens.analyzer.review.gates import GateResult
 from fxlens.reports import diff_format as fmt
 from fxlens.reports.escape import html_escape as esc
 

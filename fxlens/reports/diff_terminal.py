@@ -12,8 +12,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from fxlens.analyzer.diff import TOTAL_METRICS, ModuleStatus, ReportDiff
-from fxlens.analyzer.gates import GateResult
+from fxlens.analyzer.review.diff import TOTAL_METRICS, ModuleStatus, ReportDiff
+from fxlens.analyzer.review.gates import GateResult
 from fxlens.reports import diff_format as fmt
 
 _STATUS_STYLE = {ModuleStatus.ADDED: "green", ModuleStatus.REMOVED: "red",

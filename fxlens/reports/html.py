@@ -30,7 +30,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any
 
-from fxlens.analyzer.report import NodeReport, Report
+from fxlens.analyzer.core.report import NodeReport, Report
 from fxlens.reports.dot import collapsed_blocks, format_seconds, short_op
 from fxlens.reports.escape import html_escape as esc
 from fxlens.reports.escape import json_script

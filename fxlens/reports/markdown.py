@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
-from fxlens.analyzer.report import Report
+from fxlens.analyzer.core.report import Report
 from fxlens.reports.dot import collapsed_blocks, format_seconds, short_op
 from fxlens.reports.escape import markdown_escape as esc
 from fxlens.reports.sections import findings, roofline_device, roofline_total_s

@@ -15,7 +15,7 @@ from rich.console import RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from fxlens.analyzer.report import Report
+from fxlens.analyzer.core.report import Report
 from fxlens.reports.units import binary_bytes, si
 
 

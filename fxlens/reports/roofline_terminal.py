@@ -13,7 +13,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from fxlens.analyzer.graph import ancestors
+from fxlens.analyzer.core.graph import ancestors
 from fxlens.reports.units import binary_bytes, si
 
 

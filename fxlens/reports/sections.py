@@ -10,7 +10,7 @@ Accepted shapes (the first match wins):
 - roofline per-node times: ``roofline.nodes`` (or ``per_node``/``by_node``) as a list of
   ``{"id"|"node": int, "time_s": float, ...}`` or a mapping ``id → {"time_s": …}`` / ``id →
   seconds``; the time key may also be ``estimated_s`` or ``predicted_s``.
-- roofline totals and device (as `fxlens.analyzer.roofline` writes them): ``totals.time_s``
+- roofline totals and device (as `fxlens.analyzer.time.roofline` writes them): ``totals.time_s``
   (``step_time_s`` for a training step), ``modules`` [{``path``, ``time_s``}], ``device``
   {``name``, ``peak_flops`` {dtype: FLOP/s} or a number, ``bandwidth_bytes_per_s``},
   ``mfu_dtype`` (the dtype whose peak is drawn as the roof).
@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from fxlens.analyzer.report import Report
+from fxlens.analyzer.core.report import Report
 
 _TIME_KEYS = ("time_s", "estimated_s", "predicted_s", "s")
 _NODE_LIST_KEYS = ("nodes", "per_node", "by_node")

@@ -13,8 +13,8 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from fxlens.analyzer.graph import ancestors
-from fxlens.analyzer.report import ModuleReport, Report
+from fxlens.analyzer.core.graph import ancestors
+from fxlens.analyzer.core.report import ModuleReport, Report
 from fxlens.reports.fusion_terminal import fusion_parts
 from fxlens.reports.quant_terminal import quant_parts
 from fxlens.reports.roofline_terminal import roofline_parts

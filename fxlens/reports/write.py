@@ -2,7 +2,7 @@
 
 The renderers (`dot`, `html`, `markdown`) are pure; this is the one place in `reports/` that
 touches the file system or runs graphviz. It never prints: it returns what it wrote and the
-notes the CLI should show (e.g. graphviz missing), so `fxlens.cli` stays the only printer.
+notes the CLI should show (e.g. graphviz missing), so `fxlens.cli.main` stays the only printer.
 """
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fxlens.analyzer.errors import ReportError
-from fxlens.analyzer.report import Report
+from fxlens.analyzer.core.errors import ReportError
+from fxlens.analyzer.core.report import Report
 from fxlens.reports.dot import DOT_TIMEOUT_S, dot_binary, graphviz_render, render_dot
 from fxlens.reports.html import render_html
 from fxlens.reports.markdown import render_markdown

@@ -10,7 +10,7 @@ import importlib
 import logging
 from importlib.metadata import entry_points
 
-from fxlens.analyzer.costs import REGISTRY, CostRegistry
+from fxlens.analyzer.core.costs import REGISTRY, CostRegistry
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fxlens.analyzer.costs import Cost, OpCall, cost_rule, numel
+from fxlens.analyzer.core.costs import Cost, OpCall, cost_rule, numel
 from fxlens.rules.conventions import (
     FLOPS_PER_MAC,
     SOFTMAX_FLOPS_PER_ELEMENT,

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import torch
 
-from fxlens.analyzer.costs import Cost, OpCall, cost_rule, numel
-from fxlens.analyzer.graph import TensorSpec
+from fxlens.analyzer.core.costs import Cost, OpCall, cost_rule, numel
+from fxlens.analyzer.core.graph import TensorSpec
 from fxlens.rules.conventions import FLOPS_PER_MAC
 
 aten = torch.ops.aten

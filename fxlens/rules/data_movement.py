@@ -29,7 +29,7 @@ Conventions:
   once, the output written once). Backward of reflection/replication padding adds each
   padded element's gradient into the element it copied: 1 FLOP per padded element.
 
-Alias checks for the memory pass (`fxlens.analyzer.costs.alias_rule`): a no-op
+Alias checks for the memory pass (`fxlens.analyzer.core.costs.alias_rule`): a no-op
 ``to``/``type_as``/``contiguous`` and a dropout that is not training hand back their input, so
 their output shares its storage; otherwise the output is a fresh tensor.
 
@@ -42,8 +42,8 @@ from __future__ import annotations
 
 import torch
 
-from fxlens.analyzer.costs import Cost, OpCall, alias_rule, cost_rule
-from fxlens.analyzer.graph import TensorSpec
+from fxlens.analyzer.core.costs import Cost, OpCall, alias_rule, cost_rule
+from fxlens.analyzer.core.graph import TensorSpec
 from fxlens.rules.pointwise import SPECIAL_FUNCTION_FLOPS, out_numel, reads_except_out
 
 aten = torch.ops.aten

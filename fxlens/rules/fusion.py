@@ -10,7 +10,7 @@ norm) are recognised by the cost rule that costs them (`registry.lookup(node) is
 reduction.softmax`), so their names live in one place.
 
 `FUSION_RULES` are the patterns, most specific first (an intermediate is credited to the
-first finding that claims it; see `fxlens.analyzer.fusion`). Each matcher's docstring says
+first finding that claims it; see `fxlens.analyzer.fusion.kernels`). Each matcher's docstring says
 what it finds, why it matters and how to fix it; the reports show that text.
 
 NB: sort/topk/nonzero (costed in reduction/indexing) are library calls in real compilers,
@@ -23,9 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fxlens.analyzer.costs import CostRegistry
-from fxlens.analyzer.fusion import FusionGraph, FusionRule, Match, OpKind
-from fxlens.analyzer.graph import Node, NodeKind, TensorRef
+from fxlens.analyzer.core.costs import CostRegistry
+from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef
+from fxlens.analyzer.fusion.kernels import FusionGraph, FusionRule, Match, OpKind
 from fxlens.rules import conv, matmul, norm, reduction
 
 FAMILY_KINDS: Mapping[str, OpKind] = {

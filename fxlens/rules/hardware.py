@@ -3,7 +3,7 @@
 One frozen `DeviceSpec` per device name as users type it (``--device h100``,
 ``--device-mem h100``): memory capacity, dense peak FLOP/s per dtype key (`DTYPE_KEYS`), memory
 bandwidth, the share of those peaks real kernels reach, and a per-kernel launch cost. The
-roofline (`fxlens.analyzer.roofline`) reads these as data; nothing here knows a model.
+roofline (`fxlens.analyzer.time.roofline`) reads these as data; nothing here knows a model.
 
 Units: vendors print GPU memory as "GB", but the DRAM behind it comes in power-of-two
 sizes, and what the driver reports is more than the decimal reading allows (an RTX 4090

@@ -41,8 +41,8 @@ import math
 
 import torch
 
-from fxlens.analyzer.costs import Cost, OpCall, cost_rule, numel
-from fxlens.analyzer.graph import TensorSpec, dtype_bytes
+from fxlens.analyzer.core.costs import Cost, OpCall, cost_rule, numel
+from fxlens.analyzer.core.graph import TensorSpec, dtype_bytes
 
 aten = torch.ops.aten
 

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import torch
 
-from fxlens.analyzer.costs import Cost, OpCall, cost_rule
+from fxlens.analyzer.core.costs import Cost, OpCall, cost_rule
 from fxlens.rules.conventions import FLOPS_PER_MAC
 
 aten = torch.ops.aten

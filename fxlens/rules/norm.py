@@ -37,8 +37,8 @@ import math
 
 import torch
 
-from fxlens.analyzer.costs import Cost, OpCall, cost_rule
-from fxlens.analyzer.graph import TensorSpec
+from fxlens.analyzer.core.costs import Cost, OpCall, cost_rule
+from fxlens.analyzer.core.graph import TensorSpec
 from fxlens.rules.reduction import MEAN_FLOPS_PER_ELEMENT, VARIANCE_FLOPS_PER_ELEMENT
 
 aten = torch.ops.aten

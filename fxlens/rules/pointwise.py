@@ -101,9 +101,9 @@ from typing import Any
 
 import torch
 
-from fxlens.analyzer.aten import resolve_op
-from fxlens.analyzer.costs import REGISTRY, Cost, OpCall, RuleFn, cost_rule
-from fxlens.analyzer.graph import TensorRef, TensorSpec
+from fxlens.analyzer.core.aten import resolve_op
+from fxlens.analyzer.core.costs import REGISTRY, Cost, OpCall, RuleFn, cost_rule
+from fxlens.analyzer.core.graph import TensorRef, TensorSpec
 from fxlens.rules.conventions import SIGMOID_FLOPS, SPECIAL_FUNCTION_FLOPS
 
 S = SPECIAL_FUNCTION_FLOPS

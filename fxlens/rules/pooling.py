@@ -40,8 +40,8 @@ import re
 
 import torch
 
-from fxlens.analyzer.costs import Cost, OpCall, RuleError, cost_rule, numel
-from fxlens.analyzer.graph import TensorSpec
+from fxlens.analyzer.core.costs import Cost, OpCall, RuleError, cost_rule, numel
+from fxlens.analyzer.core.graph import TensorSpec
 
 aten = torch.ops.aten
 

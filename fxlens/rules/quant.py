@@ -37,9 +37,9 @@ from enum import Enum
 import torch
 from torch import nn
 
-from fxlens.analyzer.quant import QuantKnowledge
-from fxlens.analyzer.quant_report import PlanRequest
-from fxlens.analyzer.quant_types import LayerView, Risk, WeightStats
+from fxlens.analyzer.quant.section import PlanRequest
+from fxlens.analyzer.quant.types import LayerView, Risk, WeightStats
+from fxlens.analyzer.quant.weights import QuantKnowledge
 
 DEFAULT_GROUP_SIZE = 128
 SCALE_BYTES = 2                 # fp16 scales

@@ -58,8 +58,8 @@ import math
 
 import torch
 
-from fxlens.analyzer.costs import Cost, OpCall, cost_rule
-from fxlens.analyzer.graph import TensorSpec, dtype_bytes
+from fxlens.analyzer.core.costs import Cost, OpCall, cost_rule
+from fxlens.analyzer.core.graph import TensorSpec, dtype_bytes
 from fxlens.rules.conventions import SOFTMAX_FLOPS_PER_ELEMENT
 
 aten = torch.ops.aten

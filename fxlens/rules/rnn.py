@@ -42,8 +42,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fxlens.analyzer.costs import Cost, OpCall, RuleError, cost_rule, numel
-from fxlens.analyzer.graph import TensorSpec
+from fxlens.analyzer.core.costs import Cost, OpCall, RuleError, cost_rule, numel
+from fxlens.analyzer.core.graph import TensorSpec
 from fxlens.rules.conventions import FLOPS_PER_MAC, RELU_FLOPS, SIGMOID_FLOPS, TANH_FLOPS
 
 aten = torch.ops.aten

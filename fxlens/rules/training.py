@@ -2,7 +2,7 @@
 
 `Precision` and `Optimizer` are the closed sets the CLI offers (``--precision``,
 ``--optimizer``); ``.spec`` gives the frozen policy record, whose methods the accounting in
-`fxlens.analyzer.training_memory` calls per parameter (no op knowledge lives there).
+`fxlens.analyzer.memory.training_state` calls per parameter (no op knowledge lives there).
 
 Precision, bytes per floating-point parameter (``Ψ`` = parameters):
 
@@ -76,7 +76,7 @@ import math
 from dataclasses import dataclass
 from enum import Enum
 
-from fxlens.analyzer.graph import TensorSpec, dtype_bytes
+from fxlens.analyzer.core.graph import TensorSpec, dtype_bytes
 
 CASTABLE_DTYPES = frozenset({"float64", "float32", "float16", "bfloat16"})
 

@@ -18,7 +18,7 @@ Ops that are a view only sometimes are *not* declared free; a rule decides per c
 ``reshape``/``flatten``/``ravel``/``reshape_as`` are free when the input's strides allow a
 view, else they are a copy (read the input's storage once, write the output once).
 ``contiguous``, ``to`` and ``dropout(train=False)`` live with the copies in data_movement.py.
-The same decision is registered as an alias check (`fxlens.analyzer.costs.alias_rule`) for the
+The same decision is registered as an alias check (`fxlens.analyzer.core.costs.alias_rule`) for the
 memory pass, with ``_unsafe_view``/``unsafe_split*``/``unsafe_chunk``/``lift``, which share
 their input's storage although their schemas carry no alias annotation.
 
@@ -35,9 +35,9 @@ from typing import Any
 
 import torch
 
-from fxlens.analyzer.aten import meta_tensor
-from fxlens.analyzer.costs import Cost, OpCall, alias_rule, cost_rule, declare_free
-from fxlens.analyzer.graph import TensorSpec
+from fxlens.analyzer.core.aten import meta_tensor
+from fxlens.analyzer.core.costs import Cost, OpCall, alias_rule, cost_rule, declare_free
+from fxlens.analyzer.core.graph import TensorSpec
 
 VIEW_OPS: frozenset[str] = frozenset(f"aten.{name}" for name in (
     # reshaping views (always views: the output shape is chosen to fit the strides)

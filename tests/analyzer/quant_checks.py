@@ -14,9 +14,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from fxlens.analyzer.capture import capture
-from fxlens.analyzer.quant import find_layers
-from fxlens.analyzer.quant_report import QuantSettings, quant_section
+from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.quant.section import QuantSettings, quant_section
+from fxlens.analyzer.quant.weights import find_layers
 from fxlens.rules import load_rules
 from fxlens.rules.quant import Granularity, NumberFormat, knowledge
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from fxlens.analyzer.capture import capture
-from fxlens.analyzer.costs import Cost, CostRegistry
-from fxlens.analyzer.engine import analyze
-from fxlens.analyzer.graph import NodeKind
+from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.core.costs import Cost, CostRegistry
+from fxlens.analyzer.core.graph import NodeKind
+from fxlens.analyzer.cost.engine import analyze
 from fxlens.rules import load_rules
 from tests.models import branchy, mlp
 

@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from fxlens.analyzer.diff import Delta, ModuleStatus, ReportDiff, compare, diff_to_json
-from fxlens.analyzer.errors import ReportError
-from fxlens.analyzer.gates import Gate, check_gates, parse_gate, parse_gates
-from fxlens.analyzer.report import Report, load_report, report_from_dict
+from fxlens.analyzer.core.errors import ReportError
+from fxlens.analyzer.core.report import Report, load_report, report_from_dict
+from fxlens.analyzer.review.diff import Delta, ModuleStatus, ReportDiff, compare, diff_to_json
+from fxlens.analyzer.review.gates import Gate, check_gates, parse_gate, parse_gates
 from fxlens.reports.diff_html import render_diff_html
 from fxlens.reports.diff_markdown import render_diff_markdown
 from fxlens.reports.diff_terminal import render_diff_terminal

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from fxlens.analyzer.costs import Cost, CostRegistry, OpCall
-from fxlens.analyzer.engine import analyze
-from fxlens.analyzer.errors import RuleError
-from fxlens.analyzer.graph import Graph, Node, NodeKind, ParamInfo, TensorRef, ancestors
+from fxlens.analyzer.core.costs import Cost, CostRegistry, OpCall
+from fxlens.analyzer.core.errors import RuleError
+from fxlens.analyzer.core.graph import Graph, Node, NodeKind, ParamInfo, TensorRef, ancestors
+from fxlens.analyzer.cost.engine import analyze
 from tests.helpers import T
 
 
@@ -85,7 +85,7 @@ def test_duplicate_registration_names_both_sites() -> None:
 def test_report_round_trips_through_json() -> None:
     import json
 
-    from fxlens.analyzer.report import report_from_dict
+    from fxlens.analyzer.core.report import report_from_dict
 
     report = analyze(graph(), registry())
     again = report_from_dict(json.loads(report.to_json()))

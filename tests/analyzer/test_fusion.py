@@ -8,10 +8,10 @@ import pytest
 import torch
 from torch import nn
 
-from fxlens.analyzer.engine import analyze
-from fxlens.analyzer.fusion import FusionAnalysis, analyze_fusion, fused_report
-from fxlens.analyzer.loaded import LoadedModel
-from fxlens.analyzer.report import Report
+from fxlens.analyzer.core.loaded import LoadedModel
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.cost.engine import analyze
+from fxlens.analyzer.fusion.kernels import FusionAnalysis, analyze_fusion, fused_report
 from fxlens.api import AnalysisOptions, analyze_loaded, capture
 from fxlens.rules import load_rules
 from fxlens.rules.fusion import FUSION_RULES, kinds_of

@@ -9,11 +9,17 @@ from typing import Any
 import pytest
 import torch
 
-from fxlens.analyzer import hf
-from fxlens.analyzer.capture import capture
-from fxlens.analyzer.engine import analyze
-from fxlens.analyzer.errors import FxlensError, LoadError
-from fxlens.analyzer.hf import InputKind, load_preset, parse_overrides, preset_names, read_preset
+from fxlens.analyzer.capture import hf
+from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.capture.hf import (
+    InputKind,
+    load_preset,
+    parse_overrides,
+    preset_names,
+    read_preset,
+)
+from fxlens.analyzer.core.errors import FxlensError, LoadError
+from fxlens.analyzer.cost.engine import analyze
 from fxlens.rules import load_rules
 
 pytest.importorskip("transformers")
@@ -169,7 +175,7 @@ def test_missing_transformers_says_how_to_install(monkeypatch: pytest.MonkeyPatc
 
 
 def test_errors_share_one_base() -> None:
-    from fxlens.analyzer.errors import CaptureError, ReportError
+    from fxlens.analyzer.core.errors import CaptureError, ReportError
 
     assert all(issubclass(e, FxlensError) for e in (LoadError, CaptureError, ReportError))
 

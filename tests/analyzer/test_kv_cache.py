@@ -6,16 +6,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fxlens.analyzer.capture import capture
-from fxlens.analyzer.hf import load_preset
-from fxlens.analyzer.kv_cache import (
+from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.capture.hf import load_preset
+from fxlens.analyzer.memory.kv_cache import (
     KVLayer,
     decode_step,
     kv_cache,
     kv_layout,
     layers_from_graph,
 )
-from fxlens.analyzer.memory import liveness
+from fxlens.analyzer.memory.liveness import liveness
 from fxlens.rules import load_rules
 from tests.models import tiny_gpt
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fxlens.analyzer.errors import LoadError
-from fxlens.analyzer.load import load
+from fxlens.analyzer.capture.load import load
+from fxlens.analyzer.core.errors import LoadError
 
 MODEL = """
 import torch

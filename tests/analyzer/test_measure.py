@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch import nn
 
-from fxlens.analyzer.capture import capture
-from fxlens.analyzer.measure import measure_memory, simulate_eager_memory
-from fxlens.analyzer.memory import liveness
+from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.memory.liveness import liveness
+from fxlens.analyzer.memory.measure import measure_memory, simulate_eager_memory
 from fxlens.rules import load_rules
 from tests.models import OWN_ZOO
 from tests.models.hf_zoo import ZOO as HF_ZOO
@@ -29,7 +29,8 @@ TOLERANCE = 0.05
 
 NAMED_LOCALS = (
     "eager keeps names bound in a forward until it returns ({names}); the graph frees them at "
-    "their last use and `fxlens.analyzer.eager` extends only call arguments and names read by "
+    "their last use and `fxlens.analyzer.memory.eager` extends only call arguments and names "
+    "read by "
     "a later statement"
 )
 

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from fxlens.analyzer.costs import CostRegistry
-from fxlens.analyzer.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
-from fxlens.analyzer.memory import Lifetimes, allocation_bytes, liveness
+from fxlens.analyzer.core.costs import CostRegistry
+from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
+from fxlens.analyzer.memory.liveness import Lifetimes, allocation_bytes, liveness
 from fxlens.rules import load_rules
 from tests.helpers import T
 

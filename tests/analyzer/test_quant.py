@@ -11,10 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from fxlens.analyzer.capture import capture
-from fxlens.analyzer.quant_report import QuantSettings, quant_section
+from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.quant.section import QuantSettings, quant_section
 from fxlens.api import AnalysisOptions, analyze_target
-from fxlens.cli import main
+from fxlens.cli.main import main
 from fxlens.rules import load_rules
 from fxlens.rules.quant import knowledge, plan_request
 from tests.analyzer import quant_checks as qc

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from fxlens.analyzer.capture import capture
-from fxlens.analyzer.engine import analyze
-from fxlens.analyzer.graph import Graph
-from fxlens.analyzer.report import Report
-from fxlens.analyzer.roofline import dtype_key, roofline_section, throughput_basis
+from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.core.graph import Graph
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.cost.engine import analyze
+from fxlens.analyzer.time.roofline import dtype_key, roofline_section, throughput_basis
 from fxlens.api import AnalysisOptions, analyze_target
 from fxlens.rules import load_rules
 from fxlens.rules.hardware import DTYPE_KEYS, DeviceSpec, device

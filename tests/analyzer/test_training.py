@@ -16,10 +16,10 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
-from fxlens.analyzer.engine import analyze
-from fxlens.analyzer.graph import NodeKind
-from fxlens.analyzer.report import Report
-from fxlens.analyzer.training import TrainingGraph, capture_training
+from fxlens.analyzer.capture.training import TrainingGraph, capture_training
+from fxlens.analyzer.core.graph import NodeKind
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.cost.engine import analyze
 from fxlens.rules import load_rules
 from tests.models import OWN_ZOO, mlp, tiny_gpt
 from tests.models.hf_zoo import ZOO as HF_ZOO
@@ -41,7 +41,7 @@ KNOWN_DIVERGENCES = {
 
 
 def outputs_needing_grad(out: Any) -> list[torch.Tensor]:
-    from fxlens.analyzer.capture import plain_outputs
+    from fxlens.analyzer.capture.chain import plain_outputs
 
     return [t for t in pytree.tree_leaves(plain_outputs(out))
             if isinstance(t, torch.Tensor) and t.requires_grad]

@@ -14,10 +14,10 @@ import pytest
 import torch
 from torch import nn
 
-from fxlens.analyzer.capture import param_infos
-from fxlens.analyzer.fx_convert import type_name
-from fxlens.analyzer.graph import ParamInfo
-from fxlens.analyzer.training_memory import (
+from fxlens.analyzer.capture.chain import param_infos
+from fxlens.analyzer.capture.fx_convert import type_name
+from fxlens.analyzer.core.graph import ParamInfo
+from fxlens.analyzer.memory.training_state import (
     BlockActivations,
     LinearActivation,
     StateBytes,

@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-from fxlens.analyzer.loaded import LoadedModel
-from fxlens.analyzer.measure import measure_memory
-from fxlens.analyzer.report import Report
+from fxlens.analyzer.core.loaded import LoadedModel
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.memory.measure import measure_memory
 from fxlens.api import AnalysisOptions, analyze_loaded, analyze_target
 from tests.models import OWN_ZOO
 from tests.models.hf_zoo import ZOO as HF_ZOO

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 import torch
 
-from fxlens.analyzer.capture import capture
-from fxlens.analyzer.loaded import LoadedModel
-from fxlens.analyzer.validate import (
+from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.core.loaded import LoadedModel
+from fxlens.analyzer.time.validate import (
     RunSettings,
     bind_inputs,
     error,
@@ -21,7 +21,7 @@ from fxlens.analyzer.validate import (
     interpret,
     prepare,
 )
-from fxlens.commands.validate import validate
+from fxlens.cli.validate import validate
 from fxlens.rules import load_rules
 from fxlens.rules.hardware import host_cpu
 from tests.models import OWN_ZOO

@@ -9,7 +9,7 @@ Nothing is downloaded: configs are plain keyword arguments. Importing this modul
 transformers (a few seconds), so `tests.models` does not import it.
 
 Known limitation: these are the architectures of the named families, not their published
-sizes; the presets in `fxlens.analyzer.hf` cover those (on meta, without weights).
+sizes; the presets in `fxlens.analyzer.capture.hf` cover those (on meta, without weights).
 """
 
 from __future__ import annotations

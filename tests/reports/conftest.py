@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 
-from fxlens.analyzer.loaded import LoadedModel
-from fxlens.analyzer.report import Report
+from fxlens.analyzer.core.loaded import LoadedModel
+from fxlens.analyzer.core.report import Report
 from fxlens.api import AnalysisOptions, analyze_loaded
 from tests.models import evil_names, tiny_gpt
 

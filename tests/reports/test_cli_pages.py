@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fxlens.cli import main
+from fxlens.cli.main import main
 from fxlens.reports import write
 
 ROOT = Path(__file__).resolve().parents[2]

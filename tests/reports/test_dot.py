@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
-from fxlens.analyzer.errors import ReportError
-from fxlens.analyzer.report import Report
+from fxlens.analyzer.core.errors import ReportError
+from fxlens.analyzer.core.report import Report
 from fxlens.reports.dot import PALETTE, collapsed_blocks, graphviz_render, render_dot
 from tests.models import evil_names
 from tests.test_goldens import GOLDENS, MODELS, check, report_of

@@ -9,7 +9,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from fxlens.analyzer.report import Report
+from fxlens.analyzer.core.report import Report
 from fxlens.reports.escape import dot_escape, html_escape, json_script, markdown_escape
 from fxlens.reports.html import clean_svg, render_html
 from tests.models import evil_names

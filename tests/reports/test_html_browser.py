@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from fxlens.analyzer.report import Report
+from fxlens.analyzer.core.report import Report
 from fxlens.reports.dot import dot_binary, graphviz_render, render_dot
 from fxlens.reports.html import render_html
 from tests.models import evil_names

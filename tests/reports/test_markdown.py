@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fxlens.analyzer.report import Report
+from fxlens.analyzer.core.report import Report
 from fxlens.reports.markdown import render_markdown
 from fxlens.reports.units import si
 

@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from fxlens.analyzer.aten import meta_tensor, resolve_op
-from fxlens.analyzer.graph import TensorSpec
+from fxlens.analyzer.core.aten import meta_tensor, resolve_op
+from fxlens.analyzer.core.graph import TensorSpec
 from fxlens.rules.attention import (
     OUTPUT_DOT_FLOPS_PER_ELEMENT,
     SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT,

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from fxlens.analyzer.aten import meta_tensor, resolve_op
-from fxlens.analyzer.graph import TensorSpec
+from fxlens.analyzer.core.aten import meta_tensor, resolve_op
+from fxlens.analyzer.core.graph import TensorSpec
 from tests.helpers import T, cost_of
 
 n, c_in, c_out, h, w, kh, kw = 2, 6, 8, 10, 9, 3, 2
@@ -134,7 +134,7 @@ def test_convolution_matches_flop_counter(args: tuple):
 
 
 def _forward_out(args: tuple) -> TensorSpec:
-    from fxlens.analyzer.aten import spec_of
+    from fxlens.analyzer.core.aten import spec_of
     meta = [meta_tensor(x) if isinstance(x, TensorSpec) else x for x in args]
     return spec_of(torch.ops.aten.convolution.default(*meta))
 

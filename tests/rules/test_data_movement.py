@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import torch
 
-from fxlens.analyzer.costs import Cost
-from fxlens.analyzer.graph import TensorSpec
+from fxlens.analyzer.core.costs import Cost
+from fxlens.analyzer.core.graph import TensorSpec
 from fxlens.rules.data_movement import same_layout
 from fxlens.rules.pointwise import S
 from tests.helpers import T, cost_of

@@ -8,8 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fxlens.analyzer.engine import analyze
-from fxlens.analyzer.fusion import Finding, analyze_fusion
+from fxlens.analyzer.cost.engine import analyze
+from fxlens.analyzer.fusion.kernels import Finding, analyze_fusion
 from fxlens.api import capture
 from fxlens.rules import load_rules
 from fxlens.rules.fusion import FUSION_RULES, kinds_of

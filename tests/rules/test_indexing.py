@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from fxlens.analyzer.graph import TensorSpec
+from fxlens.analyzer.core.graph import TensorSpec
 from fxlens.rules import load_rules
 from tests.helpers import T, cost_of
 

@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from fxlens.analyzer.aten import meta_tensor, resolve_op
-from fxlens.analyzer.graph import TensorSpec
+from fxlens.analyzer.core.aten import meta_tensor, resolve_op
+from fxlens.analyzer.core.graph import TensorSpec
 from tests.helpers import T, cost_of
 
 m, k, n, b = 3, 5, 7, 4

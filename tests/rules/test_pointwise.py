@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import torch
 
-from fxlens.analyzer.costs import REGISTRY, OpCall
-from fxlens.analyzer.engine import cost_node
-from fxlens.analyzer.graph import TensorSpec
+from fxlens.analyzer.core.costs import REGISTRY, OpCall
+from fxlens.analyzer.core.graph import TensorSpec
+from fxlens.analyzer.cost.engine import cost_node
 from fxlens.rules import load_rules, pointwise
 from fxlens.rules.pointwise import POINTWISE, S, scalar_power_flops, with_inplace
 from tests.helpers import T, cost_of, op_call

@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from fxlens.analyzer.quant import sqnr_db, weight_stats
-from fxlens.analyzer.quant_types import LayerView
+from fxlens.analyzer.quant.types import LayerView
+from fxlens.analyzer.quant.weights import sqnr_db, weight_stats
 from fxlens.rules.quant import (
     BF16,
     RISK_RULES,

@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from fxlens.analyzer.aten import bind_args, resolve_op, spec_of
-from fxlens.analyzer.costs import OpCall
-from fxlens.analyzer.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
+from fxlens.analyzer.core.aten import bind_args, resolve_op, spec_of
+from fxlens.analyzer.core.costs import OpCall
+from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
 from fxlens.rules import load_rules
 from fxlens.rules.rnn import BACKWARD_ELEMENTWISE_FACTOR, SIGMOID_FLOPS, TANH_FLOPS
 from tests.helpers import T, cost_of

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 import torch
 
-from fxlens.analyzer.costs import Cost
-from fxlens.analyzer.graph import Node, NodeKind, TensorSpec
+from fxlens.analyzer.core.costs import Cost
+from fxlens.analyzer.core.graph import Node, NodeKind, TensorSpec
 from fxlens.rules import load_rules
 from fxlens.rules.views import METADATA_OPS, SYMBOLIC_OPS, VIEW_OPS, can_view
 from tests.helpers import T, cost_of, op_call

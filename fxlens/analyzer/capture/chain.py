@@ -1,0 +1,219 @@
+"""`capture(module, inputs) -> Graph`: trace a module on fake tensors, through a fallback chain.
+
+1. ``torch.export`` (non-strict): the training-IR graph, where ops such as ``linear``,
+   ``scaled_dot_product_attention`` and ``layer_norm`` are still whole.
+2. ``make_fx`` on fake tensors (pre-dispatch): for models export refuses, e.g. outputs of types
+   pytree does not know (the model's outputs are reduced to their tensors first).
+3. Recording the eager run at dispatch level (`fxlens.analyzer.capture.recorder`): data-dependent
+   control flow, ``.item()``, MoE routing. On fake tensors first, on small real ones if an op
+   needs real values.
+
+Each link's failure is kept as a note in the graph, so the report says what was tried. Ops no
+rule knows are then decomposed until known (`fxlens.analyzer.capture.decompose`). Weights are never
+materialised by links 1 and 2: a real CPU model is fakified, a meta one stays meta.
+
+Known limitations: symbolic shapes are concretised; the eager recording sees only the branch
+the example inputs take.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+import torch.fx
+import torch.fx.traceback as fx_traceback
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.export.graph_signature import InputKind
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from fxlens.analyzer.capture.decompose import decompose_unknown
+from fxlens.analyzer.capture.fx_convert import FxConverter, type_name, user_frame
+from fxlens.analyzer.capture.recorder import Recorder, fake_then_real, module_tracking
+from fxlens.analyzer.core.aten import spec_of
+from fxlens.analyzer.core.costs import CostRegistry
+from fxlens.analyzer.core.errors import CaptureError
+from fxlens.analyzer.core.graph import Graph, Node, NodeKind, ParamInfo, TensorRef
+
+log = logging.getLogger(__name__)
+
+METHODS = ("export", "make_fx", "record")
+Inputs = tuple[Any, ...] | dict[str, Any]
+Captured = tuple[list[Node], tuple[TensorRef, ...], str]   # nodes, graph outputs, method label
+Step = Callable[[str], None]
+
+
+def capture(
+    module: torch.nn.Module,
+    inputs: Inputs,
+    registry: CostRegistry,
+    methods: tuple[str, ...] = METHODS,
+    on_step: Step = lambda _: None,
+) -> Graph:
+    """Trace `module` on `inputs` with the first method of `methods` that succeeds."""
+    args, kwargs = (tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((), dict(inputs))
+    notes: list[str] = []
+    last_error: BaseException | None = None
+    for method in methods:
+        on_step(f"capturing with {method}")
+        try:
+            with _quiet_stderr():
+                nodes, outputs, label = _CAPTURERS[method](module, args, kwargs, registry)
+        except CaptureError:
+            raise
+        except Exception as error:  # each link may fail in its own way; the next one tries
+            log.info("%s failed: %s", method, error, exc_info=True)
+            notes.append(f"{method} failed: {_first_line(error)}")
+            last_error = error
+            continue
+        on_step("decomposing ops without a cost rule")
+        nodes, outputs = decompose_unknown(nodes, registry.knows, outputs)
+        return Graph(
+            nodes=tuple(nodes), capture_method=label, params=param_infos(module),
+            module_types={p: type_name(type(m)) for p, m in module.named_modules()},
+            outputs=outputs, notes=tuple(notes),
+        )
+    raise _capture_error(last_error, notes)
+
+
+# --- 1. torch.export -------------------------------------------------------------------------
+
+def _by_export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+               registry: CostRegistry) -> Captured:
+    program = torch.export.export(module, args, kwargs=kwargs, strict=False)
+    kinds = {
+        spec.arg.name: spec
+        for spec in program.graph_signature.input_specs
+        if hasattr(spec.arg, "name")
+    }
+
+    def input_kind(fx_node: torch.fx.Node) -> tuple[NodeKind, str]:
+        spec = kinds.get(fx_node.name)
+        if spec is None or spec.kind is InputKind.USER_INPUT:
+            return NodeKind.INPUT, fx_node.name
+        kind = NodeKind.PARAM if spec.kind is InputKind.PARAMETER else NodeKind.BUFFER
+        return kind, str(spec.target)
+
+    converter = FxConverter(input_kind)
+    converter.convert(program.graph_module.graph, program.graph_module)
+    return converter.nodes, _tensor_refs(converter.outputs), "torch.export (non-strict)"
+
+
+# --- 2. make_fx ------------------------------------------------------------------------------
+
+def _by_make_fx(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                registry: CostRegistry) -> Captured:
+    params = dict(module.named_parameters())
+    buffers = dict(module.named_buffers())
+
+    def forward(params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor],
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[torch.Tensor]:
+        out = torch.func.functional_call(module, {**params, **buffers}, args, kwargs)
+        return [t for t in pytree.tree_leaves(plain_outputs(out)) if isinstance(t, torch.Tensor)]
+
+    # NB: make_fx records no module stack through functional_call; publish our own.
+    with fx_traceback.preserve_node_meta(), module_tracking(module, [], publish=True):
+        gm = make_fx(forward, tracing_mode="fake", pre_dispatch=True, record_stack_traces=True)(
+            params, buffers, args, kwargs
+        )
+    names = [(NodeKind.PARAM, n) for n in params] + [(NodeKind.BUFFER, n) for n in buffers]
+    leaves = iter(names + [(NodeKind.INPUT, f"input{i}")
+                           for i, _ in enumerate(pytree.tree_leaves((args, kwargs)))])
+    placeholders = {n: next(leaves) for n in gm.graph.nodes if n.op == "placeholder"}
+    converter = FxConverter(lambda n: placeholders[n])
+    converter.convert(gm.graph, gm)
+    return converter.nodes, _tensor_refs(converter.outputs), "make_fx (fake tensors)"
+
+
+def plain_outputs(value: Any) -> Any:
+    """Model outputs as pytree-friendly containers (ModelOutput, dataclasses → dicts)."""
+    if isinstance(value, torch.Tensor) or value is None:
+        return value
+    if isinstance(value, dict):
+        return {k: plain_outputs(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_outputs(v) for v in value]
+    if hasattr(value, "__dict__"):
+        return {k: plain_outputs(v) for k, v in vars(value).items() if not k.startswith("_")}
+    return None
+
+
+# --- 3. dispatch-level recording -------------------------------------------------------------
+
+def _by_recording(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  registry: CostRegistry) -> Captured:
+    def run(module: torch.nn.Module, state: dict[str, torch.Tensor], args: tuple[Any, ...],
+            kwargs: dict[str, Any], fake_mode: FakeTensorMode | None) -> tuple[Any, Any]:
+        return _record(module, state, args, kwargs, registry, fake_mode)
+
+    (nodes, outputs), tensors = fake_then_real(module, args, kwargs, run)
+    return nodes, outputs, f"eager recording ({tensors})"
+
+
+def _record(
+    module: torch.nn.Module, state: dict[str, torch.Tensor], args: tuple[Any, ...],
+    kwargs: dict[str, Any], registry: CostRegistry, fake_mode: FakeTensorMode | None,
+) -> tuple[list[Node], tuple[TensorRef, ...]]:
+    recorder = Recorder.for_run(module, state, args, kwargs, registry.knows)
+    tensors = fake_mode if fake_mode is not None else contextlib.nullcontext()
+    with module_tracking(module, recorder.module_stack), torch.no_grad(), tensors, recorder:
+        out = torch.func.functional_call(module, state, args, kwargs)
+    leaves = [t for t in pytree.tree_leaves(plain_outputs(out)) if isinstance(t, torch.Tensor)]
+    return recorder.nodes, tuple(recorder.ref(t) for t in leaves)
+
+
+_CAPTURERS = {"export": _by_export, "make_fx": _by_make_fx, "record": _by_recording}
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """torch.export prints a failed trace's partial graph to stderr; a failing link is expected
+    here and reported in the notes, so that dump goes to the debug log instead."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buffer):
+            yield
+    finally:
+        if buffer.getvalue():
+            log.debug("stderr during capture:\n%s", buffer.getvalue())
+
+
+def _tensor_refs(value: Any) -> tuple[TensorRef, ...]:
+    if isinstance(value, TensorRef):
+        return (value,)
+    if isinstance(value, (list, tuple)):
+        return tuple(r for v in value for r in _tensor_refs(v))
+    return ()
+
+
+def param_infos(module: torch.nn.Module) -> tuple[ParamInfo, ...]:
+    params = [ParamInfo(n, spec_of(p), False, p.requires_grad)
+              for n, p in module.named_parameters()]
+    buffers = [ParamInfo(n, spec_of(b), True, False) for n, b in module.named_buffers()]
+    return tuple(params + buffers)
+
+
+def _first_line(error: BaseException) -> str:
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"[:300]
+
+
+def _capture_error(error: BaseException | None, notes: list[str]) -> CaptureError:
+    """One clear line: the last failure, the user's line it happened at, the methods tried."""
+    where = ""
+    if error is not None:
+        frames = [(f.filename, f.lineno or 0) for f in traceback.extract_tb(error.__traceback__)]
+        where = user_frame(frames)
+    tried = ", ".join(note.split(" failed")[0] for note in notes)
+    return CaptureError(
+        f"could not capture the model: {_first_line(error) if error else 'no method'}"
+        f"{f' at {where}' if where else ''} (tried {tried})"
+    )

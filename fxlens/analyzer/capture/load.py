@@ -1,0 +1,149 @@
+"""`load(target) -> LoadedModel`: turn what the user typed into a module and example inputs.
+
+Targets:
+  path/to/model.py        calls ``build()`` (or ``--entry NAME``), or reads module-level
+                          ``model`` and ``example_inputs``
+  pkg.module:function     imports the module and calls the function
+  hf:<preset>             a shipped `transformers` config on the meta device
+                          (`fxlens.analyzer.capture.hf`)
+
+A factory returns ``(module, example_inputs)``; example inputs are a tuple of positional
+arguments, a dict of keyword arguments, or a single tensor. Sizes from the command line
+(``batch``, ``seq_len``, ``image_size``) are passed to a factory that declares parameters of
+those names (or ``**kwargs``); a factory that does not is called without them. A model file
+(or factory module) may define ``calibration()`` yielding input batches for ``--calibrate``.
+
+Every failure is a `LoadError` naming the file (and line, for errors inside user code).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import sys
+import traceback
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from fxlens.analyzer.capture.fx_convert import user_frame
+from fxlens.analyzer.core.errors import LoadError
+from fxlens.analyzer.core.loaded import LoadedModel
+
+DEFAULT_ENTRY = "build"
+
+
+def load(
+    target: str,
+    entry: str | None = None,
+    overrides: Mapping[str, str] | None = None,
+    sizes: Mapping[str, int | None] | None = None,
+) -> LoadedModel:
+    given: dict[str, int] = {k: v for k, v in (sizes or {}).items() if v is not None}
+    if target.startswith("hf:"):
+        from fxlens.analyzer.capture.hf import load_preset
+
+        return load_preset(target[3:], overrides or {}, batch=given.get("batch", 1),
+                           seq_len=given.get("seq_len"), image_size=given.get("image_size"))
+    if overrides:
+        raise LoadError("--set overrides config fields of hf: presets only")
+    path = Path(target)
+    if target.endswith(".py") or path.exists():
+        return _from_file(path, entry, given)
+    if ":" in target:
+        module_name, _, function = target.partition(":")
+        return _from_factory(_import(module_name), function, given, module_name)
+    raise LoadError(
+        f"cannot load {target!r}: expected a .py file, 'pkg.module:function' or 'hf:<preset>'"
+    )
+
+
+def _from_file(path: Path, entry: str | None, sizes: Mapping[str, int]) -> LoadedModel:
+    if not path.is_file():
+        raise LoadError(f"model file not found: {path}")
+    spec = importlib.util.spec_from_file_location(f"fxlens_user_{path.stem}", path)
+    assert spec is not None and spec.loader is not None
+    code = importlib.util.module_from_spec(spec)
+    # Registered before it runs, as `import` would: dataclasses and pickling look it up there.
+    sys.modules[spec.name] = code
+    sys.path.insert(0, str(path.resolve().parent))
+    try:
+        spec.loader.exec_module(code)
+    except SyntaxError as error:
+        raise LoadError(f"syntax error in {path}:{error.lineno}: {error.msg}") from error
+    except Exception as error:
+        raise LoadError(_user_error(f"importing {path} failed", error)) from error
+    finally:
+        sys.path.remove(str(path.resolve().parent))
+    if entry is None and not hasattr(code, DEFAULT_ENTRY) and hasattr(code, "model"):
+        if not hasattr(code, "example_inputs"):
+            raise LoadError(f"{path} defines `model` but no `example_inputs`")
+        return _loaded(code.model, code.example_inputs, path.stem, str(path),
+                       _calibration(code))
+    return _from_factory(code, entry or DEFAULT_ENTRY, sizes, str(path))
+
+
+def _import(module_name: str) -> Any:
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as error:
+        raise LoadError(f"cannot import {module_name!r}: {error}") from error
+    except Exception as error:
+        raise LoadError(_user_error(f"importing {module_name} failed", error)) from error
+
+
+def _from_factory(code: Any, name: str, sizes: Mapping[str, int], where: str) -> LoadedModel:
+    factory = getattr(code, name, None)
+    if not callable(factory):
+        hint = "" if name != DEFAULT_ENTRY else " (or module-level `model` and `example_inputs`)"
+        raise LoadError(f"{where} has no function `{name}()`{hint}; name another with --entry")
+    try:
+        result = factory(**_accepted(factory, sizes))
+    except Exception as error:
+        raise LoadError(_user_error(f"{where}: {name}() raised", error)) from error
+    if not (isinstance(result, (tuple, list)) and len(result) == 2):
+        raise LoadError(f"{where}: {name}() must return (module, example_inputs)")
+    module, inputs = result
+    stem = Path(where).stem if where.endswith(".py") else where.rsplit(".", 1)[-1]
+    return _loaded(module, inputs, f"{stem}:{name}" if name != DEFAULT_ENTRY else stem, where,
+                   _calibration(code))
+
+
+def _calibration(code: Any) -> Callable[[], Any] | None:
+    """The model file's ``calibration()`` generator of input batches (for --calibrate)."""
+    found = getattr(code, "calibration", None)
+    return found if callable(found) else None
+
+
+def _accepted(factory: Callable[..., Any], sizes: Mapping[str, int]) -> dict[str, int]:
+    try:
+        parameters = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return dict(sizes)
+    return {k: v for k, v in sizes.items() if k in parameters}
+
+
+def _loaded(module: Any, inputs: Any, name: str, source: str,
+            calibration: Callable[[], Any] | None = None) -> LoadedModel:
+    if not isinstance(module, torch.nn.Module):
+        raise LoadError(f"{source}: expected an nn.Module, got {type(module).__name__}")
+    if isinstance(inputs, torch.Tensor):
+        inputs = (inputs,)
+    elif isinstance(inputs, list):
+        inputs = tuple(inputs)
+    if not isinstance(inputs, (tuple, dict)):
+        raise LoadError(f"{source}: example inputs must be a tuple, a dict or a tensor, "
+                        f"got {type(inputs).__name__}")
+    return LoadedModel(module=module, inputs=inputs, name=name, source=source,
+                       calibration=calibration)
+
+
+def _user_error(what: str, error: BaseException) -> str:
+    frames = traceback.extract_tb(error.__traceback__)
+    where = user_frame([(f.filename, f.lineno or 0) for f in frames])
+    return f"{what}{f' at {where}' if where else ''}: {type(error).__name__}: {error}"

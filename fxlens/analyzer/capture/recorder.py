@@ -1,0 +1,291 @@
+"""Capture by recording the eager run at dispatch level: the last link of the fallback chain.
+
+Runs the model's forward once under a `TorchDispatchMode` and records every aten call with
+its inputs, outputs, module and source line. This handles what tracing cannot: data-dependent
+control flow, ``.item()``, MoE routing with data-dependent shapes. The price: the graph is the
+path these example inputs took, nothing more.
+
+It runs on fake tensors when it can; an op whose output depends on data (``.item()``,
+``nonzero``) forces a rerun on small real tensors. Meta-device weights are then materialised
+with random values, which is allowed only up to `REAL_RUN_LIMIT_BYTES`.
+
+NB: tracing keeps module paths in ``nn_module_stack``; an eager run has none, so here (and only
+here) the module path comes from global forward pre/post hooks.
+Ops without a cost rule are decomposed on the fly when PyTorch has a decomposition for them.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import torch
+import torch.fx.traceback as fx_traceback
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fxlens.analyzer.capture.decompose import decomposition_table
+from fxlens.analyzer.capture.fx_convert import type_name, user_frame
+from fxlens.analyzer.core.aten import bind_args, spec_of
+from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef
+
+REAL_RUN_LIMIT_BYTES = 2 * 2**30
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+Where = tuple[str, str, str]   # module path, module type, source line
+
+
+class Recorder(TorchDispatchMode):
+    """Records aten calls into `nodes`; tensors are matched to producers by identity.
+
+    `phase` tags the nodes ("forward", "backward"). Backward ops carry the module, type and
+    source line of the forward op whose autograd node runs them: each forward op's autograd
+    sequence number is noted when it runs, and the backward looks up the sequence number of
+    the node the autograd engine is executing (gradient accumulation: the parameter's owner).
+    """
+
+    def __init__(
+        self,
+        known: Callable[[str], bool],
+        decompositions: Mapping[Any, Callable[..., Any]],
+        inputs: Mapping[int, tuple[NodeKind, str, torch.Tensor]],
+    ) -> None:
+        super().__init__()
+        self.nodes: list[Node] = []
+        self.phase = "forward"
+        self.module_stack: list[tuple[str, str]] = []
+        self._known = known
+        self._decompositions = decompositions
+        self._refs: dict[int, TensorRef] = {}
+        self._views: dict[tuple[Any, ...], TensorRef] = {}
+        self._alive: list[torch.Tensor] = []   # keeps ids unique while we hold refs
+        self._by_sequence_nr: dict[int, Where] = {}
+        self._param_owner: dict[int, Where] = {}
+        for kind, name, tensor in inputs.values():
+            self._add_input(kind, name, tensor)
+            if kind is NodeKind.PARAM:
+                self._param_owner[id(tensor)] = (name.rpartition(".")[0], "", "")
+
+    @classmethod
+    def for_run(
+        cls, module: torch.nn.Module, state: Mapping[str, torch.Tensor], args: tuple[Any, ...],
+        kwargs: Mapping[str, Any], known: Callable[[str], bool],
+    ) -> Recorder:
+        """A recorder that knows `state` (the tensors the module will run with, by name) as
+        parameters and buffers, and the tensors among `args` and `kwargs` as inputs."""
+        buffers = {n for n, _ in module.named_buffers()}
+        inputs = {id(t): (NodeKind.BUFFER if n in buffers else NodeKind.PARAM, n, t)
+                  for n, t in state.items()}
+        for i, t in enumerate(pytree.tree_leaves((args, kwargs))):
+            if isinstance(t, torch.Tensor):
+                inputs.setdefault(id(t), (NodeKind.INPUT, f"input{i}", t))
+        return cls(known, decomposition_table(), inputs)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        decomposition = None if self._known(str(func)) else self._decompositions.get(func)
+        if decomposition is not None:
+            with self:
+                return decomposition(*args, **kwargs)
+        out = func(*args, **kwargs)
+        self._record(func, args, kwargs, out)
+        return out
+
+    def ref(self, value: Any) -> Any:
+        """The TensorRef of a tensor seen before (by identity, else by the same view of the
+        same storage); unseen tensors become inputs named "constant"."""
+        if isinstance(value, torch.Tensor):
+            ref = self._refs.get(id(value)) or self._views.get(_view_key(value))
+            if ref is None:
+                self._add_input(NodeKind.INPUT, "constant", value)
+                ref = self._refs[id(value)]
+            return ref
+        if isinstance(value, (list, tuple)):
+            return type(value)(self.ref(v) for v in value)
+        return value
+
+    def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        bound = bind_args(func, args, kwargs, convert=self.ref)
+        flat = out if isinstance(out, (list, tuple)) else (out,)
+        outputs = tuple(spec_of(o) if isinstance(o, torch.Tensor) else None for o in flat)
+        module, module_type, source = self._where()
+        node = Node(len(self.nodes), NodeKind.CALL, str(func), bound, outputs, module=module,
+                    module_type=module_type, source=source, phase=self.phase)
+        self.nodes.append(node)
+        for index, o in enumerate(flat):
+            if isinstance(o, torch.Tensor):
+                self._remember(o, TensorRef(node.id, index))
+
+    def _where(self) -> Where:
+        if self.phase == "forward":
+            module, module_type = self.module_stack[-1] if self.module_stack else ("", "")
+            frames = [(f.filename, f.lineno or 0) for f in traceback.extract_stack()]
+            where = (module, module_type, user_frame(frames))
+            # The autograd node of this op, if it has one, took the last sequence number.
+            self._by_sequence_nr.setdefault(torch._C._autograd._get_sequence_nr() - 1, where)
+            return where
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return ("", "", "")
+        variable = getattr(node, "variable", None)
+        if variable is not None:
+            return self._param_owner.get(id(variable), ("", "", ""))
+        return self._by_sequence_nr.get(node._sequence_nr(), ("", "", ""))
+
+    def _add_input(self, kind: NodeKind, name: str, tensor: torch.Tensor) -> None:
+        node = Node(len(self.nodes), kind, name, {}, (spec_of(tensor),))
+        self.nodes.append(node)
+        self._remember(tensor, TensorRef(node.id))
+
+    def _remember(self, tensor: torch.Tensor, ref: TensorRef) -> None:
+        self._refs[id(tensor)] = ref
+        self._views.setdefault(_view_key(tensor), ref)
+        self._alive.append(tensor)
+
+
+def _view_key(t: torch.Tensor) -> tuple[Any, ...]:
+    """Identifies the same view of the same storage across distinct tensor objects (autograd
+    hands saved outputs back as new objects)."""
+    try:
+        storage = t.untyped_storage()._cdata
+    except (RuntimeError, NotImplementedError):
+        storage = id(t)
+    return (storage, t.storage_offset(), tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+@contextmanager
+def module_tracking(
+    root: torch.nn.Module, stack: list[tuple[str, str]], publish: bool = False
+) -> Iterator[None]:
+    """Keep `stack` at the (path, type) of the modules whose forward is running.
+
+    With `publish`, also expose it as ``nn_module_stack`` in fx's preserved node meta, so
+    nodes that make_fx creates meanwhile carry it (use inside ``preserve_node_meta()``).
+    """
+    paths = {id(m): (p, type_name(type(m))) for p, m in root.named_modules()}
+
+    def changed() -> None:
+        if publish:
+            fx_traceback.current_meta["nn_module_stack"] = {p: (p, t) for p, t in stack}
+
+    def push(module: torch.nn.Module, _args: Any) -> None:
+        if id(module) in paths:
+            stack.append(paths[id(module)])
+            changed()
+
+    def pop(module: torch.nn.Module, _args: Any, _out: Any) -> None:
+        if id(module) in paths and stack:
+            stack.pop()
+            changed()
+
+    handles = [torch.nn.modules.module.register_module_forward_pre_hook(push),
+               torch.nn.modules.module.register_module_forward_hook(pop)]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def materialise(module: torch.nn.Module) -> torch.nn.Module:
+    """A CPU copy of a meta-device module with random weights, for a real run."""
+    size = sum(t.numel() * t.element_size() for t in (*module.parameters(), *module.buffers()))
+    if size > REAL_RUN_LIMIT_BYTES:
+        raise MemoryError(
+            f"the model needs a real run but its weights take {size / 2**30:.1f} GiB "
+            f"(limit {REAL_RUN_LIMIT_BYTES / 2**30:.0f} GiB); try smaller sizes with --set"
+        )
+    return random_weights(module, "cpu")
+
+
+def random_weights(module: torch.nn.Module, device: str) -> torch.nn.Module:
+    """A copy of a meta-device module on `device`, floating weights drawn from N(0, 0.02²)
+    with a fixed seed, other parameters and buffers zero.
+    NB: buffers computed at construction (rotary tables, position ids) are zeros too: values
+    change the numbers, not which kernels run or their shapes."""
+    real = copy.deepcopy(module).to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for p in real.parameters():
+            if p.is_floating_point():
+                p.normal_(0.0, 0.02, generator=generator)
+            else:
+                p.zero_()
+        for b in real.buffers():
+            b.zero_()
+    return real
+
+
+def real_like(value: Any) -> Any:
+    """Meta tensors become small real ones (zeros for integers, so ids stay in range)."""
+    if isinstance(value, torch.Tensor) and value.is_meta:
+        if value.is_floating_point():
+            return torch.randn(value.shape, dtype=value.dtype,
+                               generator=torch.Generator().manual_seed(0))
+        return torch.zeros(value.shape, dtype=value.dtype)
+    return value
+
+
+Run = Callable[
+    [torch.nn.Module, dict[str, torch.Tensor], tuple[Any, ...], dict[str, Any], Any], T
+]
+
+
+def fake_then_real(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], run: Run[T],
+    dtype: torch.dtype | None = None,
+) -> tuple[T, str]:
+    """`run(module, state, args, kwargs, fake_mode)` on fake tensors; if that fails (an op
+    needs real values, or a fake kernel refuses what the real one accepts), once more on
+    small real tensors. Floating-point weights and inputs are cast to `dtype` when given.
+    Returns the result and which tensors it ran on."""
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
+            state, fake_args, fake_kwargs = pytree.tree_map_only(
+                torch.Tensor, lambda t: fake_cpu(t, fake_mode, dtype),
+                (module_state(module), args, kwargs))
+        return run(module, state, fake_args, fake_kwargs, fake_mode), "fake tensors"
+    except Exception as error:  # the real run below fails the same way if it is the model's
+        log.info("recording on fake tensors failed (%s); rerunning on real tensors", error)
+    real = materialise(module) if on_meta(module) else module
+    state, real_args, real_kwargs = pytree.tree_map_only(
+        torch.Tensor, lambda t: cast_leaf(real_like(t), dtype),
+        (module_state(real), args, kwargs))
+    return (run(real, state, real_args, real_kwargs, None),
+            "real tensors: the graph follows these inputs' branches")
+
+
+def fake_cpu(
+    t: torch.Tensor, fake_mode: FakeTensorMode, dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """A fake tensor like `t` (cast to `dtype` if floating); meta tensors become fake *CPU*
+    tensors, so kernels are chosen as on a device (on meta, SDPA takes its math fallback)."""
+    if not t.is_meta:
+        return cast_leaf(fake_mode.from_tensor(t), dtype)
+    with fake_mode:
+        fake = torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+    return cast_leaf(fake.requires_grad_(t.requires_grad and t.is_floating_point()), dtype)
+
+
+def cast_leaf(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    """`t` in `dtype` when it is floating point, still a leaf with its requires_grad."""
+    if dtype is None or not t.is_floating_point() or t.dtype == dtype:
+        return t
+    return t.detach().to(dtype).requires_grad_(t.requires_grad)
+
+
+def module_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers by qualified name."""
+    return {**dict(module.named_parameters()), **dict(module.named_buffers())}
+
+
+def on_meta(module: torch.nn.Module) -> bool:
+    return any(t.is_meta for t in (*module.parameters(), *module.buffers()))

@@ -1,0 +1,107 @@
+"""`capture_training(module, inputs) -> TrainingGraph`: the joint forward+backward graph.
+
+The training step is recorded at dispatch level on fake tensors, aot-autograd style: the
+forward runs in train mode, then autograd's backward runs from a gradient of ones on every
+output that requires grad (the cheapest stand-in for a loss: no loss op is added). Every
+backward op is real — `mm` for weight and input gradients, `convolution_backward`,
+`_scaled_dot_product_*_backward`, `threshold_backward`… — so backward FLOPs come from the
+ops, not from a "2× forward" rule. Frozen parameters (requires_grad=False) get no
+weight-gradient ops because autograd computes none.
+
+Backward nodes are attributed to the module of their forward op (see `Recorder`).
+Saved-for-backward tensors are those autograd packs during the forward (a
+``saved_tensors_hooks`` pair that hands the same tensor back), and each parameter's final
+``.grad`` is marked with the role "gradient", live to the end of the step.
+
+Known limitations: ops whose output depends on data force a rerun on small real tensors, as
+in inference capture; the optimizer step is not recorded but accounted from its policy
+(`fxlens.analyzer.memory.training_state`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from fxlens.analyzer.capture.chain import Inputs, param_infos, plain_outputs
+from fxlens.analyzer.capture.fx_convert import type_name
+from fxlens.analyzer.capture.recorder import Recorder, fake_then_real, module_tracking
+from fxlens.analyzer.core.costs import CostRegistry
+from fxlens.analyzer.core.errors import CaptureError
+from fxlens.analyzer.core.graph import Graph, TensorRef
+
+
+@dataclass(frozen=True)
+class TrainingGraph:
+    graph: Graph
+    saved: tuple[TensorRef, ...]       # tensors autograd saved for the backward, in order
+
+
+def capture_training(
+    module: torch.nn.Module,
+    inputs: Inputs,
+    registry: CostRegistry,
+    dtype: str | None = None,
+    on_step: Callable[[str], None] = lambda _: None,
+) -> TrainingGraph:
+    """Record one training step; `dtype` (e.g. "bfloat16") is the working precision of
+    weights and activations, the model's own when None."""
+    args, kwargs = (tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((), dict(inputs))
+    on_step("recording the training step")
+    with _train_mode(module):
+        (recorder, saved, state), tensors = fake_then_real(
+            module, args, kwargs,
+            lambda m, state, a, k, fake_mode: _record_step(m, state, a, k, registry, fake_mode),
+            dtype=getattr(torch, dtype) if dtype else None,
+        )
+    grads = {recorder.ref(t.grad): "gradient" for t in state.values() if t.grad is not None}
+    # NB: the recorder decomposed unknown ops as they ran; nothing is left to splice in.
+    graph = Graph(
+        nodes=tuple(recorder.nodes), params=param_infos(module),
+        capture_method="joint forward+backward recorded at dispatch level",
+        module_types={p: type_name(type(m)) for p, m in module.named_modules()},
+        roles=grads, notes=(f"recorded on {tensors}",),
+    )
+    return TrainingGraph(graph, tuple(dict.fromkeys(saved)))
+
+
+def _record_step(
+    module: torch.nn.Module, state: dict[str, torch.Tensor], args: tuple[Any, ...],
+    kwargs: dict[str, Any], registry: CostRegistry, fake_mode: FakeTensorMode | None,
+) -> tuple[Recorder, list[TensorRef], dict[str, torch.Tensor]]:
+    recorder = Recorder.for_run(module, state, args, kwargs, registry.knows)
+    saved: list[TensorRef] = []
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        saved.append(recorder.ref(tensor))
+        return tensor
+
+    tensors = fake_mode if fake_mode is not None else contextlib.nullcontext()
+    with module_tracking(module, recorder.module_stack), tensors, recorder:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            out = torch.func.functional_call(module, state, args, kwargs)
+        outputs = [t for t in pytree.tree_leaves(plain_outputs(out))
+                   if isinstance(t, torch.Tensor) and t.requires_grad]
+        if not outputs:
+            raise CaptureError("no output of the model requires grad: nothing to train "
+                               "(are all parameters frozen?)")
+        recorder.phase = "backward"
+        torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
+    return recorder, saved, state
+
+
+@contextlib.contextmanager
+def _train_mode(module: torch.nn.Module) -> Iterator[None]:
+    modes = {m: m.training for m in module.modules()}
+    module.train()
+    try:
+        yield
+    finally:
+        for m, training in modes.items():
+            m.train(training)

@@ -1,0 +1,1 @@
+"""Fusion: the fused-kernel model of a fusing compiler and the pattern findings."""

@@ -1,0 +1,453 @@
+"""Fusion: run the fusion pattern rules, and model the kernels a fusing compiler would emit.
+
+No op knowledge lives here. The rules (`fxlens.rules.fusion`) come in as data: an `OpKind` per
+call node and a tuple of `FusionRule`s (code, docstring, matcher). This module owns
+
+- `FusionGraph`: the captured graph seen by kernels: free nodes (views, metadata, viewable
+  reshapes, anything that moves no byte) are see-through, so every tensor is traced to the
+  non-free node that produced its storage (`source`), and `consumers` lists who reads it.
+- `run_rules`: every rule's matcher on every call node; each `Match` names the intermediates a
+  fused kernel would no longer materialise (and tensors it would read fewer times). Saved bytes
+  = Σ (bytes written + bytes read) of those intermediates (domain.md, "Fusion"), plus the
+  re-reads avoided. An intermediate is claimed by one finding only: rules run in the order
+  given (the most specific first), and a later match keeps only unclaimed intermediates.
+  Findings are ranked by saved bytes; ``saved_s`` = saved bytes / the roofline device's
+  achievable bandwidth when a device is given, else None.
+- `plan_kernels`: groups the graph into kernels as Inductor does by default: connected
+  pointwise and reduction nodes fuse into one kernel whenever that creates no cycle through
+  another kernel; GEMMs, convolutions and other library calls stay one kernel each (with
+  `Policy(gemm_epilogues=True)` a GEMM also absorbs its pointwise consumers, as cuBLASLt
+  epilogues or Triton GEMM templates do). Bytes after fusion = the unfused bytes of the
+  members, minus the writes and reads of tensors that never leave the kernel, minus repeated
+  reads of one input inside a kernel.
+
+NB: no horizontal fusion of independent kernels that only share an input; no split of a
+group that a real scheduler would split (mismatched iteration spaces, register pressure);
+CPU-only layout conversions Inductor adds before convolutions are not modelled.
+NB: an intermediate read by two consumers, or a graph output, is never fused away in the
+findings (it must be written anyway); the kernel model does fuse such a tensor's consumers
+into one kernel when they are fusable, which is what Inductor does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, ancestors
+from fxlens.analyzer.core.report import NodeReport, Report
+
+
+class OpKind(str, Enum):
+    """How a fusing compiler treats an op (the rules decide which op is which)."""
+
+    FREE = "free"            # views, metadata: no kernel
+    POINTWISE = "pointwise"  # elementwise, gathers, copies: fuse with anything fusable
+    REDUCTION = "reduction"  # reductions, norms, pooling: fuse with pointwise producers/consumers
+    GEMM = "gemm"            # matmuls and convolutions: a library call; may take an epilogue
+    EXTERN = "extern"        # other library calls (attention, RNNs, unknown ops): alone
+
+
+FUSABLE = frozenset({OpKind.POINTWISE, OpKind.REDUCTION})
+
+
+@dataclass(frozen=True)
+class Match:
+    """What a rule's matcher found: nodes involved, intermediates a fused kernel would not
+    materialise, tensors it would read fewer times ((tensor, reads avoided)), and the text."""
+
+    nodes: tuple[int, ...]
+    intermediates: tuple[TensorRef, ...]
+    message: str
+    fix: str
+    rereads: tuple[tuple[TensorRef, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class FusionRule:
+    """A pattern rule: stable code, title and a matcher returning None when it does not apply.
+    The matcher's docstring (what it finds, why it matters, how to fix it) is the explanation
+    the reports show."""
+
+    code: str
+    title: str
+    match: Callable[[FusionGraph, Node], Match | None]
+
+    @property
+    def doc(self) -> str:
+        return (self.match.__doc__ or "").strip()
+
+
+@dataclass(frozen=True)
+class Finding:
+    code: str
+    nodes: tuple[int, ...]
+    modules: tuple[str, ...]
+    saved_bytes: int
+    saved_s: float | None
+    message: str
+    fix: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"code": self.code, "nodes": list(self.nodes), "modules": list(self.modules),
+                "saved_bytes": self.saved_bytes, "saved_s": self.saved_s,
+                "message": self.message, "fix": self.fix}
+
+
+class FusionGraph:
+    """The graph as kernels see it: free nodes are see-through (see the module docstring)."""
+
+    def __init__(self, graph: Graph, kinds: Mapping[int, OpKind], rules_of: Callable[[Node], Any]
+                 = lambda _: None) -> None:
+        self.graph = graph
+        self.kinds = kinds
+        self.rule_of = rules_of
+        self._source: dict[TensorRef, TensorRef] = {}
+        self.reads: dict[int, list[tuple[TensorRef, int]]] = {}   # node → (source, bytes read)
+        self.consumers: dict[TensorRef, list[int]] = defaultdict(list)
+        for node in graph.nodes:
+            if node.kind is NodeKind.CALL and self.kind(node.id) is not OpKind.FREE:
+                self._add_reads(node)
+        self.outputs = frozenset(self.source(r) for r in graph.outputs) | frozenset(
+            self.source(r) for r in graph.roles)
+
+    def kind(self, node_id: int) -> OpKind:
+        return self.kinds.get(node_id, OpKind.FREE)
+
+    def node(self, node_id: int) -> Node:
+        return self.graph.nodes[node_id]
+
+    def source(self, ref: TensorRef) -> TensorRef:
+        """The tensor whose storage `ref` reads: through free nodes to their first input."""
+        seen = ref
+        while True:
+            node = self.graph.nodes[seen.node]
+            if node.kind is not NodeKind.CALL or self.kind(node.id) is not OpKind.FREE:
+                break
+            first = next(node.input_refs(), None)
+            if first is None:
+                break
+            seen = first
+        self._source[ref] = seen
+        return seen
+
+    def _add_reads(self, node: Node) -> None:
+        reads: dict[TensorRef, int] = {}
+        for ref in node.input_refs():
+            spec = self.graph.spec(ref)
+            src = self.source(ref)
+            if spec is not None and src not in reads:
+                reads[src] = spec.storage_bytes
+        self.reads[node.id] = list(reads.items())
+        for src in reads:
+            self.consumers[src].append(node.id)
+
+    # --- helpers for matchers ------------------------------------------------------------
+
+    def producer(self, node: Node, arg: str | None = None) -> Node | None:
+        """The non-free node producing `node`'s argument `arg` (default: first tensor input)."""
+        ref = node.args.get(arg) if arg else next(node.input_refs(), None)
+        if isinstance(ref, (list, tuple)):
+            ref = next((r for r in ref if isinstance(r, TensorRef)), None)
+        if not isinstance(ref, TensorRef):
+            return None
+        src = self.graph.nodes[self.source(ref).node]
+        return src if src.kind is NodeKind.CALL else None
+
+    def sources(self, node: Node) -> list[TensorRef]:
+        return [src for src, _ in self.reads.get(node.id, [])]
+
+    def out(self, node: Node, index: int = 0) -> TensorRef:
+        return TensorRef(node.id, index)
+
+    def sole_consumer(self, node: Node, index: int = 0) -> Node | None:
+        """The only reader of `node`'s output, when it has exactly one and is no graph output."""
+        ref = TensorRef(node.id, index)
+        users = self.consumers.get(ref, [])
+        if len(users) != 1 or ref in self.outputs:
+            return None
+        return self.graph.nodes[users[0]]
+
+    def is_param(self, ref: TensorRef) -> bool:
+        return self.graph.nodes[self.source(ref).node].kind in (NodeKind.PARAM, NodeKind.BUFFER)
+
+    def nbytes(self, ref: TensorRef) -> int:
+        spec = self.graph.spec(ref)
+        return spec.nbytes if spec is not None else 0
+
+    def traffic(self, ref: TensorRef) -> int:
+        """Bytes written + bytes read by every consumer of one intermediate tensor."""
+        reads = sum(b for user in self.consumers.get(ref, [])
+                    for src, b in self.reads[user] if src == ref)
+        return self.nbytes(ref) + reads
+
+
+# --- findings ----------------------------------------------------------------------------------
+
+def run_rules(fg: FusionGraph, rules: Sequence[FusionRule],
+              bandwidth_bytes_per_s: float | None = None) -> list[Finding]:
+    """Every rule on every call node, each intermediate claimed once; most bytes saved first."""
+    claimed: set[TensorRef] = set()
+    found: list[Finding] = []
+    for rule in rules:
+        for node in fg.graph.calls():
+            match = rule.match(fg, node)
+            if match is None:
+                continue
+            fresh = [r for r in dict.fromkeys(match.intermediates) if r not in claimed]
+            if match.intermediates and not fresh and not match.rereads:
+                continue
+            claimed.update(fresh)
+            saved = sum(fg.traffic(r) for r in fresh)
+            saved += sum(times * fg.nbytes(r) for r, times in match.rereads)
+            if saved <= 0:
+                continue
+            seconds = saved / bandwidth_bytes_per_s if bandwidth_bytes_per_s else None
+            modules = tuple(dict.fromkeys(fg.node(i).module for i in match.nodes))
+            found.append(Finding(rule.code, tuple(sorted(match.nodes)), modules, saved, seconds,
+                                 match.message, match.fix))
+    return sorted(found, key=lambda f: (-f.saved_bytes, f.code, f.nodes))
+
+
+# --- the fused-graph model ---------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Policy:
+    """What the modelled compiler fuses. Default: Inductor's default (GEMMs are library calls)."""
+
+    gemm_epilogues: bool = False
+
+
+@dataclass(frozen=True)
+class Kernel:
+    nodes: tuple[int, ...]
+    module: str
+    flops: int
+    bytes_unfused: int
+    bytes_fused: int
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    kernels: tuple[Kernel, ...]
+    kernels_unfused: int
+    bytes_unfused: int
+
+    @property
+    def bytes_fused(self) -> int:
+        return sum(k.bytes_fused for k in self.kernels)
+
+
+class _Groups:
+    """Union-find over node ids, with each group's members."""
+
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+        self.members: dict[int, list[int]] = {}
+        self.has_gemm: dict[int, bool] = {}
+
+    def add(self, node: int, gemm: bool) -> None:
+        self.parent[node] = node
+        self.members[node] = [node]
+        self.has_gemm[node] = gemm
+
+    def find(self, node: int) -> int:
+        root = node
+        while self.parent[root] != root:
+            root = self.parent[root]
+        while self.parent[node] != root:
+            self.parent[node], node = root, self.parent[node]
+        return root
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra == rb:
+            return
+        if len(self.members[ra]) < len(self.members[rb]):
+            ra, rb = rb, ra
+        self.parent[rb] = ra
+        self.members[ra] += self.members.pop(rb)
+        self.has_gemm[ra] = self.has_gemm[ra] or self.has_gemm.pop(rb)
+
+
+def _creates_cycle(fg: FusionGraph, groups: _Groups, a: int, node: int) -> bool:
+    """Would merging group `a` with `node`'s group put another kernel between them?
+
+    A path from group `a` to `node`'s group through an outside node; the nodes are in
+    topological order, so only ids below `node` need a look."""
+    ga, gb = groups.find(a), groups.find(node)
+    inside = {ga, gb}
+    stack = [user for m in groups.members[ga] for user in _users(fg, m)
+             if user in groups.parent and groups.find(user) not in inside and user < node]
+    seen: set[int] = set()
+    while stack:
+        current = stack.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for user in _users(fg, current):
+            if user not in groups.parent or user > node:
+                continue
+            if groups.find(user) == gb:
+                return True
+            if groups.find(user) != ga:
+                stack.append(user)
+    return False
+
+
+def _users(fg: FusionGraph, node_id: int) -> Iterable[int]:
+    for index in range(len(fg.node(node_id).outputs)):
+        yield from fg.consumers.get(TensorRef(node_id, index), [])
+
+
+def plan_kernels(fg: FusionGraph, costs: Mapping[int, NodeReport], policy: Policy = Policy()
+                 ) -> KernelPlan:
+    """Group the call nodes into kernels (see the module docstring)."""
+    groups = _Groups()
+    calls = [n for n in fg.graph.calls() if fg.kind(n.id) is not OpKind.FREE]
+    for node in calls:
+        kind = fg.kind(node.id)
+        groups.add(node.id, kind is OpKind.GEMM)
+        if kind not in FUSABLE:
+            continue
+        for src in fg.sources(node):
+            producer = src.node
+            if producer not in groups.parent or groups.find(producer) == groups.find(node.id):
+                continue
+            pkind = fg.kind(producer)
+            fusable = pkind in FUSABLE or (
+                policy.gemm_epilogues and pkind is OpKind.GEMM and kind is OpKind.POINTWISE)
+            if groups.has_gemm[groups.find(producer)] and groups.has_gemm[groups.find(node.id)]:
+                fusable = False
+            if fusable and not _creates_cycle(fg, groups, producer, node.id):
+                groups.union(producer, node.id)
+    kernels = tuple(_kernel(fg, costs, sorted(members))
+                    for members in sorted(groups.members.values(), key=min))
+    return KernelPlan(kernels, len(calls), sum(costs[n.id].bytes_read + costs[n.id].bytes_written
+                                               for n in fg.graph.calls() if n.id in costs))
+
+
+def _kernel(fg: FusionGraph, costs: Mapping[int, NodeReport], members: list[int]) -> Kernel:
+    inside = set(members)
+    unfused = sum(costs[m].bytes_read + costs[m].bytes_written for m in members if m in costs)
+    internal = 0
+    external_reads: dict[TensorRef, list[int]] = defaultdict(list)
+    for m in members:
+        for src, read in fg.reads.get(m, []):
+            if src.node in inside:
+                internal += read
+            else:
+                external_reads[src].append(read)
+        for index in range(len(fg.node(m).outputs)):
+            ref = TensorRef(m, index)
+            users = fg.consumers.get(ref, [])
+            if users and ref not in fg.outputs and all(u in inside for u in users):
+                internal += fg.nbytes(ref)
+    repeated = sum(sum(reads) - max(reads) for reads in external_reads.values())
+    modules = [fg.node(m).module for m in members]
+    return Kernel(tuple(members), _common_module(modules),
+                  sum(costs[m].flops for m in members if m in costs),
+                  unfused, max(unfused - internal - repeated, 0))
+
+
+def _common_module(paths: list[str]) -> str:
+    common = ancestors(paths[0])
+    for path in paths[1:]:
+        chain = ancestors(path)
+        common = [p for p, q in zip(common, chain, strict=False) if p == q]
+    return common[-1] if common else ""
+
+
+def fusion_section(plan: KernelPlan, epilogue_plan: KernelPlan | None = None) -> dict[str, Any]:
+    """The report's ``fusion`` section: kernel counts and bytes moved, unfused and fused,
+    in total and per module (each module with its submodules)."""
+    by_module: dict[str, dict[str, int]] = defaultdict(
+        lambda: {"kernels_unfused": 0, "kernels_fused": 0, "bytes_unfused": 0, "bytes_fused": 0})
+    for kernel in plan.kernels:
+        for path in ancestors(kernel.module):
+            entry = by_module[path]
+            entry["kernels_fused"] += 1
+            entry["bytes_fused"] += kernel.bytes_fused
+    unfused_nodes = (n for k in plan.kernels for n in k.nodes)
+    return {
+        "kernels_unfused": plan.kernels_unfused, "kernels_fused": len(plan.kernels),
+        "bytes_unfused": plan.bytes_unfused, "bytes_fused": plan.bytes_fused,
+        "policy": "inductor-default: GEMMs and convolutions as library calls, connected "
+                  "pointwise/reduction ops in one kernel",
+        "kernels_fused_with_epilogues": (len(epilogue_plan.kernels)
+                                         if epilogue_plan is not None else None),
+        "by_module": dict(sorted(by_module.items())),
+        "_unfused_nodes": sorted(unfused_nodes),
+    }
+
+
+def _by_module_unfused(section: dict[str, Any], fg: FusionGraph,
+                       costs: Mapping[int, NodeReport]) -> dict[str, Any]:
+    nodes = section.pop("_unfused_nodes")
+    for node_id in nodes:
+        cost = costs.get(node_id)
+        for path in ancestors(fg.node(node_id).module):
+            entry = section["by_module"].setdefault(path, {
+                "kernels_unfused": 0, "kernels_fused": 0, "bytes_unfused": 0, "bytes_fused": 0})
+            entry["kernels_unfused"] += 1
+            if cost is not None:
+                entry["bytes_unfused"] += cost.bytes_read + cost.bytes_written
+    section["by_module"] = dict(sorted(section["by_module"].items()))
+    return section
+
+
+# --- one entry point -------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FusionAnalysis:
+    findings: tuple[Finding, ...]
+    plan: KernelPlan
+    section: Mapping[str, Any] = field(default_factory=dict)
+
+    def sections(self) -> dict[str, Any]:
+        return {"findings": [f.to_json() for f in self.findings], "fusion": dict(self.section)}
+
+
+def effective_kinds(report: Report, kinds: Mapping[int, OpKind]) -> dict[int, OpKind]:
+    """The rules' kinds, with every node that moves nothing and computes nothing made free
+    (a reshape that turned out to be a view, an eval-mode dropout)."""
+    result: dict[int, OpKind] = {}
+    for node in report.nodes:
+        idle = node.status == "free" or (
+            node.status == "costed" and node.flops == 0 and node.bytes_read == 0
+            and node.bytes_written == 0)
+        result[node.id] = OpKind.FREE if idle else kinds.get(node.id, OpKind.EXTERN)
+    return result
+
+
+def analyze_fusion(report: Report, graph: Graph, kinds: Mapping[int, OpKind],
+                   rules: Sequence[FusionRule], rule_of: Callable[[Node], Any] = lambda _: None,
+                   bandwidth_bytes_per_s: float | None = None) -> FusionAnalysis:
+    """Findings and the fused-graph model of one analysed graph."""
+    fg = FusionGraph(graph, effective_kinds(report, kinds), rule_of)
+    costs = {n.id: n for n in report.nodes}
+    plan = plan_kernels(fg, costs)
+    epilogues = plan_kernels(fg, costs, Policy(gemm_epilogues=True))
+    section = _by_module_unfused(fusion_section(plan, epilogues), fg, costs)
+    findings = tuple(run_rules(fg, rules, bandwidth_bytes_per_s))
+    return FusionAnalysis(findings, plan, section)
+
+
+def fused_report(report: Report, plan: KernelPlan) -> Report:
+    """The report as the fused kernels: one costed node per kernel (id of its first member,
+    FLOPs summed, bytes after fusion), for the roofline's fused view (``--fused``)."""
+    by_id = {n.id: n for n in report.nodes}
+    nodes = []
+    for kernel in plan.kernels:
+        first = by_id[kernel.nodes[0]]
+        targets = dict.fromkeys(by_id[i].target for i in kernel.nodes)
+        target = first.target if len(targets) == 1 else "fused(" + "+".join(
+            t.split(".")[1] if t.count(".") >= 1 else t for t in targets) + ")"
+        nodes.append(dataclasses.replace(
+            first, target=target, status="costed", module=kernel.module, flops=kernel.flops,
+            bytes_read=kernel.bytes_fused, bytes_written=0))
+    return dataclasses.replace(report, nodes=tuple(nodes))

@@ -1,0 +1,1 @@
+"""Memory: liveness over a graph, the simulated eager peak, training state and step, KV cache."""

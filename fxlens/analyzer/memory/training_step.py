@@ -1,0 +1,182 @@
+"""The `training` section of a report: FLOPs, memory and fit of one training step.
+
+Joins what the other modules compute, nothing new: the joint graph's FLOPs by phase
+(`fxlens.analyzer.capture.training`), the persistent state of the precision and optimizer policies
+(`fxlens.analyzer.memory.training_state`), and liveness over the joint graph
+(`fxlens.analyzer.memory.liveness`),
+in which activations and gradients are allocated as the forward and backward produce them.
+
+The step's peak = persistent state (working weights, master weights, optimizer state, buffers)
++ the larger of
+  - the liveness peak of the forward+backward (activations, saved tensors, gradients), and
+  - the optimizer step: every gradient plus `OPTIMIZER_TEMPORARIES` temporaries the size of
+    the largest parameter in the optimizer's precision (NB: torch's single-tensor AdamW
+    computes ``exp_avg_sq.sqrt() / bias_correction`` — two such tensors live at once; the
+    foreach kernels allocate per parameter group, more).
+`step_peak_bytes` takes the optimizer state as existing before the step (a steady-state step);
+`first_step_peak_bytes` lets the optimizer allocate it during the step, as a first step does.
+
+Largest batch: activations scale with the batch, states and gradients do not (NB: linear in
+batch, measured at the captured batch).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+from fxlens.analyzer.capture.training import TrainingGraph
+from fxlens.analyzer.core.costs import CostRegistry
+from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.memory.liveness import Category, MemoryProfile, plan_storages
+from fxlens.analyzer.memory.training_state import (
+    BlockActivations,
+    LinearActivation,
+    OptimizerPolicy,
+    PrecisionPolicy,
+    checkpoint_what_if,
+    fits,
+    largest_batch,
+    optimizer_step_flops,
+    repeated_blocks,
+    state_memory,
+)
+
+OPTIMIZER_TEMPORARIES = 2
+
+
+@dataclass(frozen=True)
+class StepSettings:
+    precision_name: str
+    precision: PrecisionPolicy
+    optimizer_name: str
+    optimizer: OptimizerPolicy
+    batch: int
+    device_name: str = ""
+    device_bytes: int | None = None
+    checkpoint: bool = False
+
+
+def training_section(
+    step: TrainingGraph, report: Report, memory: MemoryProfile, registry: CostRegistry,
+    settings: StepSettings,
+) -> dict[str, Any]:
+    graph = step.graph
+    flops = Counter[str]()
+    for node in report.nodes:
+        flops[node.phase] += node.flops
+    optimizer_flops = optimizer_step_flops(graph.params, settings.optimizer)
+    states = state_memory(graph.params, settings.precision, settings.optimizer)
+    persistent = states.total - states.grad_bytes
+    gradients = memory.at_peak_by_category.get(Category.GRADIENT.value, 0)
+    all_gradients = memory.peak_by_category.get(Category.GRADIENT.value, 0)
+    temporaries = OPTIMIZER_TEMPORARIES * _largest_trainable_bytes(graph, settings.precision)
+    optimizer_phase = all_gradients + temporaries
+    peak = persistent + max(memory.peak_activation_bytes, optimizer_phase)
+    before_first_step = persistent - states.optimizer_bytes
+    first_step_peak = before_first_step + max(memory.peak_activation_bytes,
+                                              optimizer_phase + states.optimizer_bytes)
+    saved = saved_activations(graph, step.saved, registry)
+    section: dict[str, Any] = {
+        "precision": settings.precision_name,
+        "optimizer": settings.optimizer_name,
+        "forward_flops": flops["forward"],
+        "backward_flops": flops["backward"],
+        "optimizer_flops": optimizer_flops,
+        "step_flops": flops["forward"] + flops["backward"] + optimizer_flops,
+        "states": states.to_json(),
+        "saved_activation_bytes": sum(saved.values()),
+        "saved_by_module": [{"module": m, "bytes": b} for m, b in saved.most_common()],
+        "step_peak_bytes": peak,
+        "first_step_peak_bytes": first_step_peak,
+        "peak_breakdown": {
+            "persistent_bytes": persistent,
+            "fwd_bwd_peak_bytes": memory.peak_activation_bytes,
+            "gradients_at_peak_bytes": gradients,
+            "optimizer_phase_bytes": optimizer_phase,
+        },
+    }
+    if settings.checkpoint:
+        section["checkpointing"] = _checkpointing(step, report, registry, section["step_flops"])
+    if settings.device_bytes is not None:
+        activations = max(memory.peak_activation_bytes - gradients, 0)
+        per_sample = LinearActivation.proportional(settings.batch, activations)
+        verdict = fits(peak, settings.device_bytes)
+        section["fit"] = {
+            "device": settings.device_name, "device_bytes": settings.device_bytes,
+            "fits": verdict.fits, "headroom_bytes": verdict.headroom_bytes,
+            "utilisation": verdict.utilisation,
+            "largest_batch": largest_batch(persistent + gradients, per_sample,
+                                           settings.device_bytes),
+        }
+    return section
+
+
+def saved_activations(
+    graph: Graph, saved: tuple[TensorRef, ...], registry: CostRegistry
+) -> Counter[str]:
+    """Bytes autograd saves for the backward, per module of the producing node; each storage
+    once, parameters, buffers and graph inputs left out."""
+    storages = plan_storages(graph, registry)
+    by_module: Counter[str] = Counter()
+    seen: set[int] = set()
+    for ref in saved:
+        sid = storages.of_ref.get(ref)
+        if sid is None or sid in seen or storages.category[sid] is not Category.ACTIVATION:
+            continue
+        seen.add(sid)
+        node, _ = storages.origin[sid]
+        by_module[node.module] += storages.size[sid]
+    return by_module
+
+
+def _largest_trainable_bytes(graph: Graph, precision: PrecisionPolicy) -> int:
+    trainable = [p for p in graph.params if not p.is_buffer and p.requires_grad]
+    return max((precision.master_bytes(p.spec) or precision.weight_bytes(p.spec)
+                for p in trainable), default=0)
+
+
+def _checkpointing(
+    step: TrainingGraph, report: Report, registry: CostRegistry, step_flops: int
+) -> dict[str, Any]:
+    graph = step.graph
+    blocks = repeated_blocks(graph.module_types)
+    saved = saved_activations(graph, step.saved, registry)
+    measured = [
+        BlockActivations(
+            path=block,
+            saved_bytes=sum(b for m, b in saved.items() if _inside(m, block)),
+            input_bytes=_block_input_bytes(graph, block),
+            forward_flops=sum(n.flops for n in report.nodes
+                              if n.phase == "forward" and _inside(n.module, block)),
+        )
+        for block in blocks
+    ]
+    what_if = checkpoint_what_if(measured)
+    return {
+        "blocks": list(blocks),
+        "saved_bytes_before": what_if.saved_bytes_before,
+        "saved_bytes_after": what_if.saved_bytes_after,
+        "memory_saved_bytes": what_if.memory_saved_bytes,
+        "recompute_flops": what_if.recompute_flops,
+        "flops_overhead": what_if.flops_overhead(step_flops),
+    }
+
+
+def _inside(module: str, block: str) -> bool:
+    return module == block or module.startswith(block + ".")
+
+
+def _block_input_bytes(graph: Graph, block: str) -> int:
+    """Bytes of the activations a block's forward reads but did not produce."""
+    inside = {n.id for n in graph.nodes if n.phase == "forward" and _inside(n.module, block)}
+    outside: dict[TensorRef, int] = {}
+    for node_id in inside:
+        for ref in graph.nodes[node_id].input_refs():
+            producer = graph.nodes[ref.node]
+            spec = graph.spec(ref)
+            if ref.node not in inside and producer.kind is NodeKind.CALL and spec is not None:
+                outside[ref] = spec.nbytes
+    return sum(outside.values())

@@ -1,0 +1,1 @@
+"""Quantization: data-free weight scores, calibrated output error, precision plans."""

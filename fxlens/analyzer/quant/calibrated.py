@@ -1,0 +1,299 @@
+"""Calibrated quantization sensitivity: real forwards on real inputs.
+
+`calibrate` runs the model (eval mode, no grad) on each calibration batch once for the
+reference: per layer the input activation range and outlier channels, the output max/std, and
+the model's outputs. Then, per layer and per format, only that layer's weight is fake-quantized
+(and with ``activations`` its input too) and the damage to the outputs over all batches is
+measured three ways:
+
+- model-output SQNR ``10·log10(Σy² / Σ(y − ŷ)²)`` on every floating-point output leaf;
+- on the *logit* leaves (below): the mean KL divergence ``KL(softmax(z) ‖ softmax(ẑ))`` in nats
+  over every row of the last (class) dimension, and the top-1 agreement (share of rows whose
+  argmax is unchanged).
+
+Which of them ranks the layers (`Calibration.score_db`, higher is safer) is the *metric*:
+
+- ``sqnr``: the output SQNR;
+- ``kl``: ``−10·log10(KL)`` — KL in dB, so that 10^(−dB/10) is again the damage;
+- ``agreement``: ``−10·log10(1 − agreement)``, the top-1 flip rate in dB;
+- ``auto`` (the default): ``kl`` when the model returns logits, else ``sqnr``.
+
+Rule (``auto``): an output leaf is a *logit* leaf when it is the very tensor a linear layer
+(`QuantKnowledge.logit_layer_types`: ``nn.Linear``, GPT-2's ``Conv1D``) returned, with no op
+after it, and its last dimension has at least 2 entries: a classifier or LM head whose class
+axis is last. Its consumer (argmax, softmax, cross-entropy) reads the output only through the
+softmax, so the damage that matters is in that space: a layer can move the logits a lot (low
+SQNR) without moving the argmax, and small shifts among near-tied logits flip it. Any other
+output (embeddings, normalised or pooled outputs, regressions, images) is ranked by SQNR. With
+the metric named explicitly (``kl``/``agreement``), every floating output leaf whose last
+dimension has at least 2 entries is read as logits; if none has, SQNR is used.
+NB: a linear head that regresses several values (not classes) is mistaken for logits by
+``auto``; name ``sqnr`` for it. Every logit row counts, padding positions of a sequence model
+included. Measured (bench/README.md): on a digits MLP the KL ranks the real int2 accuracy drop
+at Spearman ρ 0.83–1.0 over six training seeds, the logit SQNR at 0.37–0.94; MiniLM's
+embedding (SQNR) at 0.99. The precision plan keeps using the output SQNR.
+
+Activation statistics come from forward hooks on the layer modules. NB: the design keeps module
+attribution of the *graph* off hooks (``nn_module_stack``); here hooks see real tensors of a real
+run, which is what they are for. Input channels are the last dim (linear) or dim 1 (conv).
+NB: activations are fake-quantized with a dynamic per-tensor scale (per batch), the scale a
+static calibration would pick for that batch; embeddings' integer inputs are left alone.
+
+Cost: ``layers × formats + 1`` forwards per batch; progress goes to `on_step`.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from fxlens.analyzer.capture.chain import plain_outputs
+from fxlens.analyzer.quant.weights import (
+    OUTLIER_RATIO,
+    Layer,
+    NumberFormatLike,
+    QuantKnowledge,
+    sqnr_db,
+)
+
+Inputs = tuple[Any, ...] | dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ActivationStats:
+    """One layer's input (and output) activations over the calibration batches."""
+
+    input_absmax: float
+    input_max_over_std: float
+    outlier_channels: int            # input channels whose max|x| > OUTLIER_RATIO × median
+    outlier_channel_share: float
+    output_max_over_std: float
+
+
+METRICS = ("auto", "sqnr", "kl", "agreement")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What calibration measured; every mapping is layer → format → value."""
+
+    batches: int
+    activations: Mapping[str, ActivationStats]
+    output_sqnr_db: Mapping[str, Mapping[str, float]]
+    metric: str = "sqnr"                 # what `score_db` is: "sqnr", "kl" or "agreement"
+    logit_leaves: int = 0                # output leaves read as logits (0: no KL, no agreement)
+    output_kl: Mapping[str, Mapping[str, float]] = field(default_factory=dict)      # nats
+    top1_agreement: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # 0…1
+    score_db: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # ranks; ↑ safer
+
+
+@dataclass(frozen=True)
+class _Outputs:
+    """One run over the batches: all floating outputs flat, and the logit leaves as rows."""
+
+    flat: torch.Tensor
+    logits: list[torch.Tensor]          # (rows, classes) per logit leaf per batch
+
+
+def run_model(module: torch.nn.Module, inputs: Inputs) -> list[torch.Tensor]:
+    """One forward; every floating-point output leaf, the very tensor objects the model
+    returned (not detached: no grad is recorded, and `_logit_leaves` compares identities)."""
+    with torch.no_grad():
+        out = module(**inputs) if isinstance(inputs, dict) else module(*inputs)
+    return [t for t in pytree.tree_leaves(plain_outputs(out))
+            if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _collect(runs: Sequence[list[torch.Tensor]], logit_index: Sequence[frozenset[int]]
+             ) -> _Outputs:
+    flat = [t.detach().float().flatten() for leaves in runs for t in leaves]
+    logits = [t.detach().float().reshape(-1, t.shape[-1])
+              for leaves, index in zip(runs, logit_index, strict=True)
+              for i, t in enumerate(leaves) if i in index]
+    return _Outputs(torch.cat(flat) if flat else torch.zeros(0), logits)
+
+
+def softmax_damage(reference: Sequence[torch.Tensor], quantized: Sequence[torch.Tensor]
+                   ) -> tuple[float, float]:
+    """(mean KL(softmax(z) ‖ softmax(ẑ)) in nats, top-1 agreement) over every logit row."""
+    kl, agree, rows = 0.0, 0.0, 0
+    for z, zq in zip(reference, quantized, strict=True):
+        p, q = z.double().log_softmax(-1), zq.double().log_softmax(-1)
+        kl += float((p.exp() * (p - q)).sum(-1).clamp(min=0).sum())
+        agree += float((z.argmax(-1) == zq.argmax(-1)).sum())
+        rows += z.shape[0]
+    return kl / max(rows, 1), agree / max(rows, 1)
+
+
+def damage_db(damage: float) -> float:
+    """``−10·log10(damage)``: a damage in [0, ∞) as dB, higher is safer; +inf when none."""
+    return math.inf if damage <= 0.0 else -10 * math.log10(damage)
+
+
+def calibrate(module: torch.nn.Module, layers: Sequence[Layer], batches: Iterable[Inputs],
+              knowledge: QuantKnowledge, activations: bool = False,
+              on_step: Callable[[str], None] = lambda _: None, metric: str = "auto"
+              ) -> Calibration:
+    """Reference forwards, then one forward per layer and format with that layer quantized.
+
+    `metric` (`METRICS`) picks the damage measure that `Calibration.score_db` ranks by; see
+    the module docstring for the ``auto`` rule.
+    """
+    if metric not in METRICS:
+        raise ValueError(f"unknown calibration metric {metric!r}; known: {', '.join(METRICS)}")
+    batches = list(batches)
+    was_training = module.training
+    module.eval()
+    try:
+        on_step("calibration: reference forwards")
+        runs, heads, stats = _reference(module, layers, batches, knowledge)
+        index = [_logit_leaves(leaves, head, metric == "auto")
+                 for leaves, head in zip(runs, heads, strict=True)]
+        if metric == "auto" or not any(index):
+            metric = "kl" if metric == "auto" and any(index) else "sqnr"
+        reference = _collect(runs, index)
+        sqnr: dict[str, dict[str, float]] = {}
+        kl: dict[str, dict[str, float]] = {}
+        agreement: dict[str, dict[str, float]] = {}
+        total = len(layers) * len(knowledge.formats)
+        for i, layer in enumerate(layers):
+            sqnr[layer.name], kl[layer.name], agreement[layer.name] = {}, {}, {}
+            for j, (name, fmt) in enumerate(knowledge.formats.items()):
+                on_step(f"calibration {_bar(i * len(knowledge.formats) + j, total)} "
+                        f"{layer.name or '(root)'} at {name}")
+                act = (knowledge.activation_format(fmt) if activations
+                       and layer.module_type not in knowledge.embedding_types else None)
+                outputs = _collect(_quantized_run(module, layer, fmt, act, batches), index)
+                sqnr[layer.name][name] = sqnr_db(reference.flat, outputs.flat)
+                if reference.logits:
+                    kl[layer.name][name], agreement[layer.name][name] = softmax_damage(
+                        reference.logits, outputs.logits)
+    finally:
+        module.train(was_training)
+    score = {
+        "sqnr": sqnr,
+        "kl": {k: {f: damage_db(v) for f, v in row.items()} for k, row in kl.items()},
+        "agreement": {k: {f: damage_db(1.0 - v) for f, v in row.items()}
+                      for k, row in agreement.items()},
+    }[metric]
+    logit_leaves = len(index[0]) if index else 0
+    return Calibration(len(batches), stats, sqnr, metric, logit_leaves,
+                       kl if logit_leaves else {}, agreement if logit_leaves else {}, score)
+
+
+def _logit_leaves(leaves: Sequence[torch.Tensor], heads: Sequence[weakref.ref[torch.Tensor]],
+                  auto: bool) -> frozenset[int]:
+    """Indices of the output leaves read as logits (module docstring: the ``auto`` rule)."""
+    return frozenset(
+        i for i, t in enumerate(leaves)
+        if t.dim() >= 1 and t.shape[-1] >= 2
+        and (not auto or any(ref() is t for ref in heads)))
+
+
+def _bar(done: int, total: int, width: int = 20) -> str:
+    filled = width * done // max(total, 1)
+    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
+
+
+def _quantized_run(module: torch.nn.Module, layer: Layer, fmt: NumberFormatLike,
+                   act: NumberFormatLike | None, batches: Sequence[Inputs]
+                   ) -> list[list[torch.Tensor]]:
+    weight = layer.weight
+    original = weight.data
+    handle = None
+    if act is not None:
+        def quantize_input(_: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+            first = args[0]
+            if isinstance(first, torch.Tensor) and first.is_floating_point():
+                return (act.fake_quantize(first.reshape(1, -1), 0).reshape(first.shape),
+                        *args[1:])
+            return args
+        handle = layer.module.register_forward_pre_hook(quantize_input)
+    try:
+        weight.data = fmt.fake_quantize(original, layer.axis)
+        return [run_model(module, b) for b in batches]
+    finally:
+        weight.data = original
+        if handle is not None:
+            handle.remove()
+
+
+def _reference(module: torch.nn.Module, layers: Sequence[Layer], batches: Sequence[Inputs],
+               knowledge: QuantKnowledge
+               ) -> tuple[list[list[torch.Tensor]], list[list[weakref.ref[torch.Tensor]]],
+                          dict[str, ActivationStats]]:
+    """(output leaves per batch, weak references to the linear heads' outputs per batch,
+    activation statistics per layer)."""
+    sums: dict[str, dict[str, Any]] = {layer.name: {} for layer in layers}
+    heads: list[weakref.ref[torch.Tensor]] = []
+    handles = [layer.module.register_forward_hook(_recorder(sums[layer.name], layer))
+               for layer in layers]
+    handles += [layer.module.register_forward_hook(_head_recorder(heads)) for layer in layers
+                if layer.module_type in knowledge.logit_layer_types]
+    runs, per_batch = [], []
+    try:
+        for batch in batches:
+            heads.clear()
+            runs.append(run_model(module, batch))
+            per_batch.append(list(heads))
+    finally:
+        for handle in handles:
+            handle.remove()
+    return runs, per_batch, {name: _stats(s) for name, s in sums.items() if s}
+
+
+def _head_recorder(heads: list[weakref.ref[torch.Tensor]]) -> Callable[..., None]:
+    """A hook keeping a weak reference to the layer's output (no memory held)."""
+    def hook(_: torch.nn.Module, __: tuple[Any, ...], output: Any) -> None:
+        if isinstance(output, torch.Tensor):
+            heads.append(weakref.ref(output))
+    return hook
+
+
+def _recorder(acc: dict[str, Any], layer: Layer) -> Callable[..., None]:
+    channel_dim = 1 if "Conv" in layer.module_type and layer.module_type != "Conv1D" else -1
+
+    def hook(_: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        x = args[0] if args else None
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 1:
+            x = x.detach().float()
+            channels = x.movedim(channel_dim, 0).reshape(x.shape[channel_dim], -1).abs()
+            prev = acc.get("channel_absmax")
+            current = channels.amax(dim=1)
+            acc["channel_absmax"] = current if prev is None else torch.maximum(prev, current)
+            _moments(acc, "in", x)
+        if isinstance(output, torch.Tensor) and output.is_floating_point():
+            _moments(acc, "out", output.detach().float())
+    return hook
+
+
+def _moments(acc: dict[str, Any], key: str, x: torch.Tensor) -> None:
+    n, s, s2, m = acc.get(key, (0, 0.0, 0.0, 0.0))
+    acc[key] = (n + x.numel(), s + float(x.sum()), s2 + float((x * x).sum()),
+                max(m, float(x.abs().max())) if x.numel() else m)
+
+
+def _ratio(moments: tuple[int, float, float, float] | None) -> tuple[float, float]:
+    """(absmax, absmax / std) from accumulated moments."""
+    if not moments or moments[0] == 0:
+        return 0.0, 0.0
+    n, s, s2, m = moments
+    std = math.sqrt(max(s2 / n - (s / n) ** 2, 1e-30))
+    return m, m / std
+
+
+def _stats(acc: Mapping[str, Any]) -> ActivationStats:
+    absmax, ratio = _ratio(acc.get("in"))
+    _, out_ratio = _ratio(acc.get("out"))
+    channels = acc.get("channel_absmax")
+    outliers, share = 0, 0.0
+    if channels is not None and channels.numel():
+        flags = channels > OUTLIER_RATIO * channels.median().clamp(min=1e-30)
+        outliers, share = int(flags.sum()), float(flags.float().mean())
+    return ActivationStats(absmax, ratio, outliers, share, out_ratio)

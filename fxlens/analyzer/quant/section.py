@@ -1,0 +1,213 @@
+"""The report's ``quant`` section: data-free scores, structure, calibration and the plan joined.
+
+Shape (read by `fxlens.reports.sections.quant_layers` / `quant_plan`):
+
+    quant = {"status": "scored" | "random_init" | "meta" | "partly_scored",
+             "notes": [...], "formats": [names], "score_format": name,
+             "calibration": {"batches", "source", "activations", "metric",
+                             "logit_leaves"} | None,
+             "layers": [{"layer", "type", "params", "status", "reason",
+                         "stats": {...}, "weight_sqnr_db": {fmt: dB},
+                         "data_free_sqnr_db": {fmt: dB}, "output_sqnr_db": {fmt: dB},
+                         "output_kl": {fmt: nats}, "top1_agreement": {fmt: share},
+                         "calibrated_score_db": {fmt: dB},
+                         "activation": {...}, "risks": [codes], "precision": fmt}],
+             "risks": [{"code", "layers", "message", "fix"}],
+             "plan": {...} | None}
+
+dB figures are higher-is-safer. ``calibrated_score_db`` is the damage measure the calibration
+``metric`` names (`fxlens.analyzer.quant.calibrated`): the output SQNR (``sqnr``), or for a
+model returning logits ``−10·log10(KL)`` (``kl``, the ``auto`` choice) or the top-1 flip rate in
+dB (``agreement``); it is what ranks the layers. ``output_kl`` and ``top1_agreement`` are
+present only when the outputs hold logits. The plan keeps using the output SQNR (its
+thresholds are SQNR). Non-finite values (an exact format) are written as None.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+import torch
+from torch import nn
+
+from fxlens.analyzer.core.graph import Graph
+from fxlens.analyzer.quant.calibrated import Calibration, Inputs, calibrate
+from fxlens.analyzer.quant.plan import PlanLayer, make_plan
+from fxlens.analyzer.quant.types import LayerView, Risk
+from fxlens.analyzer.quant.weights import (
+    DataFree,
+    Layer,
+    QuantKnowledge,
+    data_free,
+    find_layers,
+    layer_views,
+)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    name: str
+    ladder: tuple[str, ...]
+    activations: str
+    budget_bytes: int | None
+    keep_below_db: float
+    fill_budget: bool
+    nominal_sqnr_db: Mapping[str, float]    # for layers without real weights
+
+
+@dataclass(frozen=True)
+class QuantSettings:
+    calibration: Iterable[Inputs] | None = None     # None: data-free only
+    calibration_source: str = ""
+    activations: bool = False
+    score_format: str = "int8_per_tensor"           # the format `score_db` columns rank by
+    metric: str = "auto"                            # calibrated ranking: auto|sqnr|kl|agreement
+    plan: PlanRequest | None = None
+
+
+def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
+                  settings: QuantSettings, on_step: Callable[[str], None] = lambda _: None
+                  ) -> dict[str, Any]:
+    layers = find_layers(module, knowledge)
+    on_step("quantization: reading the graph around each layer")
+    views = layer_views(graph, layers, knowledge)
+    calibration = None
+    if settings.calibration is not None:
+        calibration = calibrate(module, layers, settings.calibration, knowledge,
+                                settings.activations, on_step, settings.metric)
+        views = {k: replace(v, residual_max_over_std=_out_ratio(calibration, k))
+                 for k, v in views.items()}
+    risks = {layer.name: knowledge.risks(views[layer.name]) for layer in layers}
+    on_step("quantization: scoring weights")
+    free = {layer.name: data_free(layer, risks[layer.name], knowledge) for layer in layers}
+    rows = [_row(layer, free[layer.name], risks[layer.name], calibration) for layer in layers]
+    section: dict[str, Any] = {
+        "status": _status([f.status for f in free.values()]),
+        "notes": _notes(free, layers, views),
+        "formats": list(knowledge.formats), "score_format": settings.score_format,
+        "calibration": None if calibration is None else {
+            "batches": calibration.batches, "source": settings.calibration_source,
+            "activations": settings.activations, "metric": calibration.metric,
+            "logit_leaves": calibration.logit_leaves},
+        "layers": rows, "risks": _risk_list(risks), "plan": None,
+    }
+    if settings.plan is not None:
+        plan = _plan(module, layers, free, calibration, knowledge, settings.plan)
+        section["plan"] = plan
+        for row in rows:
+            row["precision"] = plan["precision"].get(row["layer"])
+    return section
+
+
+def _out_ratio(calibration: Calibration, name: str) -> float | None:
+    stats = calibration.activations.get(name)
+    return stats.output_max_over_std if stats else None
+
+
+def _db(values: Mapping[str, float]) -> dict[str, float | None]:
+    return {k: (round(v, 3) if math.isfinite(v) else None) for k, v in values.items()}
+
+
+def _rounded(values: Mapping[str, float]) -> dict[str, float]:
+    return {k: float(f"{v:.4g}") for k, v in values.items()}
+
+
+def _row(layer: Layer, free: DataFree, risks: Sequence[Risk], calibration: Calibration | None
+         ) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "layer": layer.name, "type": layer.module_type, "params": layer.weight.numel(),
+        "status": free.status, "reason": free.reason,
+        "stats": {k: (round(v, 4) if isinstance(v, float) else v)
+                  for k, v in asdict(free.stats).items()} if free.stats else {},
+        "weight_sqnr_db": _db(free.weight_sqnr_db), "data_free_sqnr_db": _db(free.score_db),
+        "risks": [r.code for r in risks],
+        "risk_details": {r.code: r.detail for r in risks if r.detail},
+    }
+    if calibration is not None:
+        row["output_sqnr_db"] = _db(calibration.output_sqnr_db.get(layer.name, {}))
+        if calibration.logit_leaves:
+            row["output_kl"] = _rounded(calibration.output_kl.get(layer.name, {}))
+            row["top1_agreement"] = _rounded(calibration.top1_agreement.get(layer.name, {}))
+        row["calibrated_score_db"] = _db(calibration.score_db.get(layer.name, {}))
+        stats = calibration.activations.get(layer.name)
+        row["activation"] = {k: round(v, 4) if isinstance(v, float) else v
+                             for k, v in asdict(stats).items()} if stats else {}
+    return row
+
+
+def _status(statuses: list[str]) -> str:
+    kinds = set(statuses)
+    if not kinds or kinds == {"scored"}:
+        return "scored"
+    if len(kinds) == 1:
+        return kinds.pop()
+    return "partly_scored"
+
+
+def _notes(free: Mapping[str, DataFree], layers: Sequence[Layer],
+           views: Mapping[str, LayerView]) -> list[str]:
+    notes = []
+    counts = {s: sum(f.status == s for f in free.values()) for s in ("meta", "random_init")}
+    if counts["meta"]:
+        notes.append(f"{counts['meta']} layer(s) have no weights (meta device): no data-free "
+                     "scores; load real weights to score them")
+    if counts["random_init"]:
+        notes.append(f"{counts['random_init']} layer(s) look like random initialisation: "
+                     "scores would describe the init, not a trained model, so none are given")
+    unseen = [layer.name for layer in layers if not (views[layer.name].is_first
+              or views[layer.name].is_last or views[layer.name].feeds)]
+    if unseen:
+        notes.append(f"{len(unseen)} layer(s) not found applied in the graph (no structural "
+                     f"risks): {', '.join(unseen[:5])}{' …' if len(unseen) > 5 else ''}")
+    return notes
+
+
+def _risk_list(risks: Mapping[str, Sequence[Risk]]) -> list[dict[str, Any]]:
+    by_code: dict[str, dict[str, Any]] = {}
+    for layer, found in risks.items():
+        for risk in found:
+            entry = by_code.setdefault(risk.code, {"code": risk.code, "layers": [],
+                                                   "message": risk.message,
+                                                   "fix": risk.fix})
+            entry["layers"].append(layer)
+    return [by_code[code] for code in sorted(by_code)]
+
+
+def _plan(module: nn.Module, layers: Sequence[Layer], free: Mapping[str, DataFree],
+          calibration: Calibration | None, knowledge: QuantKnowledge, request: PlanRequest
+          ) -> dict[str, Any]:
+    formats = {**knowledge.formats, **knowledge.extra_formats}
+    entries, bases = [], set()
+    for layer in layers:
+        shape = tuple(layer.weight.shape)
+        sizes = {f: formats[f].storage_bytes(shape, layer.axis) for f in request.ladder}
+        if calibration is not None:
+            scores, basis = calibration.output_sqnr_db.get(layer.name, {}), "calibrated"
+        elif free[layer.name].status == "scored":
+            scores, basis = free[layer.name].score_db, "data-free"
+        else:
+            scores, basis = request.nominal_sqnr_db, "nominal"
+        bases.add(basis)
+        entries.append(PlanLayer(layer.name, sizes, {f: scores[f] for f in request.ladder
+                                                     if f in scores}))
+    weights = {id(layer.weight) for layer in layers}
+    original = _tensor_bytes(t for t in _state(module))
+    other = _tensor_bytes(t for t in _state(module) if id(t) not in weights)
+    plan = make_plan(request.name, request.activations, request.ladder, entries, other,
+                     original, request.budget_bytes, request.keep_below_db,
+                     "+".join(sorted(bases)), request.fill_budget)
+    return plan.to_section()
+
+
+def _state(module: nn.Module) -> list[torch.Tensor]:
+    seen: dict[int, torch.Tensor] = {}
+    for tensor in [*module.parameters(), *module.buffers()]:
+        seen.setdefault(id(tensor), tensor)
+    return list(seen.values())
+
+
+def _tensor_bytes(tensors: Iterable[torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)

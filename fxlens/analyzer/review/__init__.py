@@ -1,0 +1,1 @@
+"""Review: comparing two reports, gates on the deltas, `git:` sources."""

@@ -1,0 +1,406 @@
+"""`compare(old, new) -> ReportDiff`: what changed between two reports, module by module.
+
+Pure: it reads two `Report`s and never loads a model, so a baseline written on another machine
+or under another torch version compares (the schema version is checked when a report is
+loaded, see `fxlens.analyzer.core.report.load_report`).
+
+Matching, and the heuristics it rests on:
+
+- **Modules by dotted path**, never by fx node ids or names: those change with the torch
+  version and the capture method. Module figures are the report's roll-ups (a module and all
+  below it); the root is left out of the per-module list because `totals` are its figures.
+- **Renames.** A module only in `old` and one only in `new` are paired as *renamed* when they
+  have the same type and identical figures (FLOPs, MACs, bytes read and written, params, param
+  bytes, node count). Within a group of identical signatures they are paired in order of
+  appearance. NB: modules with no cost and no parameters (Identity, Dropout in eval) are never
+  paired, as any two of them look alike; a renamed module whose figures also changed shows as
+  one removed and one added.
+- **Shapes.** Node outputs are grouped by (module, op) in execution order; the i-th call of an
+  op in a module is compared with the i-th call on the other side. Only groups present on both
+  sides are compared, so a different decomposition under another torch version is not reported
+  as a shape change.
+- **Findings** (a ``findings`` section: a list of ``{code, modules, ...}``) are keyed by code
+  and module paths (renames mapped), and compared as multisets.
+- **Optional sections.** Activation memory (``memory.allocated_by_module``, own nodes, rolled
+  up here like the other figures; ``live_at_peak_by_module``, not rolled up), the activation
+  peak (``memory.peak_activation_bytes``), the training step peak
+  (``training.step_peak_bytes``) and estimated time (the ``roofline`` section, see `_roofline`)
+  are used when a report has them; absent, the figure is None.
+
+Per-module deltas are sorted by absolute impact: |ΔFLOPs|, then |Δbytes moved|, then
+|Δparam bytes|, then |Δactivation bytes|, then path.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from fxlens.analyzer.core.graph import ancestors
+from fxlens.analyzer.core.report import ModuleReport, Report
+
+#: Whole-model metrics, in display order; gates name these.
+TOTAL_METRICS = ("flops", "macs", "params", "param_bytes", "bytes_read", "bytes_written",
+                 "peak_memory", "step_peak", "time")
+#: Per-module metrics, in display order.
+MODULE_METRICS = ("flops", "macs", "params", "param_bytes", "bytes_read", "bytes_written",
+                  "activation_bytes", "live_at_peak_bytes", "time")
+_SIGNATURE = ("type", "flops", "macs", "bytes_read", "bytes_written", "params", "param_bytes",
+              "nodes")
+
+
+@dataclass(frozen=True)
+class Delta:
+    """One figure on both sides; None where a side does not have it."""
+
+    old: float | None
+    new: float | None
+
+    @property
+    def present(self) -> bool:
+        return self.old is not None and self.new is not None
+
+    @property
+    def change(self) -> float:
+        return (self.new or 0) - (self.old or 0)
+
+    @property
+    def relative(self) -> float | None:
+        """change / old; None when old is missing or zero."""
+        return self.change / self.old if self.old else None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"old": self.old, "new": self.new, "change": self.change,
+                "relative": self.relative}
+
+
+class ModuleStatus(enum.Enum):
+    CHANGED = "changed"
+    ADDED = "added"
+    REMOVED = "removed"
+    RENAMED = "renamed"
+
+
+@dataclass(frozen=True)
+class ModuleDelta:
+    path: str                   # the new path; the old one for a removed module
+    type: str
+    status: ModuleStatus
+    metrics: Mapping[str, Delta]
+    old_path: str | None = None  # set for a renamed module
+
+    def impact(self) -> tuple[float, ...]:
+        moved = self._change("bytes_read") + self._change("bytes_written")
+        return (abs(self._change("flops")), abs(moved), abs(self._change("param_bytes")),
+                abs(self._change("activation_bytes")))
+
+    def _change(self, metric: str) -> float:
+        delta = self.metrics.get(metric)
+        return delta.change if delta else 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "old_path": self.old_path, "type": self.type,
+                "status": self.status.value,
+                "metrics": {k: v.to_dict() for k, v in self.metrics.items()}}
+
+
+@dataclass(frozen=True)
+class ShapeChange:
+    module: str
+    op: str
+    index: int                  # the index-th call of `op` in `module`
+    old: tuple[tuple[int, ...], ...]
+    new: tuple[tuple[int, ...], ...]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"module": self.module, "op": self.op, "index": self.index,
+                "old": [list(s) for s in self.old], "new": [list(s) for s in self.new]}
+
+
+@dataclass(frozen=True)
+class FindingChange:
+    code: str
+    modules: tuple[str, ...]
+    message: str
+    saved_bytes: int | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "modules": list(self.modules), "message": self.message,
+                "saved_bytes": self.saved_bytes}
+
+
+@dataclass(frozen=True)
+class ReportDiff:
+    old_name: str
+    new_name: str
+    totals: Mapping[str, Delta]
+    modules: tuple[ModuleDelta, ...]      # changed, added, removed, renamed; by impact
+    unchanged: int
+    shapes: tuple[ShapeChange, ...]
+    new_findings: tuple[FindingChange, ...]
+    resolved_findings: tuple[FindingChange, ...]
+    notes: tuple[str, ...]
+
+    def with_status(self, status: ModuleStatus) -> tuple[ModuleDelta, ...]:
+        return tuple(m for m in self.modules if m.status is status)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "old": self.old_name, "new": self.new_name,
+            "totals": {k: v.to_dict() for k, v in self.totals.items()},
+            "modules": [m.to_dict() for m in self.modules], "unchanged_modules": self.unchanged,
+            "shape_changes": [s.to_dict() for s in self.shapes],
+            "new_findings": [f.to_dict() for f in self.new_findings],
+            "resolved_findings": [f.to_dict() for f in self.resolved_findings],
+            "notes": list(self.notes),
+        }
+
+
+def compare(old: Report, new: Report) -> ReportDiff:
+    """Everything that changed from `old` to `new`; see the module docstring for matching."""
+    old_mods = {m.path: m for m in old.modules if m.path}
+    new_mods = {m.path: m for m in new.modules if m.path}
+    renames = find_renames([old_mods[p] for p in old_mods if p not in new_mods],
+                           [new_mods[p] for p in new_mods if p not in old_mods])
+    old_figures, new_figures = module_figures(old), module_figures(new)
+    deltas: list[ModuleDelta] = []
+    unchanged = 0
+    for path, module in new_mods.items():
+        old_path = renames.get(path, path)
+        if old_path not in old_mods:
+            status = ModuleStatus.ADDED
+        elif old_path != path:
+            status = ModuleStatus.RENAMED
+        else:
+            status = ModuleStatus.CHANGED
+        metrics = _deltas(old_figures.get(old_path), new_figures[path])
+        if status is not ModuleStatus.ADDED:
+            # A figure one side lacks (a section not computed there) is not a change.
+            metrics = {k: d if d.present else Delta(None, None) for k, d in metrics.items()}
+        if status is ModuleStatus.CHANGED and not any(d.change for d in metrics.values()):
+            unchanged += 1
+            continue
+        deltas.append(ModuleDelta(path, module.type, status, metrics,
+                                  old_path if status is ModuleStatus.RENAMED else None))
+    renamed_from = set(renames.values())
+    for path, module in old_mods.items():
+        if path not in new_mods and path not in renamed_from:
+            deltas.append(ModuleDelta(path, module.type, ModuleStatus.REMOVED,
+                                      _deltas(old_figures[path], None)))
+    deltas.sort(key=lambda d: (tuple(-x for x in d.impact()), d.path))
+    new_found, resolved = _finding_changes(old, new, renames)
+    return ReportDiff(
+        old_name=old.model.name, new_name=new.model.name,
+        totals=_deltas(total_figures(old), total_figures(new)), modules=tuple(deltas),
+        unchanged=unchanged, shapes=tuple(shape_changes(old, new, renames)),
+        new_findings=new_found, resolved_findings=resolved, notes=_notes(old, new),
+    )
+
+
+def find_renames(removed: Iterable[ModuleReport], added: Iterable[ModuleReport]
+                 ) -> dict[str, str]:
+    """new path → old path for modules that look renamed (same type, identical figures)."""
+    candidates: dict[tuple[Any, ...], list[str]] = defaultdict(list)
+    for module in removed:
+        if module.flops or module.params or module.bytes_read or module.bytes_written:
+            candidates[_signature(module)].append(module.path)
+    renames: dict[str, str] = {}
+    for module in added:
+        queue = candidates.get(_signature(module))
+        if queue:
+            renames[module.path] = queue.pop(0)
+    return renames
+
+
+def _signature(module: ModuleReport) -> tuple[Any, ...]:
+    return tuple(getattr(module, name) for name in _SIGNATURE)
+
+
+def total_figures(report: Report) -> dict[str, float | None]:
+    """The whole-model metrics of `TOTAL_METRICS`; None where the report lacks a section."""
+    memory = report.sections.get("memory") or {}
+    training = report.sections.get("training") or {}
+    return {
+        "flops": report.totals.flops, "macs": report.totals.macs,
+        "params": report.model.params, "param_bytes": report.model.param_bytes,
+        "bytes_read": report.totals.bytes_read, "bytes_written": report.totals.bytes_written,
+        "peak_memory": memory.get("peak_activation_bytes"),
+        "step_peak": training.get("step_peak_bytes"),
+        "time": _roofline(report)[0],
+    }
+
+
+def module_figures(report: Report) -> dict[str, dict[str, float | None]]:
+    """path → the metrics of `MODULE_METRICS`; None where the report lacks a section."""
+    memory = report.sections.get("memory")
+    allocated = _rolled_up(memory.get("allocated_by_module", {})) if memory else None
+    live = memory.get("live_at_peak_by_module", {}) if memory else None
+    times = _roofline(report)[1]
+    return {
+        m.path: {
+            "flops": m.flops, "macs": m.macs, "params": m.params, "param_bytes": m.param_bytes,
+            "bytes_read": m.bytes_read, "bytes_written": m.bytes_written,
+            "activation_bytes": None if allocated is None else allocated.get(m.path, 0),
+            "live_at_peak_bytes": None if live is None else live.get(m.path, 0),
+            "time": None if times is None else times.get(m.path, 0.0),
+        }
+        for m in report.modules
+    }
+
+
+def _rolled_up(own: Mapping[str, int]) -> dict[str, int]:
+    totals: Counter[str] = Counter()
+    for path, size in own.items():
+        for above in ancestors(path):
+            totals[above] += size
+    return dict(totals)
+
+
+def _roofline(report: Report) -> tuple[float | None, dict[str, float] | None]:
+    """(total seconds, path → seconds, rolled up) from a ``roofline`` section, when present.
+
+    Reads ``totals.step_time_s`` (a training step) or ``totals.time_s``, and ``modules`` (a
+    list of {path, time_s}, rolled up). NB: read defensively, since the section is younger
+    than this module: a top-level ``total_s``/``time_s``, ``by_module`` ({path: seconds}) or
+    per-node times (``nodes``: [{id, time_s}], summed over each module and its ancestors)
+    are accepted too.
+    """
+    section = report.sections.get("roofline")
+    if not isinstance(section, Mapping):
+        return None, None
+    totals = section.get("totals")
+    total = _first(totals, ("step_time_s", "time_s")) if isinstance(totals, Mapping) else None
+    if total is None:
+        total = _first(section, ("total_s", "time_s", "estimated_s"))
+    times = _module_times(section.get("modules"), section.get("by_module"))
+    if times is None:
+        times = _module_times_from_nodes(report, section.get("nodes"))
+    if total is None and times is not None:
+        total = times.get("")
+    return (None if total is None else float(total)), times
+
+
+def _module_times(modules: Any, by_module: Any) -> dict[str, float] | None:
+    if isinstance(modules, list):
+        return {m["path"]: float(_first(m, _TIME_KEYS) or 0.0)
+                for m in modules if isinstance(m, Mapping) and "path" in m}
+    if isinstance(by_module, Mapping):
+        return {path: float(_first(v, _TIME_KEYS) if isinstance(v, Mapping) else v)
+                for path, v in by_module.items()}
+    return None
+
+
+_TIME_KEYS = ("time_s", "estimated_s", "predicted_s")
+
+
+def _first(entry: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
+    return next((entry[k] for k in keys if entry.get(k) is not None), None)
+
+
+def _module_times_from_nodes(report: Report, nodes: Any) -> dict[str, float] | None:
+    if not isinstance(nodes, list):
+        return None
+    module_of = {node.id: node.module for node in report.nodes}
+    times: dict[str, float] = defaultdict(float)
+    for entry in nodes:
+        node_id = _first(entry, ("id", "node")) if isinstance(entry, Mapping) else None
+        seconds = _first(entry, _TIME_KEYS) if isinstance(entry, Mapping) else None
+        if node_id in module_of and seconds is not None:
+            for above in ancestors(module_of[node_id]):
+                times[above] += float(seconds)
+    return dict(times)
+
+
+def _deltas(old: Mapping[str, float | None] | None,
+            new: Mapping[str, float | None] | None) -> dict[str, Delta]:
+    names = list((new or old or {}).keys())
+    return {name: Delta(None if old is None else old.get(name),
+                        None if new is None else new.get(name)) for name in names}
+
+
+# --- shapes -----------------------------------------------------------------------------------
+
+Shapes = tuple[tuple[int, ...], ...]
+
+
+def shape_changes(old: Report, new: Report, renames: Mapping[str, str]) -> list[ShapeChange]:
+    """Changed output shapes of the i-th call of each op in each module present on both sides."""
+    old_calls, new_calls = _calls(old), _calls(new)
+    changes = []
+    for (module, op), new_shapes in new_calls.items():
+        old_shapes = old_calls.get((renames.get(module, module), op))
+        if old_shapes is None:
+            continue
+        for index, (before, after) in enumerate(zip(old_shapes, new_shapes, strict=False)):
+            if before != after:
+                changes.append(ShapeChange(module, op, index, before, after))
+    return changes
+
+
+def _calls(report: Report) -> dict[tuple[str, str], list[Shapes]]:
+    calls: dict[tuple[str, str], list[Shapes]] = defaultdict(list)
+    for node in report.nodes:
+        shapes = tuple(tuple(o["shape"]) for o in node.outputs if o and "shape" in o)
+        calls[(node.module, node.target)].append(shapes)
+    return calls
+
+
+# --- findings ---------------------------------------------------------------------------------
+
+def _finding_changes(old: Report, new: Report, renames: Mapping[str, str]
+                     ) -> tuple[tuple[FindingChange, ...], tuple[FindingChange, ...]]:
+    old_to_new = {o: n for n, o in renames.items()}
+    before = _findings(old, old_to_new)
+    after = _findings(new, {})
+    return _missing_from(after, before), _missing_from(before, after)
+
+
+def _findings(report: Report, rename: Mapping[str, str]) -> list[FindingChange]:
+    section = report.sections.get("findings")
+    if isinstance(section, Mapping):
+        section = _first(section, ("findings", "items"))
+    if not isinstance(section, list):
+        return []
+    return [FindingChange(code=str(f.get("code", "?")),
+                          modules=tuple(rename.get(m, m) for m in f.get("modules", ())),
+                          message=str(f.get("message", "")), saved_bytes=f.get("saved_bytes"))
+            for f in section if isinstance(f, Mapping)]
+
+
+def _missing_from(these: list[FindingChange], others: list[FindingChange]
+                  ) -> tuple[FindingChange, ...]:
+    """The findings of `these` that `others` lacks, by (code, modules), as multisets."""
+    available = Counter((f.code, f.modules) for f in others)
+    missing = []
+    for finding in these:
+        key = (finding.code, finding.modules)
+        if available[key]:
+            available[key] -= 1
+        else:
+            missing.append(finding)
+    return tuple(missing)
+
+
+# --- notes ------------------------------------------------------------------------------------
+
+def _notes(old: Report, new: Report) -> tuple[str, ...]:
+    """What differs between the two runs themselves, so a reader can weigh the deltas."""
+    notes = []
+    for key, label in (("torch_version", "torch"), ("fxlens_version", "fxlens")):
+        before, after = old.meta.get(key), new.meta.get(key)
+        if before != after:
+            notes.append(f"{label} version differs: {before} (old) vs {after} (new)")
+    if old.model.capture_method != new.model.capture_method:
+        notes.append(f"capture method differs: {old.model.capture_method} (old) vs "
+                     f"{new.model.capture_method} (new)")
+    return tuple(notes)
+
+
+def diff_to_json(diff: ReportDiff, gates: Iterable[Mapping[str, Any]] = ()) -> str:
+    """The diff (and gate results, as dicts) as deterministic JSON."""
+    data = {**diff.to_dict(), "gates": list(gates)}
+    return json.dumps(data, sort_keys=True, indent=1) + "\n"

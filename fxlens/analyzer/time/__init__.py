@@ -1,0 +1,1 @@
+"""Time: the roofline estimate, device calibration, and validation on a real device."""

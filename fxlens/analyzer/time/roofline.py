@@ -1,0 +1,253 @@
+"""The roofline: per-node time estimates from a report's FLOPs and bytes and a device's figures.
+
+No op knowledge lives here and no device either: the device comes in as data (any object
+with the `Device` protocol, e.g. `fxlens.rules.hardware.DeviceSpec`). Per costed node:
+
+    time_s = max(flops / achievable peak of the node's dtype, bytes / achievable bandwidth)
+             + one kernel launch
+
+Free nodes (views, metadata) cost nothing; unsupported or failed ones are counted apart
+(`uncosted_nodes`) and cost nothing either. Arithmetic intensity is FLOPs per byte moved;
+``bound`` says which term of the max won, or ``launch`` when the launch outweighs both.
+Nodes roll up per module (each ancestor too), per phase (forward/backward of a training step)
+and in total, and the section adds throughput at the captured batch, the MFU it implies and
+the top time hotspots beside the top FLOPs ones.
+
+Which peak applies: the dtype of the node's first floating-point input (what feeds the
+multipliers), else of its first output; ``float32`` uses the ``tf32`` peak only when the user
+allows TF32 (`tf32=True`), as PyTorch does (``torch.backends.cuda.matmul.allow_tf32`` is off
+by default).
+NB: one peak per dtype for every op: an elementwise or reduction op in bf16 is rated at the
+bf16 tensor-core peak, which it never reaches; such ops are memory-bound at realistic sizes,
+so the bandwidth term decides them anyway. float64, int64 and bool ops use the fp32 peak.
+NB: a training step adds the optimizer step, estimated as one pass over the states that
+`fxlens.analyzer.memory.training_step` sized (read weights, master weights, gradients and optimizer
+state, write all but the gradients) at the fp32 peak, one launch per trainable tensor.
+NB: MFU = model FLOPs (the graph's, optimizer excluded) / predicted time / the *datasheet*
+peak of the dtype carrying most FLOPs; a roofline prediction therefore never exceeds the
+device's achievable factor (e.g. 0.7).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorSpec, ancestors
+from fxlens.analyzer.core.report import NodeReport, Report
+
+HOTSPOTS = 10
+FLOAT_KEYS: Mapping[str, str] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
+
+
+class Device(Protocol):
+    """What the roofline reads of a device (`fxlens.rules.hardware.DeviceSpec` has it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def source(self) -> str: ...
+    @property
+    def launch_s(self) -> float: ...
+    @property
+    def calibrated(self) -> bool: ...
+
+    def peak(self, key: str) -> tuple[float, str]: ...
+    def achievable_flops(self, key: str) -> float: ...
+    @property
+    def achievable_bandwidth(self) -> float: ...
+    def to_json(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class NodeTime:
+    id: int
+    time_s: float
+    bound: str           # "compute", "memory", "launch" (the launch outweighs the work),
+                         # "free" or "uncosted"
+    intensity: float     # FLOPs per byte moved; 0 when nothing moves
+    dtype_key: str
+    compute_s: float = 0.0
+    memory_s: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "time_s": self.time_s, "bound": self.bound,
+                "intensity": self.intensity, "dtype": self.dtype_key}
+
+
+def dtype_key(dtype: str, tf32: bool = False) -> str:
+    """The `DTYPE_KEYS` figure a tensor of torch dtype `dtype` is computed at."""
+    if dtype == "float32":
+        return "tf32" if tf32 else "fp32"
+    if dtype.startswith("float8"):
+        return "fp8"
+    if dtype in ("int8", "uint8"):
+        return "int8"
+    return FLOAT_KEYS.get(dtype, "fp32")
+
+
+def node_dtype(node: Node, graph: Graph) -> str:
+    """The first floating-point input's dtype, else the first output's, else float32."""
+    specs = [graph.spec(ref) for ref in node.input_refs()]
+    floating = [s for s in specs if s is not None and _is_float(s)]
+    if floating:
+        return floating[0].dtype
+    outputs = [s for s in node.outputs if s is not None]
+    return outputs[0].dtype if outputs else "float32"
+
+
+def _is_float(spec: TensorSpec) -> bool:
+    return spec.dtype.startswith(("float", "bfloat"))
+
+
+def node_time(node: NodeReport, key: str, device: Device) -> NodeTime:
+    """The roofline time of one reported node at dtype figure `key`."""
+    if node.status == "free":
+        return NodeTime(node.id, 0.0, "free", 0.0, key)
+    if node.status != "costed":
+        return NodeTime(node.id, 0.0, "uncosted", 0.0, key)
+    moved = node.bytes_read + node.bytes_written
+    flops_rate = device.achievable_flops(key)
+    compute_s = node.flops / flops_rate if flops_rate > 0 else 0.0
+    memory_s = moved / device.achievable_bandwidth if device.achievable_bandwidth > 0 else 0.0
+    if device.launch_s >= max(compute_s, memory_s):
+        bound = "launch"
+    else:
+        bound = "compute" if compute_s > memory_s else "memory"
+    return NodeTime(node.id, max(compute_s, memory_s) + device.launch_s, bound,
+                    node.flops / moved if moved else 0.0, key, compute_s, memory_s)
+
+
+def node_times(report: Report, graph: Graph, device: Device, tf32: bool = False
+               ) -> list[NodeTime]:
+    return [node_time(n, dtype_key(node_dtype(graph.nodes[n.id], graph), tf32), device)
+            for n in report.nodes]
+
+
+def roofline_section(report: Report, graph: Graph, device: Device, tf32: bool = False,
+                     top: int = HOTSPOTS) -> dict[str, Any]:
+    """The report's ``roofline`` section (see the module docstring)."""
+    times = node_times(report, graph, device, tf32)
+    by_id = {t.id: t for t in times}
+    phases: dict[str, float] = defaultdict(float)
+    for node in report.nodes:
+        phases[node.phase] += by_id[node.id].time_s
+    graph_s = sum(t.time_s for t in times)
+    totals: dict[str, Any] = {
+        "time_s": graph_s,
+        "compute_bound_s": sum(t.time_s for t in times if t.bound == "compute"),
+        "memory_bound_s": sum(t.time_s for t in times if t.bound == "memory"),
+        "launch_bound_s": sum(t.time_s for t in times if t.bound == "launch"),
+        "launch_s": device.launch_s * sum(1 for t in times if t.bound not in ("free", "uncosted")),
+        "by_phase": dict(sorted(phases.items())),
+        "uncosted_nodes": sum(1 for t in times if t.bound == "uncosted"),
+    }
+    step_s = graph_s
+    training = report.sections.get("training")
+    if training is not None and "backward" in phases:
+        optimizer_s = optimizer_time(training, graph, device)
+        step_s = graph_s + optimizer_s
+        totals.update(optimizer_s=optimizer_s, step_time_s=step_s)
+    basis = throughput_basis(graph)
+    mfu_key = dominant_key(report, by_id)
+    peak = device.peak(mfu_key)[0]
+    return {
+        "device": device.to_json(),
+        "settings": {"tf32": tf32, "dtype_rule": "first floating input's dtype; float32 at "
+                     + ("tf32" if tf32 else "fp32") + " (--tf32 to allow TF32)"},
+        "nodes": [t.to_json() for t in times],
+        "modules": module_times(report, by_id),
+        "totals": totals,
+        "throughput": throughput(basis, step_s, report.totals.flops, peak),
+        "mfu": report.totals.flops / step_s / peak if step_s > 0 and peak > 0 else 0.0,
+        "mfu_dtype": mfu_key,
+        "hotspots": hotspots(report, by_id, top),
+    }
+
+
+def module_times(report: Report, by_id: Mapping[int, NodeTime]) -> list[dict[str, Any]]:
+    """Time per module (its nodes and its submodules'), in the report's module order."""
+    sums: dict[str, float] = defaultdict(float)
+    for node in report.nodes:
+        for path in ancestors(node.module):
+            sums[path] += by_id[node.id].time_s
+    total = sums.get("", 0.0)
+    return [{"path": m.path, "time_s": sums.get(m.path, 0.0),
+             "share": sums.get(m.path, 0.0) / total if total else 0.0}
+            for m in report.modules]
+
+
+def optimizer_time(training: Mapping[str, Any], graph: Graph, device: Device) -> float:
+    """One optimizer step as a pass over the states (see the module docstring)."""
+    states = training["states"]
+    persistent = states["weights_bytes"] + states["master_bytes"] + states["optimizer_bytes"]
+    moved = 2 * persistent + states["grad_bytes"]
+    tensors = sum(1 for p in graph.params if not p.is_buffer and p.requires_grad)
+    compute_rate = device.achievable_flops("fp32")
+    compute_s = training["optimizer_flops"] / compute_rate if compute_rate > 0 else 0.0
+    bandwidth = device.achievable_bandwidth
+    memory_s = moved / bandwidth if bandwidth > 0 else 0.0
+    return max(compute_s, memory_s) + tensors * device.launch_s
+
+
+@dataclass(frozen=True)
+class Basis:
+    """What one run processes: samples (the batch) and tokens (0 when not a token model)."""
+
+    samples: int
+    tokens: int
+
+
+def throughput_basis(graph: Graph) -> Basis:
+    """Samples: the leading dimension of the first graph input. Tokens: the elements of the
+    first 2-D integer input (batch × sequence), when there is one."""
+    inputs = [n.outputs[0] for n in graph.nodes
+              if n.kind is NodeKind.INPUT and n.outputs and n.outputs[0] is not None]
+    samples = inputs[0].shape[0] if inputs and inputs[0].shape else 1
+    tokens = next((s.numel for s in inputs
+                   if len(s.shape) == 2 and s.dtype.startswith(("int", "uint"))), 0)
+    return Basis(samples, tokens)
+
+
+def throughput(basis: Basis, time_s: float, flops: int, peak: float) -> dict[str, Any]:
+    """Samples/s and tokens/s at the captured batch, and the tokens/s bound of the domain
+    (`peak / FLOPs per token`)."""
+    result: dict[str, Any] = {"batch": basis.samples, "tokens": basis.tokens,
+                              "samples_per_s": basis.samples / time_s if time_s > 0 else 0.0}
+    if basis.tokens:
+        result["tokens_per_s"] = basis.tokens / time_s if time_s > 0 else 0.0
+        per_token = flops / basis.tokens
+        result["tokens_per_s_bound"] = peak / per_token if per_token > 0 else 0.0
+    return result
+
+
+def dominant_key(report: Report, by_id: Mapping[int, NodeTime]) -> str:
+    """The dtype figure that carries most of the report's FLOPs (fp32 for an empty graph)."""
+    flops: Counter[str] = Counter()
+    for node in report.nodes:
+        flops[by_id[node.id].dtype_key] += node.flops
+    ranked = sorted(flops.items(), key=lambda kv: (-kv[1], kv[0]))
+    return ranked[0][0] if ranked and ranked[0][1] > 0 else "fp32"
+
+
+def hotspots(report: Report, by_id: Mapping[int, NodeTime], top: int) -> dict[str, Any]:
+    """The top ops (grouped by aten overload) by predicted time and by FLOPs, side by side."""
+    calls: Counter[str] = Counter()
+    time_s: dict[str, float] = defaultdict(float)
+    flops: Counter[str] = Counter()
+    for node in report.nodes:
+        calls[node.target] += 1
+        time_s[node.target] += by_id[node.id].time_s
+        flops[node.target] += node.flops
+    total_s, total_flops = sum(time_s.values()), sum(flops.values())
+    rows = {target: {"target": target, "calls": calls[target], "time_s": time_s[target],
+             "flops": flops[target],
+             "time_share": time_s[target] / total_s if total_s else 0.0,
+             "flops_share": flops[target] / total_flops if total_flops else 0.0}
+            for target in calls}
+    return {
+        "by_time": [rows[t] for t in sorted(calls, key=lambda t: (-time_s[t], t))[:top]],
+        "by_flops": [rows[t] for t in sorted(calls, key=lambda t: (-flops[t], t))[:top]],
+    }

@@ -1,0 +1,135 @@
+"""``analyze validate MODEL --device cpu|cuda``: predicted vs measured time and memory.
+
+Loads the model as ``analyze`` does, gives it random weights if it has none, casts it when
+``--dtype`` asks, captures it, predicts every node's time with the roofline for the device's
+figures (its calibrated profile when there is one, see `fxlens.api.device_spec`), runs the
+captured graph for real (`fxlens.analyzer.time.validate`) and prints both figures per op class,
+per module and in total with the error. ``--json`` writes the report with its ``roofline``
+and ``validation`` sections, which keep both figures.
+
+Exit codes: 0 ok, 2 could not run (no CUDA device for ``--device cuda``, a load error…).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from fxlens.analyzer.capture.chain import METHODS, capture
+from fxlens.analyzer.core.errors import LoadError
+from fxlens.analyzer.core.graph import Graph
+from fxlens.analyzer.core.loaded import LoadedModel
+from fxlens.analyzer.core.report import Report, write_report
+from fxlens.analyzer.cost.engine import analyze
+from fxlens.analyzer.memory.liveness import liveness
+from fxlens.analyzer.time.device_calibration import allow_tf32
+from fxlens.analyzer.time.roofline import roofline_section
+from fxlens.analyzer.time.validate import RunSettings, prepare, run_graph, validation_section
+from fxlens.api import device_spec, load
+from fxlens.cli.args import key_value
+from fxlens.rules import load_rules
+from fxlens.rules.hardware import DeviceSpec
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="analyze validate",
+        description="Run the captured graph for real; print predicted vs measured time.")
+    parser.add_argument("target", help="model.py, pkg.module:function or hf:<preset>")
+    parser.add_argument("--entry", help="factory function in the model file (default: build)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], type=key_value,
+                        metavar="KEY=VALUE", help="override a config field of an hf: preset")
+    parser.add_argument("--batch", type=int, help="batch size of the example inputs")
+    parser.add_argument("--seq-len", type=int, help="sequence length of the example inputs")
+    parser.add_argument("--image-size", type=int, help="image side of the example inputs")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                        help="where to run (default cpu)")
+    parser.add_argument("--spec", help="predict with this registry device (e.g. h100) instead "
+                        "of the device's calibrated profile")
+    parser.add_argument("--profile", metavar="PATH", help="calibrated profile to predict with")
+    parser.add_argument("--devices", metavar="PATH", help="JSON file adding or overriding devices")
+    parser.add_argument("--tf32", action="store_true", help="fp32 matmuls may use TF32")
+    parser.add_argument("--dtype", choices=tuple(DTYPES), help="cast weights and inputs")
+    parser.add_argument("--warmup", type=int, default=2, help="warm-up passes (default 2)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed passes (default 5)")
+    parser.add_argument("--json", type=Path, help="write the report with both figures here")
+    parser.add_argument("--depth", type=int, default=2, help="module tree depth (default 2)")
+    parser.add_argument("--top", type=int, default=10, help="rows in the op class table")
+    parser.add_argument("--quiet", action="store_true", help="no tables")
+    parser.add_argument("--debug", action="store_true", help="tracebacks and debug logging")
+    return parser
+
+
+def predict(loaded: LoadedModel, spec: DeviceSpec, tf32: bool = False,
+            methods: tuple[str, ...] = METHODS) -> tuple[Report, Graph]:
+    """Capture and cost the (real) loaded model; memory and roofline sections added."""
+    registry = load_rules()
+    graph = capture(loaded.module, loaded.inputs, registry, methods)
+    report = analyze(graph, registry, loaded.name, loaded.source)
+    report = dataclasses.replace(report, sections={
+        **report.sections, "memory": liveness(graph, registry).to_section()})
+    roofline = roofline_section(report, graph, spec, tf32)
+    return dataclasses.replace(report, sections={**report.sections, "roofline": roofline}), graph
+
+
+def validate(loaded: LoadedModel, spec: DeviceSpec, settings: RunSettings,
+             dtype: torch.dtype | None = None, tf32: bool = False) -> Report:
+    """The report of `loaded` with ``roofline`` and ``validation`` sections."""
+    module, inputs = prepare(loaded.module, loaded.inputs, settings.device, dtype)
+    real = dataclasses.replace(loaded, module=module, inputs=inputs)
+    report, graph = predict(real, spec, tf32)
+    with allow_tf32(tf32):
+        run = run_graph(graph, module, inputs, settings)
+    section = validation_section(report, report.sections["roofline"], run, settings)
+    return dataclasses.replace(report, sections={**report.sections, "validation": section})
+
+
+def _spec(args: argparse.Namespace) -> DeviceSpec:
+    if args.profile or args.spec:
+        return device_spec(args.spec or args.device, args.devices, args.profile)
+    if args.device == "cuda":
+        try:
+            return device_spec("cuda", args.devices)
+        except LoadError:
+            return device_spec(_guess_gpu(), args.devices)
+    return device_spec("cpu", args.devices)
+
+
+def _guess_gpu() -> str:
+    """The registry name of the visible GPU (``NVIDIA H100 80GB HBM3`` → ``h100``)."""
+    name = torch.cuda.get_device_name().lower()
+    for key, words in (("h200", ("h200",)), ("h100-pcie", ("h100", "pcie")), ("h100", ("h100",)),
+                       ("a100-40gb", ("a100", "40gb")), ("a100-80gb", ("a100",)), ("l4", ("l4",)),
+                       ("a10g", ("a10",)), ("t4", ("t4",)), ("rtx4090", ("4090",)),
+                       ("mi300x", ("mi300",))):
+        if all(w in name for w in words):
+            return key
+    raise LoadError(f"no registry entry for {name!r}: run `analyze calibrate --device cuda` "
+                    "or pass --spec / --profile")
+
+
+def run(args: argparse.Namespace) -> int:
+    from fxlens.cli.console import EXIT_OK, err, out
+    from fxlens.reports.roofline_terminal import validation_tables
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise LoadError("--device cuda: no CUDA device is available here")
+    sizes = {"batch": args.batch, "seq_len": args.seq_len, "image_size": args.image_size}
+    overrides = dict(args.overrides)
+    settings = RunSettings(args.device, max(args.warmup, 0), max(args.repeat, 1))
+    with err.status("loading…") as status:
+        loaded = load(args.target, args.entry, overrides, sizes)
+        spec = _spec(args)
+        status.update(f"capturing, then running every node {settings.repeat}× on {args.device}…")
+        report = validate(loaded, spec, settings, DTYPES.get(args.dtype or ""), args.tf32)
+    if not args.quiet:
+        out.print(validation_tables(report.sections["validation"], args.depth, args.top))
+    if args.json:
+        write_report(report, args.json)
+        err.print(f"wrote {args.json}")
+    return EXIT_OK
