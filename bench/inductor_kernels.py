@@ -88,7 +88,7 @@ def compare(name: str) -> Row:
     module.eval()
     report = analyze_loaded(LoadedModel(module, inputs, name, f"tests/models/{name}.py"),
                             AnalysisOptions(strict=True))
-    fusion = report.sections["fusion"]
+    fusion = report.to_dict()["fusion"]
     launches, seconds = compile_and_count(module, inputs)
     return Row(name, fusion["kernels_fused"], fusion["kernels_unfused"], len(launches),
                tuple(launches), seconds)

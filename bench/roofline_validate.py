@@ -110,7 +110,7 @@ def main() -> None:
     detail, detail_name = None, ""
     for model in loaded_models(args, overrides):
         report = validate(model, spec, settings, dtype)
-        v = report.sections["validation"]
+        v = report.to_dict()["validation"]
         total, memory = v["total"], v["memory"]
         print(f"| {model.name} | {v['timed_nodes']} | {ms(total['predicted_s'])} | "
               f"{ms(total['measured_s'])} | {pct(total['error'])} | {ms(total['pass_s'])} | "

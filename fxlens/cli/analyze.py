@@ -12,7 +12,7 @@ from fxlens.analyzer.capture.chain import METHODS
 from fxlens.analyzer.core.report import Report, write_report
 from fxlens.cli.args import key_value
 from fxlens.cli.console import EXIT_OK, err, out
-from fxlens.rules.training import Optimizer, Precision
+from fxlens.pipeline import OPTIMIZERS, PRECISIONS
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,10 +37,10 @@ def build_parser() -> argparse.ArgumentParser:
     training = parser.add_argument_group("training step")
     training.add_argument("--train", action="store_true",
                           help="capture the joint forward+backward graph of one training step")
-    training.add_argument("--precision", choices=[p.value for p in Precision],
+    training.add_argument("--precision", choices=PRECISIONS,
                           help="training precision policy (default: fp32 for fp32 weights, "
                                "amp-bf16 / amp-fp16 for 16-bit weights)")
-    training.add_argument("--optimizer", default="adamw", choices=[o.value for o in Optimizer],
+    training.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
                           help="optimizer whose state is accounted (default adamw)")
     training.add_argument("--checkpoint", action="store_true",
                           help="what-if: activation checkpointing of every repeated block")

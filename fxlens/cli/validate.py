@@ -2,7 +2,7 @@
 
 Loads the model as ``analyze`` does, gives it random weights if it has none, casts it when
 ``--dtype`` asks, captures it, predicts every node's time with the roofline for the device's
-figures (its calibrated profile when there is one, see `fxlens.api.device_spec`), runs the
+figures (its calibrated profile when there is one, see `fxlens.pipeline.resolve_device`), runs the
 captured graph for real (`fxlens.analyzer.time.validate`) and prints both figures per op class,
 per module and in total with the error. ``--json`` writes the report with its ``roofline``
 and ``validation`` sections, which keep both figures.
@@ -18,19 +18,17 @@ from pathlib import Path
 
 import torch
 
-from fxlens.analyzer.capture.chain import METHODS, capture
+from fxlens.analyzer.capture.chain import METHODS
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.core.graph import Graph
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.report import Report, write_report
-from fxlens.analyzer.cost.engine import analyze
-from fxlens.analyzer.memory.liveness import liveness
+from fxlens.analyzer.core.sections import Validation
 from fxlens.analyzer.time.device_calibration import allow_tf32
-from fxlens.analyzer.time.roofline import roofline_section
 from fxlens.analyzer.time.validate import RunSettings, prepare, run_graph, validation_section
-from fxlens.api import device_spec, load
+from fxlens.api import load
 from fxlens.cli.args import key_value
-from fxlens.rules import load_rules
+from fxlens.pipeline import AnalysisOptions, Context, resolve_device, run_context
 from fxlens.rules.hardware import DeviceSpec
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -67,14 +65,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def predict(loaded: LoadedModel, spec: DeviceSpec, tf32: bool = False,
             methods: tuple[str, ...] = METHODS) -> tuple[Report, Graph]:
-    """Capture and cost the (real) loaded model; memory and roofline sections added."""
-    registry = load_rules()
-    graph = capture(loaded.module, loaded.inputs, registry, methods)
-    report = analyze(graph, registry, loaded.name, loaded.source)
-    report = dataclasses.replace(report, sections={
-        **report.sections, "memory": liveness(graph, registry).to_section()})
-    roofline = roofline_section(report, graph, spec, tf32)
-    return dataclasses.replace(report, sections={**report.sections, "roofline": roofline}), graph
+    """The (real) loaded model through the analysis pipeline (costs, memory, roofline) and
+    the graph it captured."""
+    options = AnalysisOptions(device=spec.name, tf32=tf32, methods=methods, fusion=False)
+    context = Context(loaded, options, lambda _: None, device=spec)
+    return run_context(context), context.forward()
 
 
 def validate(loaded: LoadedModel, spec: DeviceSpec, settings: RunSettings,
@@ -85,19 +80,18 @@ def validate(loaded: LoadedModel, spec: DeviceSpec, settings: RunSettings,
     report, graph = predict(real, spec, tf32)
     with allow_tf32(tf32):
         run = run_graph(graph, module, inputs, settings)
-    section = validation_section(report, report.sections["roofline"], run, settings)
-    return dataclasses.replace(report, sections={**report.sections, "validation": section})
+    return report.with_(validation_section(report, run, settings))
 
 
 def _spec(args: argparse.Namespace) -> DeviceSpec:
     if args.profile or args.spec:
-        return device_spec(args.spec or args.device, args.devices, args.profile)
+        return resolve_device(args.spec or args.device, args.devices, args.profile)
     if args.device == "cuda":
         try:
-            return device_spec("cuda", args.devices)
+            return resolve_device("cuda", args.devices)
         except LoadError:
-            return device_spec(_guess_gpu(), args.devices)
-    return device_spec("cpu", args.devices)
+            return resolve_device(_guess_gpu(), args.devices)
+    return resolve_device("cpu", args.devices)
 
 
 def _guess_gpu() -> str:
@@ -128,7 +122,7 @@ def run(args: argparse.Namespace) -> int:
         status.update(f"capturing, then running every node {settings.repeat}× on {args.device}…")
         report = validate(loaded, spec, settings, DTYPES.get(args.dtype or ""), args.tf32)
     if not args.quiet:
-        out.print(validation_tables(report.sections["validation"], args.depth, args.top))
+        out.print(validation_tables(report.require(Validation), args.depth, args.top))
     if args.json:
         write_report(report, args.json)
         err.print(f"wrote {args.json}")

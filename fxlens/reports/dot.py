@@ -31,8 +31,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fxlens.analyzer.core.errors import ReportError
+from fxlens.analyzer.core.graph import repeated_blocks
 from fxlens.analyzer.core.report import NodeReport, Report
-from fxlens.analyzer.memory.training_state import repeated_blocks
 from fxlens.reports.escape import dot_escape
 from fxlens.reports.sections import node_memory, node_times
 from fxlens.reports.units import binary_bytes, si

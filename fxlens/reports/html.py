@@ -26,26 +26,24 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from importlib import resources
 from typing import Any
 
 from fxlens.analyzer.core.report import NodeReport, Report
+from fxlens.analyzer.core.sections import (
+    Findings,
+    KVCache,
+    Memory,
+    Quant,
+    QuantLayer,
+    Roofline,
+    Training,
+)
 from fxlens.reports.dot import collapsed_blocks, format_seconds, short_op
 from fxlens.reports.escape import html_escape as esc
 from fxlens.reports.escape import json_script
-from fxlens.reports.sections import (
-    findings,
-    first_key,
-    module_times,
-    node_times,
-    quant_layers,
-    quant_plan,
-    roofline_device,
-    roofline_points,
-    roofline_roof,
-    roofline_total_s,
-)
+from fxlens.reports.sections import module_times, node_times, roofline_roof
 from fxlens.reports.units import binary_bytes, percent, si
 
 CHART_POINTS = 1200     # the memory chart keeps at most this many (bucket maxima)
@@ -129,28 +127,28 @@ def _summary_cards(report: Report) -> str:
 
 def _section_cards(report: Report) -> list[tuple[str, str, str]]:
     cards: list[tuple[str, str, str]] = []
-    memory = report.sections.get("memory")
-    if isinstance(memory, Mapping) and "peak_activation_bytes" in memory:
-        cards.append(("activation peak", binary_bytes(memory["peak_activation_bytes"]),
-                      f"at node {memory.get('peak_node')} in "
-                      f"{memory.get('peak_module') or '(root)'}"))
-    training = report.sections.get("training")
-    if isinstance(training, Mapping) and "step_peak_bytes" in training:
-        cards.append(("training step peak", binary_bytes(training["step_peak_bytes"]),
-                      f"{training.get('precision', '')} · {training.get('optimizer', '')} · "
-                      f"{si(training.get('step_flops', 0), 'FLOP')}/step"))
-    cache = report.sections.get("kv_cache")
-    if isinstance(cache, Mapping) and "total_bytes" in cache:
-        cards.append(("KV cache", binary_bytes(cache["total_bytes"]),
-                      f"batch {cache.get('batch')} · context {cache.get('context')}"))
-    total_s = roofline_total_s(report)
-    if total_s is not None:
-        cards.append(("estimated time", format_seconds(total_s),
-                      str(roofline_device(report).get("name", ""))))
-    found = findings(report)
-    if found:
-        saved = sum(int(f.get("saved_bytes") or 0) for f in found)
-        cards.append(("fusion findings", str(len(found)), f"{binary_bytes(saved)} saveable"))
+    memory = report.get(Memory)
+    if memory is not None:
+        cards.append(("activation peak", binary_bytes(memory.peak_activation_bytes),
+                      f"at node {memory.peak_node} in {memory.peak_module or '(root)'}"))
+    training = report.get(Training)
+    if training is not None:
+        cards.append(("training step peak", binary_bytes(training.step_peak_bytes),
+                      f"{training.precision} · {training.optimizer} · "
+                      f"{si(training.step_flops, 'FLOP')}/step"))
+    cache = report.get(KVCache)
+    if cache is not None:
+        cards.append(("KV cache", binary_bytes(cache.total_bytes),
+                      f"batch {cache.batch} · context {cache.context}"))
+    roofline = report.get(Roofline)
+    if roofline is not None:
+        cards.append(("estimated time", format_seconds(roofline.totals.total_s),
+                      roofline.device.name))
+    found = report.get(Findings)
+    if found is not None and found.items:
+        saved = sum(f.saved_bytes for f in found.items)
+        cards.append(("fusion findings", str(len(found.items)),
+                      f"{binary_bytes(saved)} saveable"))
     return cards
 
 
@@ -199,12 +197,12 @@ def _hotspots(report: Report) -> str:
         parts.append(_node_table("by estimated time", ranked[:TOP], ("time", "share"),
                                  lambda n: (format_seconds(times.get(n.id, 0.0)),
                                             percent(times.get(n.id, 0.0), total_s))))
-    memory = report.sections.get("memory")
-    if isinstance(memory, Mapping) and memory.get("live_at_peak"):
-        rows = [(str(t.get("node", "")), str(t.get("target", "")), t.get("module") or "(root)",
-                 "×".join(str(d) for d in t.get("shape", [])) + f" {t.get('dtype', '')}",
-                 binary_bytes(t.get("bytes", 0)), str(t.get("category", "")))
-                for t in memory["live_at_peak"][:TOP]]
+    memory = report.get(Memory)
+    if memory is not None and memory.live_at_peak:
+        rows = [(str(t.node), t.target, t.module or "(root)",
+                 "×".join(str(d) for d in t.shape) + f" {t.dtype}",
+                 binary_bytes(t.bytes), t.category)
+                for t in memory.live_at_peak[:TOP]]
         parts.append('<div class="hot"><h3>by memory: largest tensors live at the peak</h3>'
                      + _table(("node", "op", "module", "shape", "bytes", "kind"), rows,
                               node_column=0) + "</div>")
@@ -237,9 +235,9 @@ def _table(header: Sequence[str], rows: Iterable[Sequence[Any]],
 
 
 def _memory_chart(report: Report, width: int = 960, height: int = 220) -> str:
-    memory = report.sections.get("memory")
-    timeline = memory.get("timeline") if isinstance(memory, Mapping) else None
-    if not isinstance(timeline, list) or not timeline:
+    memory = report.get(Memory)
+    timeline = list(memory.timeline) if memory is not None else []
+    if not timeline:
         return ""
     points = _bucket_max(timeline, CHART_POINTS)
     top = max(max(timeline), 1)
@@ -309,18 +307,19 @@ def _phase_bands(report: Report, x: Any, top: float, plot_h: float) -> str:
 def _roofline_chart(report: Report, width: int = 640, height: int = 360) -> str:
     """Each node at (FLOP/byte, FLOP/s). NB: when the section gives no intensity, the
     x position is the node's FLOPs over its bytes moved, a plot coordinate only."""
+    roofline = report.get(Roofline)
+    if roofline is None:
+        return ""
     by_id = {n.id: n for n in report.nodes}
     points = []
-    for entry in roofline_points(report):
-        node = by_id.get(entry.get("id"))  # type: ignore[arg-type]
-        seconds = first_key(entry, ("time_s", "estimated_s", "predicted_s"))
-        if node is None or not node.flops or not seconds:
+    for entry in roofline.nodes:
+        node = by_id.get(entry.id)
+        if node is None or not node.flops or not entry.time_s:
             continue
         moved = node.bytes_read + node.bytes_written
-        intensity = first_key(entry, ("intensity", "arithmetic_intensity"))
-        intensity = intensity or (node.flops / moved if moved else None)
+        intensity = entry.intensity or (node.flops / moved if moved else None)
         if intensity:
-            points.append((node, float(intensity), node.flops / float(seconds)))
+            points.append((node, float(intensity), node.flops / entry.time_s))
     if not points:
         return ""
     return _log_scatter(points, roofline_roof(report), width, height)
@@ -369,25 +368,39 @@ def _point_title(node: NodeReport) -> str:
 
 
 def _findings_table(report: Report) -> str:
-    found = sorted(findings(report), key=lambda f: -int(f.get("saved_bytes") or 0))
+    section = report.get(Findings)
+    found = sorted(section.items if section else (), key=lambda f: -f.saved_bytes)
     if not found:
         return ""
-    rows = [(f.get("code", ""), ", ".join(str(m) for m in f.get("modules", []) or []),
-             binary_bytes(int(f.get("saved_bytes") or 0)),
-             format_seconds(float(f["saved_s"])) if f.get("saved_s") else "",
-             f.get("message", ""), f.get("fix", "")) for f in found]
+    rows = [(f.code, ", ".join(f.modules), binary_bytes(f.saved_bytes),
+             format_seconds(f.saved_s) if f.saved_s else "", f.message, f.fix) for f in found]
     return _table(("code", "modules", "saves", "time saved", "finding", "fix"), rows)
 
 
 def _quant_tables(report: Report) -> str:
-    rows = quant_layers(report)
-    if not rows:
+    section = report.get(Quant)
+    if section is None:
         return ""
-    columns = list(dict.fromkeys(k for row in rows for k in row))
-    plan = quant_plan(report)
-    plan_html = (_table(("plan", "value"), [(k, _cell(v)) for k, v in plan.items()])
-                 if plan else "")
-    return plan_html + _table(columns, [[_cell(r.get(c)) for c in columns] for r in rows])
+    fmt = section.score_format
+    plan_html = ""
+    if section.plan is not None:
+        plan = section.plan
+        plan_html = _table(("plan", "value"), [
+            ("name", plan.name), ("activations", plan.activations),
+            ("weight memory", binary_bytes(plan.weight_bytes)),
+            ("from", binary_bytes(plan.original_bytes)),
+            ("compression", f"{plan.compression_ratio:.2f}×"),
+            ("predicted output SQNR", f"{_cell(plan.predicted_output_sqnr_db) or '∞'} dB"),
+            ("basis", plan.basis)])
+    columns = ("layer", "type", "params", "status", f"data-free SQNR {fmt} (dB)",
+               f"output SQNR {fmt} (dB)", "risks", "plan")
+    return plan_html + _table(columns, [_quant_row(r, fmt) for r in section.layers])
+
+
+def _quant_row(row: QuantLayer, fmt: str) -> tuple[str, ...]:
+    return (row.layer or "(root)", row.type.rsplit(".", 1)[-1], si(row.params), row.status,
+            _cell(row.data_free_sqnr_db.get(fmt)), _cell((row.output_sqnr_db or {}).get(fmt)),
+            ", ".join(row.risks), row.precision or "")
 
 
 def _cell(value: Any) -> str:

@@ -9,12 +9,12 @@ Every user-derived string goes through `markdown_escape`. Pure: Report → str.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 
 from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.core.sections import Findings, KVCache, Memory, Roofline, Training
 from fxlens.reports.dot import collapsed_blocks, format_seconds, short_op
 from fxlens.reports.escape import markdown_escape as esc
-from fxlens.reports.sections import findings, roofline_device, roofline_total_s
 from fxlens.reports.units import binary_bytes, percent, si
 
 TOP = 5
@@ -28,10 +28,10 @@ def render_markdown(report: Report, top: int = TOP) -> str:
                       ("module", "type", "params", "FLOPs", "share"))
     lines += _details(f"top {top} ops by FLOPs", _op_rows(report, top),
                       ("op", "calls", "FLOPs", "share", "bytes moved"))
-    found = sorted(findings(report), key=lambda f: -int(f.get("saved_bytes") or 0))
+    section = report.get(Findings)
+    found = sorted(section.items if section else (), key=lambda f: -f.saved_bytes)
     if found:
-        rows = [(str(f.get("code", "")), ", ".join(str(m) for m in f.get("modules") or [])[:80],
-                 binary_bytes(int(f.get("saved_bytes") or 0)), str(f.get("message", "")))
+        rows = [(f.code, ", ".join(f.modules)[:80], binary_bytes(f.saved_bytes), f.message)
                 for f in found[:top]]
         lines += _details(f"{len(found)} fusion findings", rows,
                           ("code", "modules", "saves", "finding"))
@@ -50,24 +50,23 @@ def _headline(report: Report) -> list[tuple[str, str]]:
     missing = sum(coverage.unsupported.values()) + len(coverage.failed)
     rows.append(("coverage", f"{coverage.ratio:.1%}" + (f" ({missing} ops uncosted)"
                                                          if missing else "")))
-    memory = report.sections.get("memory")
-    if isinstance(memory, Mapping) and "peak_activation_bytes" in memory:
-        rows.append(("activation peak", f"{binary_bytes(memory['peak_activation_bytes'])} in "
-                                        f"{memory.get('peak_module') or '(root)'}"))
-    training = report.sections.get("training")
-    if isinstance(training, Mapping) and "step_peak_bytes" in training:
-        rows.append(("training step", f"{si(training.get('step_flops', 0), 'FLOP')}, peak "
-                                      f"{binary_bytes(training['step_peak_bytes'])} "
-                                      f"({training.get('precision')}, "
-                                      f"{training.get('optimizer')})"))
-    cache = report.sections.get("kv_cache")
-    if isinstance(cache, Mapping) and "total_bytes" in cache:
-        rows.append(("KV cache", f"{binary_bytes(cache['total_bytes'])} at context "
-                                 f"{cache.get('context')}, batch {cache.get('batch')}"))
-    total_s = roofline_total_s(report)
-    if total_s is not None:
-        rows.append(("estimated time", f"{format_seconds(total_s)} on "
-                                       f"{roofline_device(report).get('name', '?')}"))
+    memory = report.get(Memory)
+    if memory is not None:
+        rows.append(("activation peak", f"{binary_bytes(memory.peak_activation_bytes)} in "
+                                        f"{memory.peak_module or '(root)'}"))
+    training = report.get(Training)
+    if training is not None:
+        rows.append(("training step", f"{si(training.step_flops, 'FLOP')}, peak "
+                                      f"{binary_bytes(training.step_peak_bytes)} "
+                                      f"({training.precision}, {training.optimizer})"))
+    cache = report.get(KVCache)
+    if cache is not None:
+        rows.append(("KV cache", f"{binary_bytes(cache.total_bytes)} at context "
+                                 f"{cache.context}, batch {cache.batch}"))
+    roofline = report.get(Roofline)
+    if roofline is not None:
+        rows.append(("estimated time", f"{format_seconds(roofline.totals.total_s)} on "
+                                       f"{roofline.device.name}"))
     return rows
 
 

@@ -45,6 +45,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from fxlens.analyzer.core.sections import DeviceFigures
+
 GIB = 2**30
 T = 1e12
 DTYPE_KEYS = ("fp32", "tf32", "bf16", "fp16", "fp8", "int8")
@@ -92,6 +94,10 @@ class DeviceSpec:
     @property
     def achievable_bandwidth(self) -> float:
         return self.bandwidth_bytes_per_s * self.bandwidth_efficiency
+
+    def figures(self) -> DeviceFigures:
+        """The figures as a report records them."""
+        return DeviceFigures(**self.to_json())
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: (dict(getattr(self, f.name)) if f.name == "peak_flops"
@@ -263,3 +269,21 @@ def cached_profile(name: str) -> DeviceSpec | None:
     """The cached calibrated profile of device `name`, if `analyze calibrate` wrote one."""
     path = profile_dir() / f"{name}.json"
     return load_profile(path) if path.is_file() else None
+
+
+def device_spec(name: str, devices_file: str | None = None, profile: str | None = None
+                ) -> DeviceSpec:
+    """The device to estimate for: a calibrated `profile` when given; else `name` from the
+    user's `devices_file` or the registry; ``cpu`` and ``cuda`` use their cached calibrated
+    profile (`analyze calibrate`) when one exists. ValueError says what is wrong."""
+    if profile is not None:
+        return load_profile(Path(profile))
+    extra = load_devices(Path(devices_file)) if devices_file else {}
+    key = name.strip().lower()
+    cached = cached_profile(key) if key in ("cpu", "cuda") and key not in extra else None
+    if cached is not None:
+        return cached
+    if key == "cuda" and "cuda" not in extra:
+        raise ValueError("no calibrated profile for 'cuda'; run `analyze calibrate "
+                         "--device cuda` or name the GPU (--device h100)")
+    return device(name, extra)

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.core.codec import encode
 from fxlens.analyzer.quant.section import QuantSettings, quant_section
 from fxlens.analyzer.quant.weights import find_layers
 from fxlens.rules import load_rules
@@ -64,7 +65,7 @@ def fxlens_scores(module: nn.Module, inputs: Any, batches: list[Any], fmt: Numbe
         known = dataclasses.replace(known, formats={fmt.name: fmt})
     name = fmt.name if isinstance(fmt, NumberFormat) else fmt
     graph = capture(module, inputs, load_rules())
-    section = quant_section(module, graph, known, QuantSettings(calibration=batches))
+    section = encode(quant_section(module, graph, known, QuantSettings(calibration=batches)))
     if expect_metric is not None:
         assert section["calibration"]["metric"] == expect_metric
     rows = section["layers"]

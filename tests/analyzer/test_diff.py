@@ -14,8 +14,20 @@ from typing import Any
 
 import pytest
 
+from fxlens.analyzer.core.codec import encode
 from fxlens.analyzer.core.errors import ReportError
 from fxlens.analyzer.core.report import Report, load_report, report_from_dict
+from fxlens.analyzer.core.sections import (
+    DeviceFigures,
+    Finding,
+    Hotspots,
+    Memory,
+    ModuleTiming,
+    Roofline,
+    RooflineSettings,
+    RooflineTotals,
+    Throughput,
+)
 from fxlens.analyzer.review.diff import Delta, ModuleStatus, ReportDiff, compare, diff_to_json
 from fxlens.analyzer.review.gates import Gate, check_gates, parse_gate, parse_gates
 from fxlens.reports.diff_html import render_diff_html
@@ -67,6 +79,35 @@ def _module(path: str, kind: str, depth: int, flops: int, params: int, read: int
     return {"path": path, "type": kind, "depth": depth, "flops": flops, "macs": flops // 2,
             "bytes_read": read, "bytes_written": written, "params": params,
             "param_bytes": 4 * params, "nodes": nodes}
+
+
+def memory_json(peak: int, allocated: dict[str, int], live: dict[str, int] | None = None
+                ) -> dict[str, Any]:
+    """A ``memory`` section as written on disk, with the figures diff reads."""
+    return encode(Memory(lifetimes="graph", param_bytes=0, buffer_bytes=0, input_bytes=0,
+                         peak_activation_bytes=peak, peak_node=None, peak_module="",
+                         timeline=(), live_at_peak=(), live_at_peak_count=0,
+                         allocated_by_module=allocated, live_at_peak_by_module=live or {}))
+
+
+def roofline_json(module_s: dict[str, float]) -> dict[str, Any]:
+    """A ``roofline`` section as written on disk, with the times diff reads."""
+    device = DeviceFigures(name="toy", memory_bytes=1, source="test", peak_flops={"fp32": 1.0},
+                           bandwidth_bytes_per_s=1.0, kind="gpu", compute_efficiency=1.0,
+                           bandwidth_efficiency=1.0, launch_s=0.0, calibrated=False)
+    return encode(Roofline(
+        device=device, settings=RooflineSettings(tf32=False, dtype_rule=""), nodes=(),
+        modules=tuple(ModuleTiming(path, s, 0.0) for path, s in module_s.items()),
+        totals=RooflineTotals(time_s=module_s[""], compute_bound_s=0.0, memory_bound_s=0.0,
+                              launch_bound_s=0.0, launch_s=0.0, by_phase={},
+                              uncosted_nodes=0),
+        throughput=Throughput(1, 0, 0.0), mfu=0.0, mfu_dtype="fp32",
+        hotspots=Hotspots((), ())))
+
+
+def finding_json(code: str, modules: list[str], message: str) -> dict[str, Any]:
+    return encode(Finding(code=code, nodes=(), modules=tuple(modules), saved_bytes=0,
+                          saved_s=None, message=message, fix=""))
 
 
 def report(leaves: Sequence[Leaf], **kwargs: Any) -> Report:
@@ -150,8 +191,7 @@ def test_notes_say_when_the_runs_differ() -> None:
 
 def test_memory_sections_give_activation_and_peak_deltas() -> None:
     def memory(fc1: int, peak: int) -> dict[str, Any]:
-        return {"peak_activation_bytes": peak, "allocated_by_module": {"fc1": fc1, "act": 128},
-                "live_at_peak_by_module": {"fc1": fc1}}
+        return memory_json(peak, {"fc1": fc1, "act": 128}, {"fc1": fc1})
 
     diff = compare(report(BASE, memory=memory(128, 256)), report(BASE, memory=memory(512, 640)))
     assert diff.totals["peak_memory"] == Delta(256, 640)
@@ -161,7 +201,7 @@ def test_memory_sections_give_activation_and_peak_deltas() -> None:
 
 
 def test_a_section_only_one_side_has_is_not_a_module_change() -> None:
-    memory = {"peak_activation_bytes": 1, "allocated_by_module": {"fc1": 128}}
+    memory = memory_json(1, {"fc1": 128})
     diff = compare(report(BASE), report(BASE, memory=memory))
     assert diff.modules == ()
     assert diff.totals["peak_memory"] == Delta(None, 1)
@@ -170,8 +210,7 @@ def test_a_section_only_one_side_has_is_not_a_module_change() -> None:
 
 def test_roofline_time_when_present() -> None:
     def roofline(fc2_s: float) -> dict[str, Any]:
-        return {"totals": {"time_s": 1e-3 + fc2_s},
-                "modules": [{"path": "", "time_s": 1e-3 + fc2_s}, {"path": "fc2", "time_s": fc2_s}]}
+        return roofline_json({"": 1e-3 + fc2_s, "fc2": fc2_s})
 
     diff = compare(report(BASE, roofline=roofline(1e-3)), report(BASE, roofline=roofline(3e-3)))
     assert diff.totals["time"].change == pytest.approx(2e-3)
@@ -179,11 +218,11 @@ def test_roofline_time_when_present() -> None:
 
 
 def test_new_and_resolved_findings_follow_renames() -> None:
-    old = report(BASE, findings=[{"code": "FUS001", "modules": ["fc2"], "message": "epilogue"},
-                                 {"code": "FUS003", "modules": ["fc1"], "message": "gone"}])
+    old = report(BASE, findings=[finding_json("FUS001", ["fc2"], "epilogue"),
+                                 finding_json("FUS003", ["fc1"], "gone")])
     renamed = [BASE[0], BASE[1], ("head", LINEAR, 2000, 200, (4, 2))]
-    new = report(renamed, findings=[{"code": "FUS001", "modules": ["head"], "message": "x"},
-                                    {"code": "QNT002", "modules": ["act"], "message": "new"}])
+    new = report(renamed, findings=[finding_json("FUS001", ["head"], "x"),
+                                    finding_json("QNT002", ["act"], "new")])
     diff = compare(old, new)
     assert [(f.code, f.modules) for f in diff.new_findings] == [("QNT002", ("act",))]
     assert [(f.code, f.modules) for f in diff.resolved_findings] == [("FUS003", ("fc1",))]
@@ -251,11 +290,30 @@ def test_an_older_schema_version_is_a_clear_error(tmp_path: Path) -> None:
         load_report(path)
 
 
+def test_a_malformed_section_is_one_error_naming_the_field(tmp_path: Path) -> None:
+    data = report_dict(BASE, memory=memory_json(1, {"fc1": 1}))
+    data["memory"]["peak_activation_bytes"] = "lots"
+    path = tmp_path / "pr.report.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ReportError, match=r"memory\.peak_activation_bytes: expected an integer"):
+        load_report(path)
+
+
+def test_sections_survive_the_json_round_trip() -> None:
+    data = report_dict(BASE, memory=memory_json(5, {"fc1": 5}), roofline=roofline_json({"": 1.0}),
+                       findings=[finding_json("FUS001", ["fc1"], "m")])
+    loaded = report_from_dict(data)
+    assert loaded.require(Memory).peak_activation_bytes == 5
+    assert loaded.require(Roofline).totals.total_s == 1.0
+    assert json.loads(loaded.to_json())["findings"] == data["findings"]
+    assert report_from_dict(json.loads(loaded.to_json())) == loaded
+
+
 # --- renderers --------------------------------------------------------------------------------
 
 def _evil_diff() -> ReportDiff:
     new = [*BASE, (EVIL, LINEAR, 500, 50, (4, 2))]
-    findings = [{"code": "FUS001", "modules": [EVIL], "message": "<b>fuse</b> | me"}]
+    findings = [finding_json("FUS001", [EVIL], "<b>fuse</b> | me")]
     return compare(report(BASE), report(new, findings=findings))
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from fxlens.analyzer.core.codec import encode
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.cost.engine import analyze
@@ -33,7 +34,7 @@ def fusion_of(module: nn.Module, *inputs: torch.Tensor, bandwidth: float | None 
 def test_pointwise_chain_is_one_kernel_reading_and_writing_once() -> None:
     n = 8 * 32 * F32
     fusion, _ = fusion_of(Chain().eval(), torch.randn(8, 32))
-    section = fusion.section
+    section = encode(fusion.section)
     assert (section["kernels_unfused"], section["kernels_fused"]) == (3, 1)
     assert section["bytes_unfused"] == 3 * (n + n)
     assert section["bytes_fused"] == n + n
@@ -41,8 +42,8 @@ def test_pointwise_chain_is_one_kernel_reading_and_writing_once() -> None:
 
 def test_gemm_stays_a_library_call_unless_epilogues_fuse() -> None:
     fusion, _ = fusion_of(LinearRelu().eval(), torch.randn(4, 32))
-    assert fusion.section["kernels_fused"] == 2          # addmm, then relu·0.5 in one kernel
-    assert fusion.section["kernels_fused_with_epilogues"] == 1
+    assert encode(fusion.section)["kernels_fused"] == 2    # addmm, then relu·0.5 in one kernel
+    assert encode(fusion.section)["kernels_fused_with_epilogues"] == 1
 
 
 class Around(nn.Module):
@@ -59,7 +60,7 @@ class Around(nn.Module):
 
 def test_no_fusion_across_a_kernel_in_between() -> None:
     fusion, _ = fusion_of(Around().eval(), torch.randn(4, 16))
-    assert fusion.section["kernels_fused"] == 3
+    assert encode(fusion.section)["kernels_fused"] == 3
 
 
 def test_findings_ranked_by_saved_bytes_with_seconds_on_a_device() -> None:
@@ -76,15 +77,15 @@ def test_sections_on_inference_reports_and_the_fused_roofline() -> None:
     module, inputs = mlp.build()
     loaded = LoadedModel(module, inputs, "mlp", "tests/models/mlp.py")
     report = analyze_loaded(loaded, AnalysisOptions(strict=True, device="h100"))
-    findings = report.sections["findings"]
+    findings = report.to_dict()["findings"]
     assert findings and set(findings[0]) == {"code", "nodes", "modules", "saved_bytes",
                                              "saved_s", "message", "fix"}
     assert findings[0]["saved_s"] is not None
-    fusion = report.sections["fusion"]
+    fusion = report.to_dict()["fusion"]
     assert fusion["by_module"][""]["kernels_fused"] == fusion["kernels_fused"]
     assert fusion["by_module"][""]["bytes_unfused"] == fusion["bytes_unfused"]
     fused = analyze_loaded(loaded, AnalysisOptions(strict=True, device="h100", fused=True))
-    assert len(fused.sections["roofline"]["nodes"]) == fusion["kernels_fused"]
+    assert len(fused.to_dict()["roofline"]["nodes"]) == fusion["kernels_fused"]
 
 
 def test_fused_report_keeps_flops_and_moves_fused_bytes() -> None:

@@ -90,7 +90,6 @@ def test_decode_step_adds_weights_cache_and_one_token_activations() -> None:
     assert step.total_bytes == weights + cache.total_bytes + one_token.peak_activation_bytes
     # one token's logits, 128 256 bf16 values, are part of its activation peak
     assert one_token.peak_activation_bytes >= 128256 * 2
-    assert step.to_section()["total_bytes"] == step.total_bytes
 
 
 def test_bad_sizes_are_refused() -> None:

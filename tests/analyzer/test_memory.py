@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from fxlens.analyzer.core.codec import encode
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
 from fxlens.analyzer.memory.liveness import Lifetimes, allocation_bytes, liveness
@@ -249,7 +250,7 @@ def test_section_has_the_report_contract_and_is_json() -> None:
     b = Build()
     x = b.leaf(T(4, 8))
     r = b.call("aten.relu.default", {"self": x}, T(4, 8))
-    section = profile(b.graph(outputs=(r,))).to_section()
+    section = encode(profile(b.graph(outputs=(r,))).to_section())
     for key in ("param_bytes", "buffer_bytes", "peak_activation_bytes", "peak_node",
                 "timeline", "peak_module", "live_at_peak", "input_bytes"):
         assert key in section

@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.core.codec import encode
 from fxlens.analyzer.quant.section import QuantSettings, quant_section
 from fxlens.api import AnalysisOptions, analyze_target
 from fxlens.cli.main import main
@@ -39,7 +40,8 @@ class Attention(nn.Module):
 
 def _section(model: nn.Module, inputs: tuple[torch.Tensor, ...], **settings: object) -> dict:
     graph = capture(model, inputs, load_rules())
-    return quant_section(model, graph, knowledge(), QuantSettings(**settings))  # type: ignore[arg-type]
+    return encode(quant_section(model, graph, knowledge(),
+                                QuantSettings(**settings)))  # type: ignore[arg-type]
 
 
 def _rows(section: dict) -> dict[str, dict]:
@@ -57,7 +59,7 @@ def test_structure_risks_from_the_graph() -> None:
 
 def test_random_init_is_refused_not_scored() -> None:
     section = analyze_target(str(MODELS / "mlp.py"), AnalysisOptions(quant=True)
-                             ).sections["quant"]
+                             ).to_dict()["quant"]
     assert section["status"] == "random_init"
     assert all(r["data_free_sqnr_db"] == {} and "random" in r["reason"]
                for r in section["layers"])
@@ -67,8 +69,8 @@ def test_meta_weights_are_refused_and_planned_nominally() -> None:
     with torch.device("meta"):
         model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 10))
     graph = capture(model, (torch.randn(2, 256, device="meta"),), load_rules())
-    section = quant_section(model, graph, knowledge(),
-                            QuantSettings(plan=plan_request("w4a16", None)))
+    section = encode(quant_section(model, graph, knowledge(),
+                                   QuantSettings(plan=plan_request("w4a16", None))))
     assert section["status"] == "meta"
     assert section["plan"]["basis"] == "nominal"
     assert section["plan"]["precision"]["0"] == "int8_per_channel"   # 18 dB < 30 dB: raised
@@ -144,7 +146,7 @@ def test_calibration_generator_from_the_model_file(tmp_path: Path) -> None:
     path = tmp_path / "calibrated_mlp.py"
     path.write_text(source)
     report = analyze_target(str(path), AnalysisOptions(calibrate=True, quant_plan="w8a8"))
-    quant = report.sections["quant"]
+    quant = report.to_dict()["quant"]
     assert quant["calibration"] == {"batches": 3, "source": "calibration()",
                                     "activations": False, "metric": "kl",
                                     "logit_leaves": 1}

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.core.codec import encode
 from fxlens.analyzer.core.graph import Graph
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.cost.engine import analyze
@@ -33,7 +34,7 @@ def single_op(target: str, *args: Any) -> tuple[Report, Graph]:
 
 def section(target: str, *args: Any, tf32: bool = False) -> dict[str, Any]:
     report, graph = single_op(target, *args)
-    return roofline_section(report, graph, TOY, tf32=tf32)
+    return encode(roofline_section(report, graph, TOY, tf32=tf32))
 
 
 def test_a_large_gemm_is_compute_bound() -> None:
@@ -91,7 +92,7 @@ def gpt() -> tuple[Report, Graph]:
 
 def test_totals_modules_and_hotspots_add_up_on_tiny_gpt() -> None:
     report, graph = gpt()
-    result = roofline_section(report, graph, TOY)
+    result = encode(roofline_section(report, graph, TOY))
     times = [n["time_s"] for n in result["nodes"]]
     assert len(times) == len(report.nodes)
     total = result["totals"]["time_s"]
@@ -112,7 +113,7 @@ def test_totals_modules_and_hotspots_add_up_on_tiny_gpt() -> None:
 
 def test_tokens_per_second_and_mfu_on_tiny_gpt() -> None:
     report, graph = gpt()
-    result = roofline_section(report, graph, TOY)
+    result = encode(roofline_section(report, graph, TOY))
     time_s = result["totals"]["time_s"]
     rate = result["throughput"]
     assert throughput_basis(graph).tokens == 2 * 16           # (B, T) token ids
@@ -127,32 +128,32 @@ def test_tokens_per_second_and_mfu_on_tiny_gpt() -> None:
 
 def test_an_image_model_reports_samples_not_tokens() -> None:
     report, graph = single_op("aten.relu.default", T(8, 3, 4, 4))
-    rate = roofline_section(report, graph, TOY)["throughput"]
+    rate = encode(roofline_section(report, graph, TOY))["throughput"]
     assert rate["batch"] == 8 and rate["tokens"] == 0 and "tokens_per_s" not in rate
 
 
 def test_training_step_time_adds_forward_backward_and_optimizer() -> None:
     report = analyze_target("tests/models/mlp.py", AnalysisOptions(train=True, device="h100"))
-    totals = report.sections["roofline"]["totals"]
+    totals = report.to_dict()["roofline"]["totals"]
     phases = totals["by_phase"]
     assert set(phases) == {"forward", "backward"} and phases["backward"] > phases["forward"]
     assert totals["optimizer_s"] > 0
     assert totals["step_time_s"] == pytest.approx(
         phases["forward"] + phases["backward"] + totals["optimizer_s"])
-    rate = report.sections["roofline"]["throughput"]
+    rate = report.to_dict()["roofline"]["throughput"]
     assert rate["samples_per_s"] == pytest.approx(4 / totals["step_time_s"])
 
 
 def test_inference_has_no_step_time_and_no_device_means_no_section() -> None:
     report = analyze_target("tests/models/mlp.py", AnalysisOptions(device="a100"))
-    assert "step_time_s" not in report.sections["roofline"]["totals"]
-    assert report.sections["roofline"]["device"]["name"] == "a100-80gb"
-    assert "roofline" not in analyze_target("tests/models/mlp.py").sections
+    assert "step_time_s" not in report.to_dict()["roofline"]["totals"]
+    assert report.to_dict()["roofline"]["device"]["name"] == "a100-80gb"
+    assert "roofline" not in analyze_target("tests/models/mlp.py").to_dict()
 
 
 def test_every_device_gives_positive_times() -> None:
     report, graph = gpt()
     for name in ("h100", "t4", "mi300x", "cpu"):
-        result = roofline_section(report, graph, device(name))
+        result = encode(roofline_section(report, graph, device(name)))
         assert result["totals"]["time_s"] > 0
         assert set(result["device"]["peak_flops"]) == set(DTYPE_KEYS)

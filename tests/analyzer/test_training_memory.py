@@ -16,7 +16,8 @@ from torch import nn
 
 from fxlens.analyzer.capture.chain import param_infos
 from fxlens.analyzer.capture.fx_convert import type_name
-from fxlens.analyzer.core.graph import ParamInfo
+from fxlens.analyzer.core.codec import encode
+from fxlens.analyzer.core.graph import ParamInfo, repeated_blocks
 from fxlens.analyzer.memory.training_state import (
     BlockActivations,
     LinearActivation,
@@ -26,7 +27,6 @@ from fxlens.analyzer.memory.training_state import (
     largest_batch,
     optimizer_step_flops,
     parse_bytes,
-    repeated_blocks,
     state_memory,
 )
 from fxlens.rules.training import Optimizer, Precision
@@ -115,7 +115,7 @@ def test_roll_up_the_module_hierarchy() -> None:
 
 def test_to_json_is_plain_and_sorted() -> None:
     params = [ParamInfo("b.w", T(2)), ParamInfo("a.w", T(2))]
-    data = state_memory(params, Precision.FP32.spec, ADAM).to_json()
+    data = encode(state_memory(params, Precision.FP32.spec, ADAM).to_section())
     assert json.loads(json.dumps(data)) == data
     assert list(data["by_module"]) == ["", "a", "b"]
     assert data["total"] == 2 * 2 * 16 and data["by_module"]["a"]["optimizer_bytes"] == 2 * 8

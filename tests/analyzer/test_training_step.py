@@ -27,7 +27,7 @@ def step(target: str, **options: Any) -> Report:
 
 
 def training(target: str, **options: Any) -> dict[str, Any]:
-    return step(target, **options).sections["training"]
+    return step(target, **options).to_dict()["training"]
 
 
 def test_fp32_adamw_states_are_16_bytes_per_parameter() -> None:
@@ -42,7 +42,7 @@ def test_amp_bf16_states_and_captured_gradients() -> None:
     states = section["states"]
     assert states["total"] == (4 + 2 + 2 + 8) * MLP_PARAMS
     report = step(MLP, precision="amp-bf16", optimizer="adam")
-    assert report.sections["memory"]["peak_by_category"]["gradient"] == 2 * MLP_PARAMS
+    assert report.to_dict()["memory"]["peak_by_category"]["gradient"] == 2 * MLP_PARAMS
 
 
 def test_step_flops_add_up() -> None:
@@ -101,7 +101,7 @@ def test_first_step_peak_within_10_percent_of_a_real_run(name: str) -> None:
     module, inputs = ZOO[name]()
     report = analyze_loaded(LoadedModel(module, inputs, name, name),
                             AnalysisOptions(train=True, precision="fp32"))
-    section = report.sections["training"]
+    section = report.to_dict()["training"]
     states = section["states"]
     predicted = (section["first_step_peak_bytes"] - states["weights_bytes"]
                  - states["buffer_bytes"] - states["master_bytes"])

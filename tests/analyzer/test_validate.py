@@ -44,7 +44,7 @@ def validated(name: str) -> dict[str, Any]:
     build = OWN_ZOO[name] if name in OWN_ZOO else HF_ZOO[name.removeprefix("hf-")]
     model, inputs = build()
     report = validate(LoadedModel(model, inputs, name, "zoo"), host_cpu(), FAST)
-    return {"report": report, "validation": report.sections["validation"]}
+    return {"report": report, "validation": report.to_dict()["validation"]}
 
 
 @pytest.mark.parametrize("name", [*OWN_ZOO, *(f"hf-{n}" for n in SMALL_HF)])
@@ -57,7 +57,7 @@ def test_every_node_is_timed_with_both_figures(name: str) -> None:
         assert node["measured_s"] > 0 and node["predicted_s"] >= 0
     total = validation["total"]
     assert total["measured_s"] == pytest.approx(sum(n["measured_s"] for n in validation["nodes"]))
-    assert total["predicted_s"] == pytest.approx(report.sections["roofline"]["totals"]["time_s"])
+    assert total["predicted_s"] == pytest.approx(report.to_dict()["roofline"]["totals"]["time_s"])
     assert total["error"] == pytest.approx(error(total["predicted_s"], total["measured_s"]))
     assert total["pass_s"] > 0 and total["eager_s"] > 0
     root = next(m for m in validation["modules"] if m["path"] == "")

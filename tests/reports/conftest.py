@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.core.sections import Finding, Findings, Quant, QuantLayer, QuantPlan
 from fxlens.api import AnalysisOptions, analyze_loaded
 from tests.models import evil_names, tiny_gpt
 
@@ -25,12 +24,18 @@ def gpt_report() -> Report:
 @pytest.fixture(scope="session")
 def evil_report() -> Report:
     report = analyzed(evil_names.build, "evil <b>model</b>", "tests/models/evil_names.py")
-    # A finding and a quant row carrying markup too, as later stages will write them.
-    return dataclasses.replace(report, sections={
-        **report.sections,
-        "findings": [{"code": "FUS001", "nodes": [report.nodes[0].id],
-                      "modules": [evil_names.SCRIPT_NAME], "saved_bytes": 64, "saved_s": 1e-6,
-                      "message": "<img src=x onerror=alert(2)>", "fix": "torch.compile"}],
-        "quant": {"layers": [{"name": evil_names.SCRIPT_NAME, "sqnr_db": {"int8": 41.5}}],
-                  "plan": {"weights_bytes": 128}},
-    })
+    # A finding and a quant row carrying markup too, in the sections' real types.
+    finding = Finding(code="FUS001", nodes=(report.nodes[0].id,),
+                      modules=(evil_names.SCRIPT_NAME,), saved_bytes=64, saved_s=1e-6,
+                      message="<img src=x onerror=alert(2)>", fix="torch.compile")
+    layer = QuantLayer(layer=evil_names.SCRIPT_NAME, type="torch.nn.Linear", params=64,
+                       status="scored", reason=None, stats={},
+                       weight_sqnr_db={"int8": 41.5}, data_free_sqnr_db={"int8": 41.5},
+                       risks=(), risk_details={}, precision="int8")
+    plan = QuantPlan(name="w8a8", activations="int8", weight_bytes=128, original_bytes=256,
+                     compression_ratio=2.0, budget_bytes=None, fits=None,
+                     predicted_output_sqnr_db=41.5, basis="data-free",
+                     precision={evil_names.SCRIPT_NAME: "int8"})
+    quant = Quant(status="scored", notes=(), formats=("int8",), score_format="int8",
+                  calibration=None, layers=(layer,), risks=(), plan=plan)
+    return report.with_(Findings((finding,)), quant)

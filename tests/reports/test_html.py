@@ -79,7 +79,7 @@ def test_memory_chart_marks_the_peak(gpt_report: Report) -> None:
     page = render_html(gpt_report, None)
     chart = page[page.index('<svg id="memory-chart"'):]
     chart = chart[:chart.index("</svg>")]
-    peak = gpt_report.sections["memory"]["peak_node"]
+    peak = gpt_report.to_dict()["memory"]["peak_node"]
     assert f'data-node="{peak}"' in chart and "peak " in chart and "<polyline" in chart
 
 

@@ -93,6 +93,12 @@ class NodeKind(str, Enum):
     CALL = "call"
 
 
+def packet(target: str) -> str:
+    """The overload packet of an op name: ``aten.mm`` for ``aten.mm.default``."""
+    parts = target.split(".")
+    return ".".join(parts[:2]) if len(parts) >= 3 else target
+
+
 @dataclass(frozen=True)
 class Node:
     """One op call (or one graph input) in the captured graph."""
@@ -110,8 +116,7 @@ class Node:
     @property
     def packet(self) -> str:
         """The overload packet, e.g. ``aten.mm`` for ``aten.mm.default``."""
-        parts = self.target.split(".")
-        return ".".join(parts[:2]) if len(parts) >= 3 else self.target
+        return packet(self.target)
 
     def input_refs(self) -> Iterator[TensorRef]:
         """Every TensorRef among the arguments, in schema order."""
@@ -157,3 +162,29 @@ class Graph:
 
     def calls(self) -> Iterator[Node]:
         return (n for n in self.nodes if n.kind is NodeKind.CALL)
+
+
+def repeated_blocks(module_types: Mapping[str, str]) -> tuple[str, ...]:
+    """Paths of repeated blocks: the children ``0 … N-1`` (N ≥ 2) of one parent, one type.
+
+    `module_types` maps module path → type name (``Graph.module_types``). A run nested in a
+    block of another run (the experts inside each decoder layer) is left out: checkpointing
+    the outer blocks already covers it. Runs come in the order of `module_types`.
+    """
+    children: dict[str, dict[str, str]] = {}
+    for path in module_types:
+        if path:
+            parent, _, name = path.rpartition(".")
+            children.setdefault(parent, {})[name] = path
+    runs: list[list[str]] = []
+    for kids in children.values():
+        numbered = {name for name in kids if name.isdigit()}
+        if len(numbered) < 2 or numbered != {str(i) for i in range(len(numbered))}:
+            continue
+        run = [kids[str(i)] for i in range(len(numbered))]
+        if len({module_types[p] for p in run}) == 1:
+            runs.append(run)
+    members = [p for run in runs for p in run]
+    outer = [run for run in runs
+             if not any(run[0].startswith(m + ".") for m in members)]
+    return tuple(p for run in outer for p in run)

@@ -2,8 +2,10 @@
 
 Field names are a public contract (see README, "Report format"). `to_json` writes sorted keys
 and no timestamps, so the same model gives the same bytes; `load_report` reads JSON only and
-never executes anything. Sections added by later stages (memory, roofline, findings…) live in
-`sections`, keyed by name, so older readers ignore what they do not know.
+never executes anything. Sections added by the analysis passes (memory, roofline, findings…)
+are typed (`fxlens.analyzer.core.sections`), found by type (`report.get(Memory)`) and written
+under their key; a reader ignores keys it does not know, and a known section that does not
+match its class fails the load with one `ReportError` naming the field.
 
 Bump `SCHEMA_VERSION` when a field changes meaning or disappears; adding a field does not.
 """
@@ -12,11 +14,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import fxlens.analyzer.core.sections  # noqa: F401  (registers every section type)
+from fxlens.analyzer.core.codec import CodecError
 from fxlens.analyzer.core.errors import ReportError
+from fxlens.analyzer.core.section import SECTION_TYPES, Section
+
+S = TypeVar("S", bound=Section)
 
 SCHEMA_VERSION = 1
 
@@ -109,13 +116,30 @@ class Report:
     modules: tuple[ModuleReport, ...]
     coverage: Coverage
     meta: Mapping[str, str]
-    sections: Mapping[str, Any] = field(default_factory=dict)
+    sections: Mapping[str, Section] = field(default_factory=dict)
     schema_version: int = SCHEMA_VERSION
 
+    def get(self, kind: type[S]) -> S | None:
+        """The section of type `kind`, or None when the report has none."""
+        found = self.sections.get(kind.key)
+        return found if isinstance(found, kind) else None
+
+    def require(self, kind: type[S]) -> S:
+        """The section of type `kind`; `ReportError` when the report has none."""
+        found = self.get(kind)
+        if found is None:
+            raise ReportError(f"the report has no {kind.key!r} section")
+        return found
+
+    def with_(self, *sections: Section) -> Report:
+        """This report with `sections` added (replacing any of the same type)."""
+        return replace(self, sections={**self.sections, **{s.key: s for s in sections}})
+
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
+        data = asdict(replace(self, sections={}))
         data["coverage"]["ratio"] = self.coverage.ratio
-        data.update(data.pop("sections"))
+        data.pop("sections")
+        data.update({key: s.to_json() for key, s in self.sections.items()})
         return data
 
     def to_json(self) -> str:
@@ -158,7 +182,9 @@ def load_report(path: Path) -> Report:
         )
     try:
         return report_from_dict(data)
-    except (KeyError, TypeError) as error:
+    except CodecError as error:
+        raise ReportError(f"{path} is not a valid fxlens report: {error}") from error
+    except (KeyError, TypeError, ValueError) as error:
         raise ReportError(f"{path} is not a valid fxlens report: {error!r}") from error
 
 
@@ -176,6 +202,12 @@ def report_from_dict(data: Mapping[str, Any]) -> Report:
         modules=tuple(ModuleReport(**m) for m in data["modules"]),
         coverage=Coverage(**coverage),
         meta=data["meta"],
-        sections={k: v for k, v in data.items() if k not in _CORE_FIELDS},
+        sections=_sections(data),
         schema_version=data["schema_version"],
     )
+
+
+def _sections(data: Mapping[str, Any]) -> dict[str, Section]:
+    """The known sections of a report's JSON, decoded; unknown keys are left out."""
+    return {key: SECTION_TYPES[key].from_json(value) for key, value in data.items()
+            if key not in _CORE_FIELDS and key in SECTION_TYPES}

@@ -34,12 +34,13 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, ancestors
 from fxlens.analyzer.core.report import NodeReport, Report
+from fxlens.analyzer.core.sections import Finding, Findings, Fusion, KernelCounts
 
 
 class OpKind(str, Enum):
@@ -80,22 +81,6 @@ class FusionRule:
     @property
     def doc(self) -> str:
         return (self.match.__doc__ or "").strip()
-
-
-@dataclass(frozen=True)
-class Finding:
-    code: str
-    nodes: tuple[int, ...]
-    modules: tuple[str, ...]
-    saved_bytes: int
-    saved_s: float | None
-    message: str
-    fix: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"code": self.code, "nodes": list(self.nodes), "modules": list(self.modules),
-                "saved_bytes": self.saved_bytes, "saved_s": self.saved_s,
-                "message": self.message, "fix": self.fix}
 
 
 class FusionGraph:
@@ -362,42 +347,40 @@ def _common_module(paths: list[str]) -> str:
     return common[-1] if common else ""
 
 
-def fusion_section(plan: KernelPlan, epilogue_plan: KernelPlan | None = None) -> dict[str, Any]:
+def fusion_section(plan: KernelPlan, epilogue_plan: KernelPlan | None,
+                   unfused: Mapping[str, KernelCounts]) -> Fusion:
     """The report's ``fusion`` section: kernel counts and bytes moved, unfused and fused,
     in total and per module (each module with its submodules)."""
-    by_module: dict[str, dict[str, int]] = defaultdict(
-        lambda: {"kernels_unfused": 0, "kernels_fused": 0, "bytes_unfused": 0, "bytes_fused": 0})
+    by_module: dict[str, KernelCounts] = dict(unfused)
     for kernel in plan.kernels:
         for path in ancestors(kernel.module):
-            entry = by_module[path]
-            entry["kernels_fused"] += 1
-            entry["bytes_fused"] += kernel.bytes_fused
-    unfused_nodes = (n for k in plan.kernels for n in k.nodes)
-    return {
-        "kernels_unfused": plan.kernels_unfused, "kernels_fused": len(plan.kernels),
-        "bytes_unfused": plan.bytes_unfused, "bytes_fused": plan.bytes_fused,
-        "policy": "inductor-default: GEMMs and convolutions as library calls, connected "
-                  "pointwise/reduction ops in one kernel",
-        "kernels_fused_with_epilogues": (len(epilogue_plan.kernels)
-                                         if epilogue_plan is not None else None),
-        "by_module": dict(sorted(by_module.items())),
-        "_unfused_nodes": sorted(unfused_nodes),
-    }
+            entry = by_module.get(path, KernelCounts())
+            by_module[path] = dataclasses.replace(
+                entry, kernels_fused=entry.kernels_fused + 1,
+                bytes_fused=entry.bytes_fused + kernel.bytes_fused)
+    return Fusion(
+        kernels_unfused=plan.kernels_unfused, kernels_fused=len(plan.kernels),
+        bytes_unfused=plan.bytes_unfused, bytes_fused=plan.bytes_fused,
+        policy="inductor-default: GEMMs and convolutions as library calls, connected "
+               "pointwise/reduction ops in one kernel",
+        kernels_fused_with_epilogues=(len(epilogue_plan.kernels)
+                                      if epilogue_plan is not None else None),
+        by_module=dict(sorted(by_module.items())),
+    )
 
 
-def _by_module_unfused(section: dict[str, Any], fg: FusionGraph,
-                       costs: Mapping[int, NodeReport]) -> dict[str, Any]:
-    nodes = section.pop("_unfused_nodes")
-    for node_id in nodes:
+def _by_module_unfused(plan: KernelPlan, fg: FusionGraph, costs: Mapping[int, NodeReport]
+                       ) -> dict[str, KernelCounts]:
+    """Kernels and bytes per module (with its submodules) when every node is its own kernel."""
+    by_module: dict[str, KernelCounts] = {}
+    for node_id in sorted(n for k in plan.kernels for n in k.nodes):
         cost = costs.get(node_id)
+        moved = cost.bytes_read + cost.bytes_written if cost is not None else 0
         for path in ancestors(fg.node(node_id).module):
-            entry = section["by_module"].setdefault(path, {
-                "kernels_unfused": 0, "kernels_fused": 0, "bytes_unfused": 0, "bytes_fused": 0})
-            entry["kernels_unfused"] += 1
-            if cost is not None:
-                entry["bytes_unfused"] += cost.bytes_read + cost.bytes_written
-    section["by_module"] = dict(sorted(section["by_module"].items()))
-    return section
+            entry = by_module.get(path, KernelCounts())
+            by_module[path] = dataclasses.replace(entry, kernels_unfused=entry.kernels_unfused + 1,
+                                                  bytes_unfused=entry.bytes_unfused + moved)
+    return by_module
 
 
 # --- one entry point -------------------------------------------------------------------------
@@ -406,10 +389,10 @@ def _by_module_unfused(section: dict[str, Any], fg: FusionGraph,
 class FusionAnalysis:
     findings: tuple[Finding, ...]
     plan: KernelPlan
-    section: Mapping[str, Any] = field(default_factory=dict)
+    section: Fusion
 
-    def sections(self) -> dict[str, Any]:
-        return {"findings": [f.to_json() for f in self.findings], "fusion": dict(self.section)}
+    def sections(self) -> tuple[Findings, Fusion]:
+        return Findings(self.findings), self.section
 
 
 def effective_kinds(report: Report, kinds: Mapping[int, OpKind]) -> dict[int, OpKind]:
@@ -432,7 +415,7 @@ def analyze_fusion(report: Report, graph: Graph, kinds: Mapping[int, OpKind],
     costs = {n.id: n for n in report.nodes}
     plan = plan_kernels(fg, costs)
     epilogues = plan_kernels(fg, costs, Policy(gemm_epilogues=True))
-    section = _by_module_unfused(fusion_section(plan, epilogues), fg, costs)
+    section = fusion_section(plan, epilogues, _by_module_unfused(plan, fg, costs))
     findings = tuple(run_rules(fg, rules, bandwidth_bytes_per_s))
     return FusionAnalysis(findings, plan, section)
 

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, dtype_bytes
+from fxlens.analyzer.core.sections import DecodeStep, KVCache, KVLayerBytes
 
 TOKEN_MAJOR_KERNELS = ("aten._flash_attention_forward", "aten._efficient_attention_forward")
 
@@ -64,17 +65,7 @@ class KVLayout:
 
 
 @dataclass(frozen=True)
-class KVLayerBytes:
-    name: str
-    kv_heads: int
-    k_head_dim: int
-    v_head_dim: int
-    tokens: int
-    bytes: int
-
-
-@dataclass(frozen=True)
-class KVCacheReport:
+class KVCacheBytes:
     batch: int
     context: int
     dtype_bytes: float
@@ -82,28 +73,15 @@ class KVCacheReport:
     total_bytes: int
     source: str = ""
 
-    def to_section(self) -> dict[str, Any]:
-        return {
-            "batch": self.batch, "context": self.context, "dtype_bytes": self.dtype_bytes,
-            "source": self.source, "total_bytes": self.total_bytes,
-            "layers": [vars(layer).copy() for layer in self.layers],
-        }
-
-
-@dataclass(frozen=True)
-class DecodeStepMemory:
-    weights_bytes: int
-    kv_cache_bytes: int
-    activation_bytes: int
-    total_bytes: int
-
-    def to_section(self) -> dict[str, Any]:
-        return vars(self).copy()
+    def to_section(self, step: DecodeStep) -> KVCache:
+        return KVCache(batch=self.batch, context=self.context, dtype_bytes=self.dtype_bytes,
+                       source=self.source, total_bytes=self.total_bytes, layers=self.layers,
+                       decode_step=step)
 
 
 def kv_cache(
     layers: Sequence[KVLayer], batch: int, context: int, dtype_bytes: float, source: str = ""
-) -> KVCacheReport:
+) -> KVCacheBytes:
     """Bytes of the K and V cache of `layers` for `batch` sequences of `context` tokens."""
     if batch < 1 or context < 1:
         raise ValueError(f"batch and context must be positive, got {batch} and {context}")
@@ -113,15 +91,15 @@ def kv_cache(
         elements = batch * tokens * layer.kv_heads * (layer.k_head_dim + layer.v_head_dim)
         rows.append(KVLayerBytes(layer.name, layer.kv_heads, layer.k_head_dim, layer.v_head_dim,
                                  tokens, int(elements * dtype_bytes)))
-    return KVCacheReport(batch, context, dtype_bytes, tuple(rows),
+    return KVCacheBytes(batch, context, dtype_bytes, tuple(rows),
                          sum(r.bytes for r in rows), source)
 
 
 def decode_step(
-    weights_bytes: int, cache: KVCacheReport, token_activation_bytes: int
-) -> DecodeStepMemory:
+    weights_bytes: int, cache: KVCacheBytes, token_activation_bytes: int
+) -> DecodeStep:
     """Memory of one decode step (see the module docstring for the activation estimate)."""
-    return DecodeStepMemory(weights_bytes, cache.total_bytes, token_activation_bytes,
+    return DecodeStep(weights_bytes, cache.total_bytes, token_activation_bytes,
                             weights_bytes + cache.total_bytes + token_activation_bytes)
 
 

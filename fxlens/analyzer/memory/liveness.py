@@ -51,6 +51,7 @@ from typing import Any
 from fxlens.analyzer.core.aten import resolve_op
 from fxlens.analyzer.core.costs import CostRegistry, OpCall
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorSpec, dtype_bytes
+from fxlens.analyzer.core.sections import EagerPeak, LiveTensor, Memory
 from fxlens.analyzer.memory.eager import EagerScopes
 
 log = logging.getLogger(__name__)
@@ -77,24 +78,6 @@ COUNTED = frozenset({Category.ACTIVATION, Category.GRADIENT, Category.OPTIMIZER_
 
 
 @dataclass(frozen=True)
-class LiveTensor:
-    """One storage live at the peak, described by the output that allocated it."""
-
-    node: int
-    module: str
-    target: str
-    bytes: int
-    shape: tuple[int, ...]
-    dtype: str
-    category: str = Category.ACTIVATION.value
-
-    def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "module": self.module, "target": self.target,
-                "bytes": self.bytes, "shape": list(self.shape), "dtype": self.dtype,
-                "category": self.category}
-
-
-@dataclass(frozen=True)
 class MemoryProfile:
     """Liveness of one graph. Bytes are ints; `timeline` has one entry per call node."""
 
@@ -113,23 +96,23 @@ class MemoryProfile:
     allocated_by_module: Mapping[str, int] = field(default_factory=dict)  # own nodes only
     live_at_peak_by_module: Mapping[str, int] = field(default_factory=dict)
 
-    def to_section(self, max_live: int | None = 50) -> dict[str, Any]:
+    def to_section(self, max_live: int | None = 50, eager: EagerPeak | None = None) -> Memory:
         """The report's ``memory`` section; `max_live` caps the listed live tensors."""
         live = self.live_at_peak if max_live is None else self.live_at_peak[:max_live]
-        return {
-            "lifetimes": self.lifetimes, "param_bytes": self.param_bytes,
-            "buffer_bytes": self.buffer_bytes, "input_bytes": self.input_bytes,
-            "peak_activation_bytes": self.peak_activation_bytes,
-            "peak_node": self.peak_node, "peak_module": self.peak_module,
-            "timeline": list(self.timeline),
-            "live_at_peak": [t.to_json() for t in live],
-            "live_at_peak_count": len(self.live_at_peak),
-            "peak_by_category": dict(self.peak_by_category),
-            "at_peak_by_category": dict(self.at_peak_by_category),
-            "peak_by_phase": dict(self.peak_by_phase),
-            "allocated_by_module": dict(self.allocated_by_module),
-            "live_at_peak_by_module": dict(self.live_at_peak_by_module),
-        }
+        return Memory(
+            lifetimes=self.lifetimes, param_bytes=self.param_bytes,
+            buffer_bytes=self.buffer_bytes, input_bytes=self.input_bytes,
+            peak_activation_bytes=self.peak_activation_bytes,
+            peak_node=self.peak_node, peak_module=self.peak_module,
+            timeline=self.timeline, live_at_peak=live,
+            live_at_peak_count=len(self.live_at_peak),
+            peak_by_category=dict(self.peak_by_category),
+            at_peak_by_category=dict(self.at_peak_by_category),
+            peak_by_phase=dict(self.peak_by_phase),
+            allocated_by_module=dict(self.allocated_by_module),
+            live_at_peak_by_module=dict(self.live_at_peak_by_module),
+            eager=eager,
+        )
 
 
 def allocation_bytes(spec: TensorSpec) -> int:

@@ -9,7 +9,7 @@ What it owns:
 - `fits` and `largest_batch`: a verdict against a device's memory, and the largest batch
   whose activations still fit next to the persistent state.
 - `parse_bytes`: "80GiB", "80GB", "24 GiB", "1.5e9" → bytes.
-- `checkpoint_what_if` and `repeated_blocks`: activation checkpointing per repeated block.
+- `checkpoint_what_if`: activation checkpointing per repeated block (`core.graph.repeated_blocks`).
 
 The policies (what a precision or optimizer keeps per parameter) are knowledge and live in
 `fxlens.rules.training`; this module only states the interface it calls (`PrecisionPolicy`,
@@ -26,9 +26,10 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from decimal import Decimal, InvalidOperation
-from typing import Any, Protocol
+from typing import Protocol
 
 from fxlens.analyzer.core.graph import ParamInfo, TensorSpec, ancestors
+from fxlens.analyzer.core.sections import States, StateTotals
 
 # --- policies (implemented in fxlens.rules.training) ----------------------------------------
 
@@ -72,9 +73,9 @@ class StateBytes:
         return StateBytes(*(getattr(self, f.name) + getattr(other, f.name)
                             for f in fields(StateBytes)))
 
-    def to_json(self) -> dict[str, int]:
-        out = {f.name: getattr(self, f.name) for f in fields(StateBytes)}
-        return {**out, "total": self.total}
+    def to_section(self) -> StateTotals:
+        return StateTotals(**{f.name: getattr(self, f.name) for f in fields(StateBytes)},
+                           total=self.total)
 
 
 @dataclass(frozen=True)
@@ -85,13 +86,11 @@ class StateMemory(StateBytes):
     trainable_numel: int = 0
     frozen_numel: int = 0
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            **super().to_json(),
-            "trainable_numel": self.trainable_numel,
-            "frozen_numel": self.frozen_numel,
-            "by_module": {p: self.by_module[p].to_json() for p in sorted(self.by_module)},
-        }
+    def to_section(self) -> States:
+        """The report's ``training.states``: totals, numels, and per module (sorted by path)."""
+        return States(**vars(super().to_section()), trainable_numel=self.trainable_numel,
+                      frozen_numel=self.frozen_numel,
+                      by_module={p: self.by_module[p].to_section() for p in sorted(self.by_module)})
 
 
 def param_state(p: ParamInfo, precision: PrecisionPolicy, optimizer: OptimizerPolicy
@@ -305,29 +304,3 @@ def checkpoint_what_if(blocks: Sequence[BlockActivations]) -> CheckpointWhatIf:
         saved_bytes_after=sum(b.input_bytes for b in blocks) + max(saved, default=0),
         recompute_flops=sum(b.forward_flops for b in blocks),
     )
-
-
-def repeated_blocks(module_types: Mapping[str, str]) -> tuple[str, ...]:
-    """Paths of repeated blocks: the children ``0 … N-1`` (N ≥ 2) of one parent, one type.
-
-    `module_types` maps module path → type name (``Graph.module_types``). A run nested in a
-    block of another run (the experts inside each decoder layer) is left out: checkpointing
-    the outer blocks already covers it. Runs come in the order of `module_types`.
-    """
-    children: dict[str, dict[str, str]] = {}
-    for path in module_types:
-        if path:
-            parent, _, name = path.rpartition(".")
-            children.setdefault(parent, {})[name] = path
-    runs: list[list[str]] = []
-    for kids in children.values():
-        numbered = {name for name in kids if name.isdigit()}
-        if len(numbered) < 2 or numbered != {str(i) for i in range(len(numbered))}:
-            continue
-        run = [kids[str(i)] for i in range(len(numbered))]
-        if len({module_types[p] for p in run}) == 1:
-            runs.append(run)
-    members = [p for run in runs for p in run]
-    outer = [run for run in runs
-             if not any(run[0].startswith(m + ".") for m in members)]
-    return tuple(p for run in outer for p in run)

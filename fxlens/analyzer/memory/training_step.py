@@ -24,12 +24,18 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
-from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef
+from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, repeated_blocks
 from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.core.sections import (
+    Checkpointing,
+    Fit,
+    ModuleBytes,
+    PeakBreakdown,
+    Training,
+)
 from fxlens.analyzer.memory.liveness import Category, MemoryProfile, plan_storages
 from fxlens.analyzer.memory.training_state import (
     BlockActivations,
@@ -40,7 +46,6 @@ from fxlens.analyzer.memory.training_state import (
     fits,
     largest_batch,
     optimizer_step_flops,
-    repeated_blocks,
     state_memory,
 )
 
@@ -62,7 +67,7 @@ class StepSettings:
 def training_section(
     step: TrainingGraph, report: Report, memory: MemoryProfile, registry: CostRegistry,
     settings: StepSettings,
-) -> dict[str, Any]:
+) -> Training:
     graph = step.graph
     flops = Counter[str]()
     for node in report.nodes:
@@ -79,39 +84,41 @@ def training_section(
     first_step_peak = before_first_step + max(memory.peak_activation_bytes,
                                               optimizer_phase + states.optimizer_bytes)
     saved = saved_activations(graph, step.saved, registry)
-    section: dict[str, Any] = {
-        "precision": settings.precision_name,
-        "optimizer": settings.optimizer_name,
-        "forward_flops": flops["forward"],
-        "backward_flops": flops["backward"],
-        "optimizer_flops": optimizer_flops,
-        "step_flops": flops["forward"] + flops["backward"] + optimizer_flops,
-        "states": states.to_json(),
-        "saved_activation_bytes": sum(saved.values()),
-        "saved_by_module": [{"module": m, "bytes": b} for m, b in saved.most_common()],
-        "step_peak_bytes": peak,
-        "first_step_peak_bytes": first_step_peak,
-        "peak_breakdown": {
-            "persistent_bytes": persistent,
-            "fwd_bwd_peak_bytes": memory.peak_activation_bytes,
-            "gradients_at_peak_bytes": gradients,
-            "optimizer_phase_bytes": optimizer_phase,
-        },
-    }
+    checkpointing = None
     if settings.checkpoint:
-        section["checkpointing"] = _checkpointing(step, report, registry, section["step_flops"])
+        step_flops = flops["forward"] + flops["backward"] + optimizer_flops
+        checkpointing = _checkpointing(step, report, registry, step_flops)
+    fit = None
     if settings.device_bytes is not None:
         activations = max(memory.peak_activation_bytes - gradients, 0)
         per_sample = LinearActivation.proportional(settings.batch, activations)
         verdict = fits(peak, settings.device_bytes)
-        section["fit"] = {
-            "device": settings.device_name, "device_bytes": settings.device_bytes,
-            "fits": verdict.fits, "headroom_bytes": verdict.headroom_bytes,
-            "utilisation": verdict.utilisation,
-            "largest_batch": largest_batch(persistent + gradients, per_sample,
-                                           settings.device_bytes),
-        }
-    return section
+        fit = Fit(device=settings.device_name, device_bytes=settings.device_bytes,
+                  fits=verdict.fits, headroom_bytes=verdict.headroom_bytes,
+                  utilisation=verdict.utilisation,
+                  largest_batch=largest_batch(persistent + gradients, per_sample,
+                                              settings.device_bytes))
+    return Training(
+        precision=settings.precision_name,
+        optimizer=settings.optimizer_name,
+        forward_flops=flops["forward"],
+        backward_flops=flops["backward"],
+        optimizer_flops=optimizer_flops,
+        step_flops=flops["forward"] + flops["backward"] + optimizer_flops,
+        states=states.to_section(),
+        saved_activation_bytes=sum(saved.values()),
+        saved_by_module=tuple(ModuleBytes(m, b) for m, b in saved.most_common()),
+        step_peak_bytes=peak,
+        first_step_peak_bytes=first_step_peak,
+        peak_breakdown=PeakBreakdown(
+            persistent_bytes=persistent,
+            fwd_bwd_peak_bytes=memory.peak_activation_bytes,
+            gradients_at_peak_bytes=gradients,
+            optimizer_phase_bytes=optimizer_phase,
+        ),
+        checkpointing=checkpointing,
+        fit=fit,
+    )
 
 
 def saved_activations(
@@ -140,7 +147,7 @@ def _largest_trainable_bytes(graph: Graph, precision: PrecisionPolicy) -> int:
 
 def _checkpointing(
     step: TrainingGraph, report: Report, registry: CostRegistry, step_flops: int
-) -> dict[str, Any]:
+) -> Checkpointing:
     graph = step.graph
     blocks = repeated_blocks(graph.module_types)
     saved = saved_activations(graph, step.saved, registry)
@@ -155,14 +162,14 @@ def _checkpointing(
         for block in blocks
     ]
     what_if = checkpoint_what_if(measured)
-    return {
-        "blocks": list(blocks),
-        "saved_bytes_before": what_if.saved_bytes_before,
-        "saved_bytes_after": what_if.saved_bytes_after,
-        "memory_saved_bytes": what_if.memory_saved_bytes,
-        "recompute_flops": what_if.recompute_flops,
-        "flops_overhead": what_if.flops_overhead(step_flops),
-    }
+    return Checkpointing(
+        blocks=tuple(blocks),
+        saved_bytes_before=what_if.saved_bytes_before,
+        saved_bytes_after=what_if.saved_bytes_after,
+        memory_saved_bytes=what_if.memory_saved_bytes,
+        recompute_flops=what_if.recompute_flops,
+        flops_overhead=what_if.flops_overhead(step_flops),
+    )
 
 
 def _inside(module: str, block: str) -> bool:

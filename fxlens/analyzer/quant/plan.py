@@ -17,7 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+
+from fxlens.analyzer.core.sections import QuantPlan
 
 
 @dataclass(frozen=True)
@@ -36,20 +37,20 @@ class Plan:
     original_bytes: int
     budget_bytes: int | None
     fits: bool | None
-    predicted_sqnr_db: float
+    predicted_output_sqnr_db: float
     basis: str
 
     @property
     def compression_ratio(self) -> float:
         return self.original_bytes / max(self.weight_bytes, 1)
 
-    def to_section(self) -> dict[str, Any]:
-        return {"name": self.name, "activations": self.activations,
-                "weight_bytes": self.weight_bytes, "original_bytes": self.original_bytes,
-                "compression_ratio": round(self.compression_ratio, 4),
-                "budget_bytes": self.budget_bytes, "fits": self.fits,
-                "predicted_output_sqnr_db": _finite(self.predicted_sqnr_db),
-                "basis": self.basis, "precision": dict(self.precision)}
+    def to_section(self) -> QuantPlan:
+        return QuantPlan(name=self.name, activations=self.activations,
+                         weight_bytes=self.weight_bytes, original_bytes=self.original_bytes,
+                         compression_ratio=round(self.compression_ratio, 4),
+                         budget_bytes=self.budget_bytes, fits=self.fits,
+                         predicted_output_sqnr_db=_finite(self.predicted_output_sqnr_db),
+                         basis=self.basis, precision=dict(self.precision))
 
 
 def _finite(value: float) -> float | None:
@@ -92,5 +93,5 @@ def make_plan(name: str, activations: str, ladder: Sequence[str], layers: Sequen
     return Plan(name=name, activations=activations, precision=precision, weight_bytes=used,
                 original_bytes=original_bytes, budget_bytes=budget_bytes,
                 fits=None if budget_bytes is None else used <= budget_bytes,
-                predicted_sqnr_db=math.inf if noise == 0 else -10 * math.log10(noise),
+                predicted_output_sqnr_db=math.inf if noise == 0 else -10 * math.log10(noise),
                 basis=basis)

@@ -1,19 +1,6 @@
 """The report's ``quant`` section: data-free scores, structure, calibration and the plan joined.
 
-Shape (read by `fxlens.reports.sections.quant_layers` / `quant_plan`):
-
-    quant = {"status": "scored" | "random_init" | "meta" | "partly_scored",
-             "notes": [...], "formats": [names], "score_format": name,
-             "calibration": {"batches", "source", "activations", "metric",
-                             "logit_leaves"} | None,
-             "layers": [{"layer", "type", "params", "status", "reason",
-                         "stats": {...}, "weight_sqnr_db": {fmt: dB},
-                         "data_free_sqnr_db": {fmt: dB}, "output_sqnr_db": {fmt: dB},
-                         "output_kl": {fmt: nats}, "top1_agreement": {fmt: share},
-                         "calibrated_score_db": {fmt: dB},
-                         "activation": {...}, "risks": [codes], "precision": fmt}],
-             "risks": [{"code", "layers", "message", "fix"}],
-             "plan": {...} | None}
+The section's shape is `fxlens.analyzer.core.sections.Quant` (rows: `QuantLayer`).
 
 dB figures are higher-is-safer. ``calibrated_score_db`` is the damage measure the calibration
 ``metric`` names (`fxlens.analyzer.quant.calibrated`): the output SQNR (``sqnr``), or for a
@@ -28,12 +15,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
-from typing import Any
 
 import torch
 from torch import nn
 
 from fxlens.analyzer.core.graph import Graph
+from fxlens.analyzer.core.sections import Quant, QuantCalibration, QuantLayer, QuantPlan, QuantRisk
 from fxlens.analyzer.quant.calibrated import Calibration, Inputs, calibrate
 from fxlens.analyzer.quant.plan import PlanLayer, make_plan
 from fxlens.analyzer.quant.types import LayerView, Risk
@@ -70,7 +57,7 @@ class QuantSettings:
 
 def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
                   settings: QuantSettings, on_step: Callable[[str], None] = lambda _: None
-                  ) -> dict[str, Any]:
+                  ) -> Quant:
     layers = find_layers(module, knowledge)
     on_step("quantization: reading the graph around each layer")
     views = layer_views(graph, layers, knowledge)
@@ -83,23 +70,21 @@ def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
     risks = {layer.name: knowledge.risks(views[layer.name]) for layer in layers}
     on_step("quantization: scoring weights")
     free = {layer.name: data_free(layer, risks[layer.name], knowledge) for layer in layers}
-    rows = [_row(layer, free[layer.name], risks[layer.name], calibration) for layer in layers]
-    section: dict[str, Any] = {
-        "status": _status([f.status for f in free.values()]),
-        "notes": _notes(free, layers, views),
-        "formats": list(knowledge.formats), "score_format": settings.score_format,
-        "calibration": None if calibration is None else {
-            "batches": calibration.batches, "source": settings.calibration_source,
-            "activations": settings.activations, "metric": calibration.metric,
-            "logit_leaves": calibration.logit_leaves},
-        "layers": rows, "risks": _risk_list(risks), "plan": None,
-    }
+    plan = None
     if settings.plan is not None:
         plan = _plan(module, layers, free, calibration, knowledge, settings.plan)
-        section["plan"] = plan
-        for row in rows:
-            row["precision"] = plan["precision"].get(row["layer"])
-    return section
+    rows = tuple(_row(layer, free[layer.name], risks[layer.name], calibration, plan)
+                 for layer in layers)
+    return Quant(
+        status=_status([f.status for f in free.values()]),
+        notes=tuple(_notes(free, layers, views)),
+        formats=tuple(knowledge.formats), score_format=settings.score_format,
+        calibration=None if calibration is None else QuantCalibration(
+            batches=calibration.batches, source=settings.calibration_source,
+            activations=settings.activations, metric=calibration.metric,
+            logit_leaves=calibration.logit_leaves),
+        layers=rows, risks=_risk_list(risks), plan=plan,
+    )
 
 
 def _out_ratio(calibration: Calibration, name: str) -> float | None:
@@ -115,27 +100,32 @@ def _rounded(values: Mapping[str, float]) -> dict[str, float]:
     return {k: float(f"{v:.4g}") for k, v in values.items()}
 
 
-def _row(layer: Layer, free: DataFree, risks: Sequence[Risk], calibration: Calibration | None
-         ) -> dict[str, Any]:
-    row: dict[str, Any] = {
-        "layer": layer.name, "type": layer.module_type, "params": layer.weight.numel(),
-        "status": free.status, "reason": free.reason,
-        "stats": {k: (round(v, 4) if isinstance(v, float) else v)
-                  for k, v in asdict(free.stats).items()} if free.stats else {},
-        "weight_sqnr_db": _db(free.weight_sqnr_db), "data_free_sqnr_db": _db(free.score_db),
-        "risks": [r.code for r in risks],
-        "risk_details": {r.code: r.detail for r in risks if r.detail},
-    }
-    if calibration is not None:
-        row["output_sqnr_db"] = _db(calibration.output_sqnr_db.get(layer.name, {}))
-        if calibration.logit_leaves:
-            row["output_kl"] = _rounded(calibration.output_kl.get(layer.name, {}))
-            row["top1_agreement"] = _rounded(calibration.top1_agreement.get(layer.name, {}))
-        row["calibrated_score_db"] = _db(calibration.score_db.get(layer.name, {}))
-        stats = calibration.activations.get(layer.name)
-        row["activation"] = {k: round(v, 4) if isinstance(v, float) else v
-                             for k, v in asdict(stats).items()} if stats else {}
-    return row
+def _row(layer: Layer, free: DataFree, risks: Sequence[Risk], calibration: Calibration | None,
+         plan: QuantPlan | None) -> QuantLayer:
+    row = QuantLayer(
+        layer=layer.name, type=layer.module_type, params=layer.weight.numel(),
+        status=free.status, reason=free.reason,
+        stats={k: (round(v, 4) if isinstance(v, float) else v)
+               for k, v in asdict(free.stats).items()} if free.stats else {},
+        weight_sqnr_db=_db(free.weight_sqnr_db), data_free_sqnr_db=_db(free.score_db),
+        risks=tuple(r.code for r in risks),
+        risk_details={r.code: r.detail for r in risks if r.detail},
+        precision=plan.precision.get(layer.name) if plan is not None else None,
+    )
+    if calibration is None:
+        return row
+    stats = calibration.activations.get(layer.name)
+    logits = bool(calibration.logit_leaves)
+    return replace(
+        row,
+        output_sqnr_db=_db(calibration.output_sqnr_db.get(layer.name, {})),
+        output_kl=_rounded(calibration.output_kl.get(layer.name, {})) if logits else None,
+        top1_agreement=(_rounded(calibration.top1_agreement.get(layer.name, {}))
+                        if logits else None),
+        calibrated_score_db=_db(calibration.score_db.get(layer.name, {})),
+        activation={k: round(v, 4) if isinstance(v, float) else v
+                    for k, v in asdict(stats).items()} if stats else {},
+    )
 
 
 def _status(statuses: list[str]) -> str:
@@ -165,20 +155,19 @@ def _notes(free: Mapping[str, DataFree], layers: Sequence[Layer],
     return notes
 
 
-def _risk_list(risks: Mapping[str, Sequence[Risk]]) -> list[dict[str, Any]]:
-    by_code: dict[str, dict[str, Any]] = {}
+def _risk_list(risks: Mapping[str, Sequence[Risk]]) -> tuple[QuantRisk, ...]:
+    by_code: dict[str, tuple[Risk, list[str]]] = {}
     for layer, found in risks.items():
         for risk in found:
-            entry = by_code.setdefault(risk.code, {"code": risk.code, "layers": [],
-                                                   "message": risk.message,
-                                                   "fix": risk.fix})
-            entry["layers"].append(layer)
-    return [by_code[code] for code in sorted(by_code)]
+            by_code.setdefault(risk.code, (risk, []))[1].append(layer)
+    return tuple(QuantRisk(code=code, layers=tuple(by_code[code][1]),
+                           message=by_code[code][0].message, fix=by_code[code][0].fix)
+                 for code in sorted(by_code))
 
 
 def _plan(module: nn.Module, layers: Sequence[Layer], free: Mapping[str, DataFree],
           calibration: Calibration | None, knowledge: QuantKnowledge, request: PlanRequest
-          ) -> dict[str, Any]:
+          ) -> QuantPlan:
     formats = {**knowledge.formats, **knowledge.extra_formats}
     entries, bases = [], set()
     for layer in layers:

@@ -24,7 +24,8 @@ Matching, and the heuristics it rests on:
 - **Optional sections.** Activation memory (``memory.allocated_by_module``, own nodes, rolled
   up here like the other figures; ``live_at_peak_by_module``, not rolled up), the activation
   peak (``memory.peak_activation_bytes``), the training step peak
-  (``training.step_peak_bytes``) and estimated time (the ``roofline`` section, see `_roofline`)
+  (``training.step_peak_bytes``) and estimated time (the ``roofline`` section's total and
+  module times)
   are used when a report has them; absent, the figure is None.
 
 Per-module deltas are sorted by absolute impact: |ΔFLOPs|, then |Δbytes moved|, then
@@ -42,6 +43,7 @@ from typing import Any
 
 from fxlens.analyzer.core.graph import ancestors
 from fxlens.analyzer.core.report import ModuleReport, Report
+from fxlens.analyzer.core.sections import Findings, Memory, Roofline, Training
 
 #: Whole-model metrics, in display order; gates name these.
 TOTAL_METRICS = ("flops", "macs", "params", "param_bytes", "bytes_read", "bytes_written",
@@ -222,24 +224,24 @@ def _signature(module: ModuleReport) -> tuple[Any, ...]:
 
 def total_figures(report: Report) -> dict[str, float | None]:
     """The whole-model metrics of `TOTAL_METRICS`; None where the report lacks a section."""
-    memory = report.sections.get("memory") or {}
-    training = report.sections.get("training") or {}
+    memory, training = report.get(Memory), report.get(Training)
+    roofline = report.get(Roofline)
     return {
         "flops": report.totals.flops, "macs": report.totals.macs,
         "params": report.model.params, "param_bytes": report.model.param_bytes,
         "bytes_read": report.totals.bytes_read, "bytes_written": report.totals.bytes_written,
-        "peak_memory": memory.get("peak_activation_bytes"),
-        "step_peak": training.get("step_peak_bytes"),
-        "time": _roofline(report)[0],
+        "peak_memory": memory.peak_activation_bytes if memory else None,
+        "step_peak": training.step_peak_bytes if training else None,
+        "time": roofline.totals.total_s if roofline else None,
     }
 
 
 def module_figures(report: Report) -> dict[str, dict[str, float | None]]:
     """path → the metrics of `MODULE_METRICS`; None where the report lacks a section."""
-    memory = report.sections.get("memory")
-    allocated = _rolled_up(memory.get("allocated_by_module", {})) if memory else None
-    live = memory.get("live_at_peak_by_module", {}) if memory else None
-    times = _roofline(report)[1]
+    memory, roofline = report.get(Memory), report.get(Roofline)
+    allocated = _rolled_up(memory.allocated_by_module) if memory else None
+    live = memory.live_at_peak_by_module if memory else None
+    times = roofline.module_times() if roofline else None
     return {
         m.path: {
             "flops": m.flops, "macs": m.macs, "params": m.params, "param_bytes": m.param_bytes,
@@ -258,61 +260,6 @@ def _rolled_up(own: Mapping[str, int]) -> dict[str, int]:
         for above in ancestors(path):
             totals[above] += size
     return dict(totals)
-
-
-def _roofline(report: Report) -> tuple[float | None, dict[str, float] | None]:
-    """(total seconds, path → seconds, rolled up) from a ``roofline`` section, when present.
-
-    Reads ``totals.step_time_s`` (a training step) or ``totals.time_s``, and ``modules`` (a
-    list of {path, time_s}, rolled up). NB: read defensively, since the section is younger
-    than this module: a top-level ``total_s``/``time_s``, ``by_module`` ({path: seconds}) or
-    per-node times (``nodes``: [{id, time_s}], summed over each module and its ancestors)
-    are accepted too.
-    """
-    section = report.sections.get("roofline")
-    if not isinstance(section, Mapping):
-        return None, None
-    totals = section.get("totals")
-    total = _first(totals, ("step_time_s", "time_s")) if isinstance(totals, Mapping) else None
-    if total is None:
-        total = _first(section, ("total_s", "time_s", "estimated_s"))
-    times = _module_times(section.get("modules"), section.get("by_module"))
-    if times is None:
-        times = _module_times_from_nodes(report, section.get("nodes"))
-    if total is None and times is not None:
-        total = times.get("")
-    return (None if total is None else float(total)), times
-
-
-def _module_times(modules: Any, by_module: Any) -> dict[str, float] | None:
-    if isinstance(modules, list):
-        return {m["path"]: float(_first(m, _TIME_KEYS) or 0.0)
-                for m in modules if isinstance(m, Mapping) and "path" in m}
-    if isinstance(by_module, Mapping):
-        return {path: float(_first(v, _TIME_KEYS) if isinstance(v, Mapping) else v)
-                for path, v in by_module.items()}
-    return None
-
-
-_TIME_KEYS = ("time_s", "estimated_s", "predicted_s")
-
-
-def _first(entry: Mapping[str, Any], keys: tuple[str, ...]) -> Any:
-    return next((entry[k] for k in keys if entry.get(k) is not None), None)
-
-
-def _module_times_from_nodes(report: Report, nodes: Any) -> dict[str, float] | None:
-    if not isinstance(nodes, list):
-        return None
-    module_of = {node.id: node.module for node in report.nodes}
-    times: dict[str, float] = defaultdict(float)
-    for entry in nodes:
-        node_id = _first(entry, ("id", "node")) if isinstance(entry, Mapping) else None
-        seconds = _first(entry, _TIME_KEYS) if isinstance(entry, Mapping) else None
-        if node_id in module_of and seconds is not None:
-            for above in ancestors(module_of[node_id]):
-                times[above] += float(seconds)
-    return dict(times)
 
 
 def _deltas(old: Mapping[str, float | None] | None,
@@ -360,15 +307,12 @@ def _finding_changes(old: Report, new: Report, renames: Mapping[str, str]
 
 
 def _findings(report: Report, rename: Mapping[str, str]) -> list[FindingChange]:
-    section = report.sections.get("findings")
-    if isinstance(section, Mapping):
-        section = _first(section, ("findings", "items"))
-    if not isinstance(section, list):
+    section = report.get(Findings)
+    if section is None:
         return []
-    return [FindingChange(code=str(f.get("code", "?")),
-                          modules=tuple(rename.get(m, m) for m in f.get("modules", ())),
-                          message=str(f.get("message", "")), saved_bytes=f.get("saved_bytes"))
-            for f in section if isinstance(f, Mapping)]
+    return [FindingChange(code=f.code, modules=tuple(rename.get(m, m) for m in f.modules),
+                          message=f.message, saved_bytes=f.saved_bytes)
+            for f in section.items]
 
 
 def _missing_from(these: list[FindingChange], others: list[FindingChange]

@@ -33,10 +33,22 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorSpec, ancestors
 from fxlens.analyzer.core.report import NodeReport, Report
+from fxlens.analyzer.core.sections import (
+    DeviceFigures,
+    Hotspots,
+    ModuleTiming,
+    NodeTiming,
+    OpTiming,
+    Roofline,
+    RooflineSettings,
+    RooflineTotals,
+    Throughput,
+    Training,
+)
 
 HOTSPOTS = 10
 FLOAT_KEYS: Mapping[str, str] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -58,7 +70,7 @@ class Device(Protocol):
     def achievable_flops(self, key: str) -> float: ...
     @property
     def achievable_bandwidth(self) -> float: ...
-    def to_json(self) -> dict[str, Any]: ...
+    def figures(self) -> DeviceFigures: ...
 
 
 @dataclass(frozen=True)
@@ -71,10 +83,6 @@ class NodeTime:
     dtype_key: str
     compute_s: float = 0.0
     memory_s: float = 0.0
-
-    def to_json(self) -> dict[str, Any]:
-        return {"id": self.id, "time_s": self.time_s, "bound": self.bound,
-                "intensity": self.intensity, "dtype": self.dtype_key}
 
 
 def dtype_key(dtype: str, tf32: bool = False) -> str:
@@ -127,7 +135,7 @@ def node_times(report: Report, graph: Graph, device: Device, tf32: bool = False
 
 
 def roofline_section(report: Report, graph: Graph, device: Device, tf32: bool = False,
-                     top: int = HOTSPOTS) -> dict[str, Any]:
+                     top: int = HOTSPOTS) -> Roofline:
     """The report's ``roofline`` section (see the module docstring)."""
     times = node_times(report, graph, device, tf32)
     by_id = {t.id: t for t in times}
@@ -135,58 +143,61 @@ def roofline_section(report: Report, graph: Graph, device: Device, tf32: bool = 
     for node in report.nodes:
         phases[node.phase] += by_id[node.id].time_s
     graph_s = sum(t.time_s for t in times)
-    totals: dict[str, Any] = {
-        "time_s": graph_s,
-        "compute_bound_s": sum(t.time_s for t in times if t.bound == "compute"),
-        "memory_bound_s": sum(t.time_s for t in times if t.bound == "memory"),
-        "launch_bound_s": sum(t.time_s for t in times if t.bound == "launch"),
-        "launch_s": device.launch_s * sum(1 for t in times if t.bound not in ("free", "uncosted")),
-        "by_phase": dict(sorted(phases.items())),
-        "uncosted_nodes": sum(1 for t in times if t.bound == "uncosted"),
-    }
-    step_s = graph_s
-    training = report.sections.get("training")
+    step_s, optimizer_s = graph_s, None
+    training = report.get(Training)
     if training is not None and "backward" in phases:
         optimizer_s = optimizer_time(training, graph, device)
         step_s = graph_s + optimizer_s
-        totals.update(optimizer_s=optimizer_s, step_time_s=step_s)
+    totals = RooflineTotals(
+        time_s=graph_s,
+        compute_bound_s=sum(t.time_s for t in times if t.bound == "compute"),
+        memory_bound_s=sum(t.time_s for t in times if t.bound == "memory"),
+        launch_bound_s=sum(t.time_s for t in times if t.bound == "launch"),
+        launch_s=device.launch_s * sum(1 for t in times if t.bound not in ("free", "uncosted")),
+        by_phase=dict(sorted(phases.items())),
+        uncosted_nodes=sum(1 for t in times if t.bound == "uncosted"),
+        optimizer_s=optimizer_s,
+        step_time_s=step_s if optimizer_s is not None else None,
+    )
     basis = throughput_basis(graph)
     mfu_key = dominant_key(report, by_id)
     peak = device.peak(mfu_key)[0]
-    return {
-        "device": device.to_json(),
-        "settings": {"tf32": tf32, "dtype_rule": "first floating input's dtype; float32 at "
-                     + ("tf32" if tf32 else "fp32") + " (--tf32 to allow TF32)"},
-        "nodes": [t.to_json() for t in times],
-        "modules": module_times(report, by_id),
-        "totals": totals,
-        "throughput": throughput(basis, step_s, report.totals.flops, peak),
-        "mfu": report.totals.flops / step_s / peak if step_s > 0 and peak > 0 else 0.0,
-        "mfu_dtype": mfu_key,
-        "hotspots": hotspots(report, by_id, top),
-    }
+    return Roofline(
+        device=device.figures(),
+        settings=RooflineSettings(tf32=tf32, dtype_rule="first floating input's dtype; "
+                                  "float32 at " + ("tf32" if tf32 else "fp32")
+                                  + " (--tf32 to allow TF32)"),
+        nodes=tuple(NodeTiming(t.id, t.time_s, t.bound, t.intensity, t.dtype_key)
+                    for t in times),
+        modules=module_times(report, by_id),
+        totals=totals,
+        throughput=throughput(basis, step_s, report.totals.flops, peak),
+        mfu=report.totals.flops / step_s / peak if step_s > 0 and peak > 0 else 0.0,
+        mfu_dtype=mfu_key,
+        hotspots=hotspots(report, by_id, top),
+    )
 
 
-def module_times(report: Report, by_id: Mapping[int, NodeTime]) -> list[dict[str, Any]]:
+def module_times(report: Report, by_id: Mapping[int, NodeTime]) -> tuple[ModuleTiming, ...]:
     """Time per module (its nodes and its submodules'), in the report's module order."""
     sums: dict[str, float] = defaultdict(float)
     for node in report.nodes:
         for path in ancestors(node.module):
             sums[path] += by_id[node.id].time_s
     total = sums.get("", 0.0)
-    return [{"path": m.path, "time_s": sums.get(m.path, 0.0),
-             "share": sums.get(m.path, 0.0) / total if total else 0.0}
-            for m in report.modules]
+    return tuple(ModuleTiming(m.path, sums.get(m.path, 0.0),
+                              sums.get(m.path, 0.0) / total if total else 0.0)
+                 for m in report.modules)
 
 
-def optimizer_time(training: Mapping[str, Any], graph: Graph, device: Device) -> float:
+def optimizer_time(training: Training, graph: Graph, device: Device) -> float:
     """One optimizer step as a pass over the states (see the module docstring)."""
-    states = training["states"]
-    persistent = states["weights_bytes"] + states["master_bytes"] + states["optimizer_bytes"]
-    moved = 2 * persistent + states["grad_bytes"]
+    states = training.states
+    persistent = states.weights_bytes + states.master_bytes + states.optimizer_bytes
+    moved = 2 * persistent + states.grad_bytes
     tensors = sum(1 for p in graph.params if not p.is_buffer and p.requires_grad)
     compute_rate = device.achievable_flops("fp32")
-    compute_s = training["optimizer_flops"] / compute_rate if compute_rate > 0 else 0.0
+    compute_s = training.optimizer_flops / compute_rate if compute_rate > 0 else 0.0
     bandwidth = device.achievable_bandwidth
     memory_s = moved / bandwidth if bandwidth > 0 else 0.0
     return max(compute_s, memory_s) + tensors * device.launch_s
@@ -211,16 +222,16 @@ def throughput_basis(graph: Graph) -> Basis:
     return Basis(samples, tokens)
 
 
-def throughput(basis: Basis, time_s: float, flops: int, peak: float) -> dict[str, Any]:
+def throughput(basis: Basis, time_s: float, flops: int, peak: float) -> Throughput:
     """Samples/s and tokens/s at the captured batch, and the tokens/s bound of the domain
     (`peak / FLOPs per token`)."""
-    result: dict[str, Any] = {"batch": basis.samples, "tokens": basis.tokens,
-                              "samples_per_s": basis.samples / time_s if time_s > 0 else 0.0}
-    if basis.tokens:
-        result["tokens_per_s"] = basis.tokens / time_s if time_s > 0 else 0.0
-        per_token = flops / basis.tokens
-        result["tokens_per_s_bound"] = peak / per_token if per_token > 0 else 0.0
-    return result
+    samples_per_s = basis.samples / time_s if time_s > 0 else 0.0
+    if not basis.tokens:
+        return Throughput(basis.samples, basis.tokens, samples_per_s)
+    per_token = flops / basis.tokens
+    return Throughput(basis.samples, basis.tokens, samples_per_s,
+                      tokens_per_s=basis.tokens / time_s if time_s > 0 else 0.0,
+                      tokens_per_s_bound=peak / per_token if per_token > 0 else 0.0)
 
 
 def dominant_key(report: Report, by_id: Mapping[int, NodeTime]) -> str:
@@ -232,7 +243,7 @@ def dominant_key(report: Report, by_id: Mapping[int, NodeTime]) -> str:
     return ranked[0][0] if ranked and ranked[0][1] > 0 else "fp32"
 
 
-def hotspots(report: Report, by_id: Mapping[int, NodeTime], top: int) -> dict[str, Any]:
+def hotspots(report: Report, by_id: Mapping[int, NodeTime], top: int) -> Hotspots:
     """The top ops (grouped by aten overload) by predicted time and by FLOPs, side by side."""
     calls: Counter[str] = Counter()
     time_s: dict[str, float] = defaultdict(float)
@@ -242,12 +253,12 @@ def hotspots(report: Report, by_id: Mapping[int, NodeTime], top: int) -> dict[st
         time_s[node.target] += by_id[node.id].time_s
         flops[node.target] += node.flops
     total_s, total_flops = sum(time_s.values()), sum(flops.values())
-    rows = {target: {"target": target, "calls": calls[target], "time_s": time_s[target],
-             "flops": flops[target],
-             "time_share": time_s[target] / total_s if total_s else 0.0,
-             "flops_share": flops[target] / total_flops if total_flops else 0.0}
+    rows = {target: OpTiming(target=target, calls=calls[target], time_s=time_s[target],
+                             flops=flops[target],
+                             time_share=time_s[target] / total_s if total_s else 0.0,
+                             flops_share=flops[target] / total_flops if total_flops else 0.0)
             for target in calls}
-    return {
-        "by_time": [rows[t] for t in sorted(calls, key=lambda t: (-time_s[t], t))[:top]],
-        "by_flops": [rows[t] for t in sorted(calls, key=lambda t: (-flops[t], t))[:top]],
-    }
+    return Hotspots(
+        by_time=tuple(rows[t] for t in sorted(calls, key=lambda t: (-time_s[t], t))[:top]),
+        by_flops=tuple(rows[t] for t in sorted(calls, key=lambda t: (-flops[t], t))[:top]),
+    )

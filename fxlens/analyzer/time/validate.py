@@ -29,7 +29,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,8 +39,28 @@ import torch.utils._pytree as pytree
 from fxlens.analyzer.capture.chain import plain_outputs
 from fxlens.analyzer.capture.recorder import on_meta, random_weights, real_like
 from fxlens.analyzer.core.aten import resolve_op
-from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorSpec, ancestors
+from fxlens.analyzer.core.graph import (
+    Graph,
+    Node,
+    NodeKind,
+    TensorRef,
+    TensorSpec,
+    ancestors,
+    packet,
+)
 from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.core.sections import (
+    Memory,
+    MemoryValidation,
+    ModuleValidation,
+    NodeValidation,
+    OpClassValidation,
+    ProfileInfo,
+    Roofline,
+    RunSettingsInfo,
+    TotalValidation,
+    Validation,
+)
 from fxlens.analyzer.memory.measure import measure_memory
 
 Values = dict[int, tuple[Any, ...]]
@@ -323,58 +343,49 @@ def error(predicted: float, measured: float) -> float | None:
     return (predicted - measured) / measured if measured > 0 else None
 
 
-def _row(key: str, value: str, predicted: float, measured: float, calls: int) -> dict[str, Any]:
-    return {key: value, "calls": calls, "predicted_s": predicted, "measured_s": measured,
-            "error": error(predicted, measured)}
+def validation_section(report: Report, run: GraphRun, settings: RunSettings) -> Validation:
+    """The report's ``validation`` section: predicted (its ``roofline`` section) beside
+    measured, per node, op class, module and in total, with relative errors."""
+    roofline = report.require(Roofline)
+    predicted = roofline.node_times()
+    nodes = tuple(NodeValidation(id=n.id, target=n.target, module=n.module, status=n.status,
+                                 predicted_s=predicted[n.id],
+                                 measured_s=run.node_s.get(n.id, 0.0))
+                  for n in report.nodes)
+    total_p = sum(n.predicted_s for n in nodes)
+    total_m = sum(n.measured_s for n in nodes)
+    memory = report.get(Memory)
+    predicted_peak = memory.peak_activation_bytes if memory is not None else 0
+    op_classes = _grouped(nodes, lambda n: packet(n.target))
+    modules = _grouped(nodes, lambda n: n.module, roll_up=True)
+    return Validation(
+        settings=RunSettingsInfo(settings.device, settings.warmup, settings.repeat),
+        profile=ProfileInfo(roofline.device.name, roofline.device.source,
+                            roofline.device.calibrated),
+        timed_nodes=len(run.node_s),
+        made_up_inputs=tuple(run.made_up),
+        nodes=nodes,
+        op_classes=tuple(OpClassValidation(op, c, p, m, error(p, m))
+                         for op, (p, m, c) in sorted(op_classes.items(),
+                                                     key=lambda kv: (-kv[1][1], kv[0]))),
+        modules=tuple(ModuleValidation(path, c, p, m, error(p, m))
+                      for path, (p, m, c) in modules.items()),   # execution order
+        total=TotalValidation(total_p, total_m, error(total_p, total_m), run.pass_s,
+                              run.eager_s),
+        memory=MemoryValidation(predicted_peak, run.peak_bytes,
+                                error(predicted_peak, run.peak_bytes)),
+    )
 
 
-def validation_section(report: Report, roofline: Mapping[str, Any], run: GraphRun,
-                       settings: RunSettings) -> dict[str, Any]:
-    """The report's ``validation`` section: predicted beside measured, per node, op class,
-    module and in total, with relative errors."""
-    predicted = {n["id"]: n["time_s"] for n in roofline["nodes"]}
-    nodes = [{"id": n.id, "target": n.target, "module": n.module, "status": n.status,
-              "predicted_s": predicted[n.id], "measured_s": run.node_s.get(n.id, 0.0)}
-             for n in report.nodes]
-    total_p = sum(n["predicted_s"] for n in nodes)
-    total_m = sum(n["measured_s"] for n in nodes)
-    memory = report.sections.get("memory", {})
-    predicted_peak = int(memory.get("peak_activation_bytes", 0))
-    return {
-        "settings": {"device": settings.device, "warmup": settings.warmup,
-                     "repeat": settings.repeat},
-        "profile": {"name": roofline["device"]["name"], "source": roofline["device"]["source"],
-                    "calibrated": roofline["device"]["calibrated"]},
-        "timed_nodes": len(run.node_s),
-        "made_up_inputs": list(run.made_up),
-        "nodes": nodes,
-        "op_classes": _grouped(nodes, lambda n: _packet(n["target"]), "op"),
-        "modules": _grouped(nodes, lambda n: n["module"], "path", roll_up=True),
-        "total": {"predicted_s": total_p, "measured_s": total_m, "error": error(total_p, total_m),
-                  "pass_s": run.pass_s, "eager_s": run.eager_s},
-        "memory": {"predicted_peak_bytes": predicted_peak, "measured_peak_bytes": run.peak_bytes,
-                   "error": error(predicted_peak, run.peak_bytes)},
-    }
-
-
-def _packet(target: str) -> str:
-    parts = target.split(".")
-    return ".".join(parts[:2]) if len(parts) >= 3 else target
-
-
-def _grouped(nodes: list[dict[str, Any]], key: Callable[[dict[str, Any]], str], name: str,
-             roll_up: bool = False) -> list[dict[str, Any]]:
-    sums: dict[str, list[float]] = defaultdict(lambda: [0.0, 0.0, 0])
+def _grouped(nodes: Sequence[NodeValidation], key: Callable[[NodeValidation], str],
+             roll_up: bool = False) -> dict[str, tuple[float, float, int]]:
+    """(predicted s, measured s, calls) per group, in first-seen order."""
+    sums: dict[str, tuple[float, float, int]] = {}
     for node in nodes:
         for group in (ancestors(key(node)) if roll_up else [key(node)]):
-            entry = sums[group]
-            entry[0] += node["predicted_s"]
-            entry[1] += node["measured_s"]
-            entry[2] += 1
-    rows = [_row(name, group, p, m, int(c)) for group, (p, m, c) in sums.items()]
-    if roll_up:
-        return rows   # execution order, each module after its parent
-    return sorted(rows, key=lambda r: (-r["measured_s"], r[name]))
+            p, m, c = sums.get(group, (0.0, 0.0, 0))
+            sums[group] = (p + node.predicted_s, m + node.measured_s, c + 1)
+    return sums
 
 
 def flat_tensors(value: Any) -> Iterator[torch.Tensor]:

@@ -1,0 +1,487 @@
+"""Every typed report section: one frozen dataclass each, found by type (`report.get(Memory)`).
+
+These classes are the report's schema beside `fxlens.analyzer.core.report`: the passes build
+them, the views and `diff` read them, and the one codec writes and reads their JSON, so a
+field renamed here is renamed everywhere (mypy finds the readers). Field names are the JSON
+keys of report schema version 1. Bytes and FLOPs are ints, times in seconds (``*_s``), shares
+in 0…1; ``None`` means "not measured / not applicable".
+
+Sections: ``memory`` (`Memory`), ``training`` (`Training`), ``kv_cache`` (`KVCache`),
+``roofline`` (`Roofline`), ``findings`` (`Findings`), ``fusion`` (`Fusion`), ``quant``
+(`Quant`), ``validation`` (`Validation`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from fxlens.analyzer.core.codec import decode, encode, optional
+from fxlens.analyzer.core.section import Section, section
+
+# --- memory ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LiveTensor:
+    """One storage live at the peak, described by the output that allocated it."""
+
+    node: int
+    module: str
+    target: str
+    bytes: int
+    shape: tuple[int, ...]
+    dtype: str
+    category: str = "activation"
+
+
+@dataclass(frozen=True)
+class EagerPeak:
+    """The eager forward's activation peak, simulated on fake tensors (None: it failed)."""
+
+    peak_bytes: int | None
+    peak_op: str | None = optional()
+    error: str | None = optional()
+
+
+@section("memory")
+@dataclass(frozen=True)
+class Memory(Section):
+    """Liveness of the captured graph: resident bytes, the activation peak and its make-up."""
+
+    lifetimes: str
+    param_bytes: int
+    buffer_bytes: int
+    input_bytes: int
+    peak_activation_bytes: int
+    peak_node: int | None
+    peak_module: str
+    timeline: tuple[int, ...]
+    live_at_peak: tuple[LiveTensor, ...]
+    live_at_peak_count: int
+    peak_by_category: Mapping[str, int] = field(default_factory=dict)
+    at_peak_by_category: Mapping[str, int] = field(default_factory=dict)
+    peak_by_phase: Mapping[str, int] = field(default_factory=dict)
+    allocated_by_module: Mapping[str, int] = field(default_factory=dict)
+    live_at_peak_by_module: Mapping[str, int] = field(default_factory=dict)
+    eager: EagerPeak | None = optional()
+
+
+# --- training ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StateTotals:
+    """Persistent training state by category, in bytes."""
+
+    weights_bytes: int = 0
+    master_bytes: int = 0
+    grad_bytes: int = 0
+    optimizer_bytes: int = 0
+    buffer_bytes: int = 0
+    total: int = 0
+
+
+@dataclass(frozen=True)
+class States(StateTotals):
+    trainable_numel: int = 0
+    frozen_numel: int = 0
+    by_module: Mapping[str, StateTotals] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ModuleBytes:
+    module: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class PeakBreakdown:
+    persistent_bytes: int
+    fwd_bwd_peak_bytes: int
+    gradients_at_peak_bytes: int
+    optimizer_phase_bytes: int
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    """What-if: activation checkpointing of every repeated block."""
+
+    blocks: tuple[str, ...]
+    saved_bytes_before: int
+    saved_bytes_after: int
+    memory_saved_bytes: int
+    recompute_flops: int
+    flops_overhead: float
+
+
+@dataclass(frozen=True)
+class Fit:
+    device: str
+    device_bytes: int
+    fits: bool
+    headroom_bytes: int
+    utilisation: float
+    largest_batch: int
+
+
+@section("training")
+@dataclass(frozen=True)
+class Training(Section):
+    """One training step: FLOPs by phase, persistent state, saved activations, the step peak."""
+
+    precision: str
+    optimizer: str
+    forward_flops: int
+    backward_flops: int
+    optimizer_flops: int
+    step_flops: int
+    states: States
+    saved_activation_bytes: int
+    saved_by_module: tuple[ModuleBytes, ...]
+    step_peak_bytes: int
+    first_step_peak_bytes: int
+    peak_breakdown: PeakBreakdown
+    checkpointing: Checkpointing | None = optional()
+    fit: Fit | None = optional()
+
+
+# --- KV cache ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KVLayerBytes:
+    name: str
+    kv_heads: int
+    k_head_dim: int
+    v_head_dim: int
+    tokens: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    """Memory of one decode step: weights + the whole cache + one token's activations."""
+
+    weights_bytes: int
+    kv_cache_bytes: int
+    activation_bytes: int
+    total_bytes: int
+
+
+@section("kv_cache")
+@dataclass(frozen=True)
+class KVCache(Section):
+    batch: int
+    context: int
+    dtype_bytes: float
+    source: str
+    total_bytes: int
+    layers: tuple[KVLayerBytes, ...]
+    decode_step: DecodeStep
+
+
+# --- roofline ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DeviceFigures:
+    """The device figures an estimate used (a registry entry or a calibrated profile)."""
+
+    name: str
+    memory_bytes: int
+    source: str
+    peak_flops: Mapping[str, float]
+    bandwidth_bytes_per_s: float
+    kind: str
+    compute_efficiency: float
+    bandwidth_efficiency: float
+    launch_s: float
+    calibrated: bool
+
+
+@dataclass(frozen=True)
+class RooflineSettings:
+    tf32: bool
+    dtype_rule: str
+
+
+@dataclass(frozen=True)
+class NodeTiming:
+    id: int
+    time_s: float
+    bound: str           # "compute", "memory", "launch", "free" or "uncosted"
+    intensity: float     # FLOPs per byte moved
+    dtype: str           # the peak figure it is computed at (fp32, tf32, bf16…)
+
+
+@dataclass(frozen=True)
+class ModuleTiming:
+    path: str
+    time_s: float
+    share: float
+
+
+@dataclass(frozen=True)
+class RooflineTotals:
+    time_s: float
+    compute_bound_s: float
+    memory_bound_s: float
+    launch_bound_s: float
+    launch_s: float
+    by_phase: Mapping[str, float]
+    uncosted_nodes: int
+    optimizer_s: float | None = optional()
+    step_time_s: float | None = optional()
+
+    @property
+    def total_s(self) -> float:
+        """The whole estimate: the training step's when there is one, else the graph's."""
+        return self.step_time_s if self.step_time_s is not None else self.time_s
+
+
+@dataclass(frozen=True)
+class Throughput:
+    batch: int
+    tokens: int
+    samples_per_s: float
+    tokens_per_s: float | None = optional()
+    tokens_per_s_bound: float | None = optional()
+
+
+@dataclass(frozen=True)
+class OpTiming:
+    target: str
+    calls: int
+    time_s: float
+    flops: int
+    time_share: float
+    flops_share: float
+
+
+@dataclass(frozen=True)
+class Hotspots:
+    by_time: tuple[OpTiming, ...]
+    by_flops: tuple[OpTiming, ...]
+
+
+@section("roofline")
+@dataclass(frozen=True)
+class Roofline(Section):
+    device: DeviceFigures
+    settings: RooflineSettings
+    nodes: tuple[NodeTiming, ...]
+    modules: tuple[ModuleTiming, ...]
+    totals: RooflineTotals
+    throughput: Throughput
+    mfu: float
+    mfu_dtype: str
+    hotspots: Hotspots
+
+    def node_times(self) -> dict[int, float]:
+        return {n.id: n.time_s for n in self.nodes}
+
+    def module_times(self) -> dict[str, float]:
+        return {m.path: m.time_s for m in self.modules}
+
+
+# --- fusion ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One fusion opportunity: what a rule matched, what fusing it saves, how to fix it."""
+
+    code: str
+    nodes: tuple[int, ...]
+    modules: tuple[str, ...]
+    saved_bytes: int
+    saved_s: float | None
+    message: str
+    fix: str
+
+
+@section("findings")
+@dataclass(frozen=True)
+class Findings(Section):
+    """Fusion findings, most bytes saved first; written as a JSON list."""
+
+    items: tuple[Finding, ...] = ()
+
+    def to_json(self) -> Any:
+        return [encode(f) for f in self.items]
+
+    @classmethod
+    def from_json(cls, data: Any) -> Findings:
+        return cls(decode(tuple[Finding, ...], data, cls.key))
+
+
+@dataclass(frozen=True)
+class KernelCounts:
+    kernels_unfused: int = 0
+    kernels_fused: int = 0
+    bytes_unfused: int = 0
+    bytes_fused: int = 0
+
+
+@section("fusion")
+@dataclass(frozen=True)
+class Fusion(Section):
+    """Kernels and bytes moved, op by op and as a fusing compiler would group them."""
+
+    kernels_unfused: int
+    kernels_fused: int
+    bytes_unfused: int
+    bytes_fused: int
+    policy: str
+    kernels_fused_with_epilogues: int | None
+    by_module: Mapping[str, KernelCounts]
+
+
+# --- quantization ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class QuantCalibration:
+    batches: int
+    source: str
+    activations: bool
+    metric: str
+    logit_leaves: int
+
+
+@dataclass(frozen=True)
+class QuantLayer:
+    """One quantizable layer; dB figures are higher-is-safer, None for an exact format."""
+
+    layer: str
+    type: str
+    params: int
+    status: str
+    reason: str | None
+    stats: Mapping[str, Any]
+    weight_sqnr_db: Mapping[str, float | None]
+    data_free_sqnr_db: Mapping[str, float | None]
+    risks: tuple[str, ...]
+    risk_details: Mapping[str, str]
+    output_sqnr_db: Mapping[str, float | None] | None = optional()
+    output_kl: Mapping[str, float] | None = optional()
+    top1_agreement: Mapping[str, float] | None = optional()
+    calibrated_score_db: Mapping[str, float | None] | None = optional()
+    activation: Mapping[str, Any] | None = optional()
+    precision: str | None = optional()
+
+
+@dataclass(frozen=True)
+class QuantRisk:
+    code: str
+    layers: tuple[str, ...]
+    message: str
+    fix: str
+
+
+@dataclass(frozen=True)
+class QuantPlan:
+    name: str
+    activations: str
+    weight_bytes: int
+    original_bytes: int
+    compression_ratio: float
+    budget_bytes: int | None
+    fits: bool | None
+    predicted_output_sqnr_db: float | None
+    basis: str
+    precision: Mapping[str, str]
+
+
+@section("quant")
+@dataclass(frozen=True)
+class Quant(Section):
+    """Per-layer quantization sensitivity (see `fxlens.analyzer.quant.section`)."""
+
+    status: str
+    notes: tuple[str, ...]
+    formats: tuple[str, ...]
+    score_format: str
+    calibration: QuantCalibration | None
+    layers: tuple[QuantLayer, ...]
+    risks: tuple[QuantRisk, ...]
+    plan: QuantPlan | None
+
+
+# --- validation --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunSettingsInfo:
+    device: str
+    warmup: int
+    repeat: int
+
+
+@dataclass(frozen=True)
+class ProfileInfo:
+    name: str
+    source: str
+    calibrated: bool
+
+
+@dataclass(frozen=True)
+class NodeValidation:
+    id: int
+    target: str
+    module: str
+    status: str
+    predicted_s: float
+    measured_s: float
+
+
+@dataclass(frozen=True)
+class OpClassValidation:
+    op: str
+    calls: int
+    predicted_s: float
+    measured_s: float
+    error: float | None
+
+
+@dataclass(frozen=True)
+class ModuleValidation:
+    path: str
+    calls: int
+    predicted_s: float
+    measured_s: float
+    error: float | None
+
+
+@dataclass(frozen=True)
+class TotalValidation:
+    predicted_s: float
+    measured_s: float
+    error: float | None
+    pass_s: float
+    eager_s: float
+
+
+@dataclass(frozen=True)
+class MemoryValidation:
+    predicted_peak_bytes: int
+    measured_peak_bytes: int
+    error: float | None
+
+
+@section("validation")
+@dataclass(frozen=True)
+class Validation(Section):
+    """Predicted beside measured on a real device: per node, op class, module and in total."""
+
+    settings: RunSettingsInfo
+    profile: ProfileInfo
+    timed_nodes: int
+    made_up_inputs: tuple[str, ...]
+    nodes: tuple[NodeValidation, ...]
+    op_classes: tuple[OpClassValidation, ...]
+    modules: tuple[ModuleValidation, ...]
+    total: TotalValidation
+    memory: MemoryValidation

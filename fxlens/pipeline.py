@@ -1,0 +1,368 @@
+"""The one pipeline: capture once, cost every op, then the analysis passes, in order.
+
+This is where the engine (`fxlens.analyzer`) meets the op knowledge (`fxlens.rules`): the
+rule registry, precision and optimizer policies, fusion and quantization rules and device
+specs are handed to the rooms here. Inference and training run the same passes:
+
+    memory (inference)  Memory           liveness of the forward + the simulated eager peak
+    training            Memory, Training liveness of the joint step, states, the step peak
+    KV cache            KVCache          needs token inputs; one-token forward captured once
+    fusion              Findings, Fusion over the analysed graph (forward or whole step)
+    quantization        Quant            over the inference forward (weights as loaded)
+    roofline            Roofline         needs the graph's costs; `--fused` reads the fusion plan
+
+`Context` holds what passes share: the loaded model, the options, the rule registry, the
+device spec (built once), and the graphs (the analysed one, the inference forward, the
+one-token forward), each captured once on first use.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from fxlens.analyzer.capture.chain import METHODS, capture
+from fxlens.analyzer.capture.training import TrainingGraph, capture_training
+from fxlens.analyzer.core.costs import CostRegistry
+from fxlens.analyzer.core.errors import LoadError
+from fxlens.analyzer.core.graph import Graph
+from fxlens.analyzer.core.loaded import LoadedModel
+from fxlens.analyzer.core.passes import Pass, run_passes
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.core.section import Section
+from fxlens.analyzer.core.sections import (
+    EagerPeak,
+    Findings,
+    Fusion,
+    KVCache,
+    Memory,
+    Quant,
+    Roofline,
+    Training,
+)
+from fxlens.analyzer.cost.engine import analyze
+from fxlens.analyzer.fusion.kernels import FusionAnalysis, analyze_fusion, fused_report
+from fxlens.analyzer.memory.kv_cache import decode_step, kv_cache, kv_layout
+from fxlens.analyzer.memory.liveness import liveness
+from fxlens.analyzer.memory.measure import simulate_eager_memory
+from fxlens.analyzer.memory.training_state import parse_bytes
+from fxlens.analyzer.memory.training_step import StepSettings, training_section
+from fxlens.analyzer.quant.section import QuantSettings, quant_section
+from fxlens.analyzer.time.roofline import roofline_section, throughput_basis
+from fxlens.rules import load_rules
+from fxlens.rules.fusion import FUSION_RULES, kinds_of
+from fxlens.rules.hardware import DeviceSpec, device_spec
+from fxlens.rules.hardware import device as named_device
+from fxlens.rules.training import CASTABLE_DTYPES, Optimizer, Precision
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PRECISION = {"float32": "fp32", "bfloat16": "amp-bf16", "float16": "amp-fp16"}
+PRECISIONS = tuple(p.value for p in Precision)     # what --precision accepts
+OPTIMIZERS = tuple(o.value for o in Optimizer)     # what --optimizer accepts
+
+
+@dataclass(frozen=True)
+class AnalysisOptions:
+    entry: str | None = None
+    overrides: Mapping[str, str] = field(default_factory=dict)
+    sizes: Mapping[str, int | None] = field(default_factory=dict)
+    methods: tuple[str, ...] = METHODS
+    strict: bool = False
+    train: bool = False
+    precision: str | None = None        # None: from the parameters' dtype
+    optimizer: str = "adamw"
+    device_memory: str | None = None    # "80GiB" or a GPU name ("h100")
+    checkpoint: bool = False
+    kv_cache: bool = False
+    context: int | None = None          # KV cache context; None: the captured sequence length
+    device: str | None = None           # roofline device ("h100", "cpu"); None: no roofline
+    devices_file: str | None = None     # user JSON adding or overriding devices
+    profile: str | None = None          # calibrated profile JSON (`analyze calibrate`)
+    tf32: bool = False                  # fp32 matmuls may use TF32
+    fused: bool = False                 # roofline over the predicted fused kernels
+    fusion: bool = True                 # fusion findings and the fused-kernel model
+    quant: bool = False                 # data-free quantization sensitivity per layer
+    calibrate: bool = False             # + real forwards: output SQNR per layer (implies quant)
+    activations: bool = False           # calibrated runs also fake-quantize layer inputs
+    calibrate_metric: str = "auto"      # calibrated ranking: auto (KL for logits)|sqnr|kl|agreement
+    quant_plan: str | None = None       # "w8a8", "w4a16" or "auto" (implies quant)
+    budget: str | None = None           # weight memory budget of the plan ("4GiB")
+    group_size: int = 128               # int4 group size
+
+
+
+@dataclass
+class Context:
+    """What the passes of one run share; graphs are captured once, on first use."""
+
+    loaded: LoadedModel
+    options: AnalysisOptions
+    on_step: Callable[[str], None]
+    registry: CostRegistry = field(default_factory=load_rules)
+    device: DeviceSpec | None = None               # given (validate) or from the options
+    step: TrainingGraph | None = None
+    graphs: dict[str, Graph] = field(default_factory=dict)
+    fusion: FusionAnalysis | None = None
+
+    def forward(self) -> Graph:
+        """The inference forward on the example inputs."""
+        if "forward" not in self.graphs:
+            self.graphs["forward"] = capture(self.loaded.module, self.loaded.inputs,
+                                             self.registry, self.options.methods,
+                                             self.on_step)
+        return self.graphs["forward"]
+
+    def analysed(self) -> Graph:
+        """The graph the report costs: the training step's, else the forward."""
+        return self.step.graph if self.step is not None else self.forward()
+
+    def device_spec(self) -> DeviceSpec | None:
+        if self.device is None and self.options.device is not None:
+            self.device = resolve_device(self.options.device, self.options.devices_file,
+                                         self.options.profile)
+        return self.device
+
+
+# --- passes ------------------------------------------------------------------------------------
+
+
+class InferenceMemory:
+    name = "memory"
+    provides: tuple[type[Section], ...] = (Memory,)
+    needs: tuple[type[Section], ...] = ()
+
+    def wanted(self, options: Any) -> bool:
+        return not options.train
+
+    def run(self, ctx: Context, report: Report) -> Sequence[Section]:
+        ctx.on_step("simulating the eager forward's memory on fake tensors")
+        profile = liveness(ctx.forward(), ctx.registry)
+        return (profile.to_section(eager=_eager_peak(ctx.loaded)),)
+
+
+class TrainingStep:
+    name = "training"
+    provides: tuple[type[Section], ...] = (Memory, Training)
+    needs: tuple[type[Section], ...] = ()
+
+    def wanted(self, options: Any) -> bool:
+        return bool(options.train)
+
+    def run(self, ctx: Context, report: Report) -> Sequence[Section]:
+        assert ctx.step is not None, "the pipeline captures the step before the passes"
+        options = ctx.options
+        memory = liveness(ctx.step.graph, ctx.registry)
+        precision = _precision(options.precision, ctx.loaded.module)
+        device_name, device_bytes = _device_memory(options.device_memory)
+        settings = StepSettings(
+            precision_name=precision.value, precision=precision.spec,
+            optimizer_name=options.optimizer, optimizer=_optimizer(options.optimizer).spec,
+            batch=throughput_basis(ctx.step.graph).samples, device_name=device_name,
+            device_bytes=device_bytes, checkpoint=options.checkpoint,
+        )
+        training = training_section(ctx.step, report, memory, ctx.registry, settings)
+        return memory.to_section(), training
+
+
+class KVCachePass:
+    """KV cache at the context and one decode step, whose activations come from the model
+    captured again at one token (the example inputs' (batch, seq) tensors cut to one)."""
+
+    name = "KV cache"
+    provides: tuple[type[Section], ...] = (KVCache,)
+    needs: tuple[type[Section], ...] = ()
+
+    def wanted(self, options: Any) -> bool:
+        return bool(options.kv_cache)
+
+    def run(self, ctx: Context, report: Report) -> Sequence[Section]:
+        ctx.on_step("sizing the KV cache and one decode step")
+        graph = ctx.forward()
+        layout = kv_layout(ctx.loaded.module, graph)
+        if not layout.layers:
+            raise LoadError("--kv-cache: no attention layers found (no transformers config "
+                            "and no attention op in the graph)")
+        basis = throughput_basis(graph)
+        if not basis.tokens:
+            raise LoadError("--kv-cache: the example inputs hold no (batch, sequence) token "
+                            "tensor, so there is no sequence to cache")
+        seq_len = basis.tokens // basis.samples
+        batch = ctx.options.sizes.get("batch") or basis.samples
+        cache = kv_cache(layout.layers, batch, ctx.options.context or seq_len,
+                         layout.dtype_bytes, layout.source)
+        token = capture(ctx.loaded.module, one_token_inputs(ctx.loaded.inputs, seq_len),
+                        ctx.registry, ctx.options.methods)
+        activations = liveness(token, ctx.registry).peak_activation_bytes
+        weights = report.model.param_bytes + report.model.buffer_bytes
+        return (cache.to_section(decode_step(weights, cache, activations)),)
+
+
+class FusionPass:
+    name = "fusion"
+    provides: tuple[type[Section], ...] = (Findings, Fusion)
+    needs: tuple[type[Section], ...] = ()
+
+    def wanted(self, options: Any) -> bool:
+        return bool(options.fusion)
+
+    def run(self, ctx: Context, report: Report) -> Sequence[Section]:
+        ctx.on_step("finding fusion opportunities")
+        graph = ctx.analysed()
+        spec = ctx.device_spec()
+        ctx.fusion = analyze_fusion(report, graph, kinds_of(list(graph.nodes), ctx.registry),
+                                    FUSION_RULES, ctx.registry.lookup,
+                                    spec.achievable_bandwidth if spec is not None else None)
+        return ctx.fusion.sections()
+
+
+class QuantPass:
+    name = "quantization"
+    provides: tuple[type[Section], ...] = (Quant,)
+    needs: tuple[type[Section], ...] = ()
+
+    def wanted(self, options: Any) -> bool:
+        return bool(options.quant or options.calibrate or options.quant_plan)
+
+    def run(self, ctx: Context, report: Report) -> Sequence[Section]:
+        from fxlens.rules.quant import knowledge, plan_request
+
+        options, loaded = ctx.options, ctx.loaded
+        try:
+            budget = parse_bytes(options.budget) if options.budget else None
+            plan = (plan_request(options.quant_plan, budget, options.group_size)
+                    if options.quant_plan else None)
+        except ValueError as error:
+            raise LoadError(f"--quant-plan/--budget: {error}") from None
+        batches, source = None, ""
+        if options.calibrate:
+            source = "calibration()" if loaded.calibration else "example inputs"
+            batches = list(loaded.calibration()) if loaded.calibration else [loaded.inputs]
+        settings = QuantSettings(calibration=batches, calibration_source=source,
+                                 activations=options.activations,
+                                 metric=options.calibrate_metric, plan=plan)
+        return (quant_section(loaded.module, ctx.forward(), knowledge(options.group_size),
+                              settings, ctx.on_step),)
+
+
+class RooflinePass:
+    name = "roofline"
+    provides: tuple[type[Section], ...] = (Roofline,)
+    needs: tuple[type[Section], ...] = ()
+
+    def wanted(self, options: Any) -> bool:
+        return options.device is not None
+
+    def run(self, ctx: Context, report: Report) -> Sequence[Section]:
+        spec = ctx.device_spec()
+        assert spec is not None
+        basis = report
+        if ctx.options.fused:
+            if ctx.fusion is None:
+                raise LoadError("--fused needs the fusion analysis, which was turned off")
+            basis = fused_report(report, ctx.fusion.plan)
+        return (roofline_section(basis, ctx.analysed(), spec, ctx.options.tf32),)
+
+
+PASSES: tuple[Pass[Context], ...] = (InferenceMemory(), TrainingStep(), KVCachePass(),
+                                     FusionPass(), QuantPass(), RooflinePass())
+
+
+def run_pipeline(loaded: LoadedModel, options: AnalysisOptions,
+                 on_step: Callable[[str], None] = lambda _: None,
+                 device: DeviceSpec | None = None) -> Report:
+    """Capture `loaded` once (a training step with ``options.train``), cost every op, then
+    run every pass the options ask for."""
+    return run_context(Context(loaded, options, on_step, device=device))
+
+
+def run_context(ctx: Context) -> Report:
+    """`run_pipeline` on a prepared context, whose graphs the caller may read afterwards."""
+    loaded, options, on_step = ctx.loaded, ctx.options, ctx.on_step
+    ctx.device_spec()   # a bad --device fails before the capture, not after
+    if options.train:
+        precision = _precision(options.precision, loaded.module)
+        working = precision.spec.weight_dtype
+        ctx.step = capture_training(loaded.module, loaded.inputs, ctx.registry,
+                                    working if working in CASTABLE_DTYPES else "bfloat16",
+                                    on_step)
+    graph = ctx.analysed()
+    on_step("costing the step" if options.train else "costing ops")
+    report = analyze(graph, ctx.registry, loaded.name, loaded.source, options.strict)
+    return run_passes(PASSES, ctx, options, report)
+
+
+# --- helpers -----------------------------------------------------------------------------------
+
+
+def one_token_inputs(inputs: tuple[Any, ...] | dict[str, Any], seq_len: int
+                     ) -> tuple[Any, ...] | dict[str, Any]:
+    """The example inputs at one token: every 2-D (batch, `seq_len`) tensor cut to (batch, 1)."""
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() == 2 and value.shape[1] == seq_len:
+            return value[:, :1]
+        return value
+
+    if isinstance(inputs, dict):
+        return {k: cut(v) for k, v in inputs.items()}
+    return tuple(cut(v) for v in inputs)
+
+
+def _eager_peak(loaded: LoadedModel) -> EagerPeak:
+    """The activation peak of eager PyTorch, Python's references included, from a forward
+    simulated on fake tensors; graph liveness gives the peak of a graph executor instead."""
+    try:
+        simulated = simulate_eager_memory(loaded.module, loaded.inputs)
+    except Exception as error:  # an extra figure: the report stands without it, and says why
+        log.warning("eager memory simulation failed: %s", error)
+        return EagerPeak(peak_bytes=None, error=f"{type(error).__name__}: {error}"[:300])
+    return EagerPeak(peak_bytes=simulated.peak_bytes, peak_op=simulated.peak_op)
+
+
+def _precision(name: str | None, module: torch.nn.Module) -> Precision:
+    if name is None:
+        dtype = next((str(p.dtype).removeprefix("torch.") for p in module.parameters()
+                      if p.is_floating_point()), "float32")
+        name = DEFAULT_PRECISION.get(dtype, "fp32")
+    try:
+        return Precision(name)
+    except ValueError:
+        known = ", ".join(p.value for p in Precision)
+        raise LoadError(f"unknown precision {name!r}; known: {known}") from None
+
+
+def _optimizer(name: str) -> Optimizer:
+    try:
+        return Optimizer(name)
+    except ValueError:
+        known = ", ".join(o.value for o in Optimizer)
+        raise LoadError(f"unknown optimizer {name!r}; known: {known}") from None
+
+
+def _device_memory(text: str | None) -> tuple[str, int | None]:
+    """``"80GiB"`` → ("80GiB", bytes); ``"h100"`` → its memory; None → no fit check."""
+    if text is None:
+        return "", None
+    try:
+        return text, parse_bytes(text)
+    except ValueError:
+        pass
+    try:
+        spec = named_device(text)
+    except ValueError as error:
+        raise LoadError(f"--device-mem: {error}") from None
+    return spec.name, spec.memory_bytes
+
+
+def resolve_device(name: str, devices_file: str | None = None, profile: str | None = None
+                   ) -> DeviceSpec:
+    """`fxlens.rules.hardware.device_spec`, its errors as one-line `LoadError`s."""
+    try:
+        return device_spec(name, devices_file, profile)
+    except ValueError as error:
+        raise LoadError(f"--device: {error}") from None
