@@ -46,17 +46,24 @@ from fxlens.analyzer.core.sections import (
 )
 from fxlens.analyzer.cost.engine import analyze
 from fxlens.analyzer.fusion.kernels import FusionAnalysis, analyze_fusion, fused_report
-from fxlens.analyzer.memory.kv_cache import decode_step, kv_cache, kv_layout
+from fxlens.analyzer.memory.kv_cache import (
+    cache_dtype_bytes,
+    decode_step,
+    kv_cache,
+    layers_from_graph,
+)
 from fxlens.analyzer.memory.liveness import liveness
 from fxlens.analyzer.memory.measure import simulate_eager_memory
 from fxlens.analyzer.memory.training_state import parse_bytes
 from fxlens.analyzer.memory.training_step import StepSettings, training_section
+from fxlens.analyzer.memory.types import KVLayout
 from fxlens.analyzer.quant.section import QuantSettings, quant_section
 from fxlens.analyzer.time.roofline import roofline_section, throughput_basis
 from fxlens.rules import load_rules
-from fxlens.rules.fusion import FUSION_RULES, kinds_of
+from fxlens.rules.fusion import fusion_rules, kinds_of
 from fxlens.rules.hardware import DeviceSpec, device_spec
 from fxlens.rules.hardware import device as named_device
+from fxlens.rules.kv_layouts import TOKEN_MAJOR_KERNELS, has_config, layers_from_config
 from fxlens.rules.training import CASTABLE_DTYPES, Optimizer, Precision
 
 log = logging.getLogger(__name__)
@@ -215,7 +222,7 @@ class FusionPass:
         graph = ctx.analysed()
         spec = ctx.device_spec()
         ctx.fusion = analyze_fusion(report, graph, kinds_of(list(graph.nodes), ctx.registry),
-                                    FUSION_RULES, ctx.registry.lookup,
+                                    fusion_rules(ctx.registry), ctx.registry.lookup,
                                     spec.achievable_bandwidth if spec is not None else None)
         return ctx.fusion.sections()
 
@@ -245,8 +252,9 @@ class QuantPass:
         settings = QuantSettings(calibration=batches, calibration_source=source,
                                  activations=options.activations,
                                  metric=options.calibrate_metric, plan=plan)
-        return (quant_section(loaded.module, ctx.forward(), knowledge(options.group_size),
-                              settings, ctx.on_step),)
+        return (quant_section(loaded.module, ctx.forward(),
+                              knowledge(options.group_size, ctx.registry), settings,
+                              ctx.on_step),)
 
 
 class RooflinePass:
@@ -311,6 +319,18 @@ def one_token_inputs(inputs: tuple[Any, ...] | dict[str, Any], seq_len: int
     if isinstance(inputs, dict):
         return {k: cut(v) for k, v in inputs.items()}
     return tuple(cut(v) for v in inputs)
+
+
+def kv_layout(module: torch.nn.Module, graph: Graph | None = None) -> KVLayout:
+    """The KV layout from `module`'s transformers config when it has one, else from `graph`."""
+    if has_config(module):
+        layers, source = layers_from_config(module.config), "config"
+    elif graph is not None:
+        layers, source = layers_from_graph(graph, TOKEN_MAJOR_KERNELS), "graph"
+    else:
+        raise LoadError("--kv-cache: no transformers config on the model and no graph to read "
+                        "attention layers from")
+    return KVLayout(tuple(layers), cache_dtype_bytes(module, graph), source)
 
 
 def _eager_peak(loaded: LoadedModel) -> EagerPeak:

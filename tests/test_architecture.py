@@ -84,10 +84,6 @@ KNOWN = {
     # device profiles are written and guessed in the CLI; they belong to a library function
     "fxlens.cli.calibrate → fxlens.rules.hardware",
     "fxlens.cli.validate → fxlens.rules.hardware",
-    # fusion and quantization rules still reach into the engine's modules for their types
-    "fxlens.rules.fusion → fxlens.analyzer.fusion.kernels",
-    "fxlens.rules.quant → fxlens.analyzer.quant.section",
-    "fxlens.rules.quant → fxlens.analyzer.quant.weights",
 }
 
 

@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_example_writes_the_versioned_report(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "report.json"
-    assert main([str(ROOT / "examples/tiny_gpt.py"), "--json", str(out), "--depth", "3"]) == 0
+    assert main([str(ROOT / "examples/tiny_gpt.py"), "--json", str(out), "--depth", "3",
+                 "--out", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
     assert "forward FLOPs" in printed and "top 10 ops" in printed
     report = json.loads(out.read_text())
@@ -36,6 +37,7 @@ def test_example_writes_the_versioned_report(tmp_path: Path, capsys: pytest.Capt
     assert root["params"] == report["model"]["params"]
 
 
+@pytest.mark.slow
 def test_python_dash_m_is_the_same_cli(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
     result = subprocess.run(
@@ -100,15 +102,17 @@ def test_bad_input_gets_one_line_and_exit_2(
     assert "Traceback" not in captured.err
 
 
-def test_unknown_preset_lists_the_known_ones(capsys: pytest.CaptureFixture) -> None:
-    assert main(["hf:not-a-model"]) == 2
+def test_unknown_preset_lists_the_known_ones(tmp_path: Path,
+                                             capsys: pytest.CaptureFixture) -> None:
+    assert main(["hf:not-a-model", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "llama-2-7b" in err and "gpt2" in err
 
 
 def test_memory_section_in_every_report(tmp_path: Path) -> None:
     out = tmp_path / "r.json"
-    assert main([str(ROOT / "tests/models/mlp.py"), "--quiet", "--json", str(out)]) == 0
+    assert main([str(ROOT / "tests/models/mlp.py"), "--quiet", "--json", str(out),
+                 "--out", str(tmp_path)]) == 0
     memory = json.loads(out.read_text())["memory"]
     assert {"param_bytes", "buffer_bytes", "peak_activation_bytes", "peak_node",
             "timeline"} <= set(memory)
@@ -121,7 +125,8 @@ def test_train_flags_fill_the_training_section(tmp_path: Path,
                                                capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "r.json"
     argv = [str(ROOT / "tests/models/tiny_gpt.py"), "--train", "--precision", "amp-bf16",
-            "--optimizer", "adam", "--checkpoint", "--device-mem", "24GiB", "--json", str(out)]
+            "--optimizer", "adam", "--checkpoint", "--device-mem", "24GiB", "--json", str(out),
+            "--out", str(tmp_path)]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     assert "training step · amp-bf16 · adam" in printed and "fits" in printed
@@ -132,11 +137,12 @@ def test_train_flags_fill_the_training_section(tmp_path: Path,
     assert training["backward_flops"] > training["forward_flops"] > 0
 
 
+@pytest.mark.slow
 def test_kv_cache_of_a_preset(tmp_path: Path) -> None:
     """Llama-2-7B shape, batch 1, context 2048, fp16: 2 × 32 × 2048 × 4096 × 2 B = 1 GiB."""
     out = tmp_path / "r.json"
     argv = ["hf:llama-2-7b", "--seq-len", "16", "--kv-cache", "--context", "2048",
-            "--quiet", "--json", str(out)]
+            "--quiet", "--json", str(out), "--out", str(tmp_path)]
     assert main(argv) == 0
     cache = json.loads(out.read_text())["kv_cache"]
     assert cache["total_bytes"] == 2 * 32 * 2048 * 4096 * 2 == 2**30
@@ -145,6 +151,8 @@ def test_kv_cache_of_a_preset(tmp_path: Path) -> None:
     assert step["total_bytes"] == step["weights_bytes"] + 2**30 + step["activation_bytes"]
 
 
-def test_unknown_device_is_a_one_line_error(capsys: pytest.CaptureFixture) -> None:
-    assert main([str(ROOT / "tests/models/mlp.py"), "--train", "--device-mem", "h1000"]) == 2
+def test_unknown_device_is_a_one_line_error(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture) -> None:
+    assert main([str(ROOT / "tests/models/mlp.py"), "--train", "--device-mem", "h1000",
+                 "--out", str(tmp_path)]) == 2
     assert "h100" in capsys.readouterr().err

@@ -33,8 +33,9 @@ def test_analyze_with_a_device_adds_the_roofline(tmp_path: Path,
     assert set(roofline["nodes"][0]) == {"id", "time_s", "bound", "intensity", "dtype"}
 
 
-def test_unknown_device_is_one_line_and_exit_2(capsys: pytest.CaptureFixture) -> None:
-    assert main([MLP, "--device", "h1000", "--quiet"]) == 2
+def test_unknown_device_is_one_line_and_exit_2(tmp_path: Path,
+                                              capsys: pytest.CaptureFixture) -> None:
+    assert main([MLP, "--device", "h1000", "--quiet", "--out", str(tmp_path)]) == 2
     assert "unknown device 'h1000'" in capsys.readouterr().err
 
 
@@ -72,6 +73,7 @@ def test_validate_cuda_without_a_gpu_is_a_clear_error(capsys: pytest.CaptureFixt
     assert "no CUDA device" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_calibrate_cpu_writes_a_profile_that_analyze_uses(
     tmp_path: Path, empty_cache: Path, capsys: pytest.CaptureFixture
 ) -> None:

@@ -21,8 +21,7 @@ from rich.table import Table
 
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.time.device_calibration import Calibration, calibrate
-from fxlens.reports.roofline_terminal import seconds
-from fxlens.reports.units import si
+from fxlens.reports.units import seconds, si
 from fxlens.rules.hardware import DTYPE_KEYS, DeviceSpec, host_cpu, profile_dir
 
 

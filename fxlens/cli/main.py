@@ -24,6 +24,7 @@ SUBCOMMANDS: dict[str, str] = {
     "diff": "fxlens.cli.diff",
     "validate": "fxlens.cli.validate",
     "calibrate": "fxlens.cli.calibrate",
+    "explain": "fxlens.cli.explain",
 }
 
 

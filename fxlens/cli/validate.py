@@ -23,7 +23,6 @@ from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.core.graph import Graph
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.report import Report, write_report
-from fxlens.analyzer.core.sections import Validation
 from fxlens.analyzer.time.device_calibration import allow_tf32
 from fxlens.analyzer.time.validate import RunSettings, prepare, run_graph, validation_section
 from fxlens.api import load
@@ -109,7 +108,8 @@ def _guess_gpu() -> str:
 
 def run(args: argparse.Namespace) -> int:
     from fxlens.cli.console import EXIT_OK, err, out
-    from fxlens.reports.roofline_terminal import validation_tables
+    from fxlens.reports.terminal import render_view
+    from fxlens.reports.views.time import validation_view
 
     if args.device == "cuda" and not torch.cuda.is_available():
         raise LoadError("--device cuda: no CUDA device is available here")
@@ -122,7 +122,9 @@ def run(args: argparse.Namespace) -> int:
         status.update(f"capturing, then running every node {settings.repeat}× on {args.device}…")
         report = validate(loaded, spec, settings, DTYPES.get(args.dtype or ""), args.tf32)
     if not args.quiet:
-        out.print(validation_tables(report.require(Validation), args.depth, args.top))
+        view = validation_view(report, args.depth, args.top)
+        assert view is not None, "validate always writes a validation section"
+        out.print(render_view(view))
     if args.json:
         write_report(report, args.json)
         err.print(f"wrote {args.json}")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from fxlens.analyzer.review.diff import Delta, ModuleDelta, ModuleStatus, ReportDiff
 from fxlens.analyzer.review.gates import GateResult
-from fxlens.reports.units import binary_bytes, si
+from fxlens.reports.units import binary_bytes, seconds, si
 
 LABELS = {
     "flops": "FLOPs", "macs": "MACs", "params": "params", "param_bytes": "param bytes",
@@ -29,13 +29,6 @@ def value(metric: str, number: float | None) -> str:
     if "bytes" in metric or metric in ("peak_memory", "step_peak"):
         return binary_bytes(number)
     return si(number)
-
-
-def seconds(number: float) -> str:
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if abs(number) >= scale:
-            return f"{number / scale:.2f} {unit}"
-    return f"{number * 1e9:.0f} ns"
 
 
 def change(metric: str, delta: Delta) -> str:

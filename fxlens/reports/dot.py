@@ -35,7 +35,7 @@ from fxlens.analyzer.core.graph import repeated_blocks
 from fxlens.analyzer.core.report import NodeReport, Report
 from fxlens.reports.escape import dot_escape
 from fxlens.reports.sections import node_memory, node_times
-from fxlens.reports.units import binary_bytes, si
+from fxlens.reports.units import binary_bytes, seconds, short_op, si
 
 COLORS = ("flops", "bytes", "time", "memory")
 PALETTE = ("#ffffcc", "#ffeda0", "#fed976", "#feb24c", "#fd8d3c", "#fc4e2a", "#e31a1c",
@@ -103,22 +103,9 @@ def format_metric(value: float, color: str) -> str:
     if color == "flops":
         return si(value, "FLOP")
     if color == "time":
-        return format_seconds(value)
+        return seconds(value)
     text = binary_bytes(value)
     return f"{text} live" if color == "memory" else text
-
-
-def format_seconds(value: float) -> str:
-    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
-        if abs(value) >= scale:
-            return f"{value / scale:.2f} {unit}"
-    return f"{value * 1e9:.0f} ns"
-
-
-def short_op(target: str) -> str:
-    """``aten.addmm.default`` → ``addmm``; ``aten.add.Tensor`` → ``add.Tensor``."""
-    name = target.removeprefix("aten.")
-    return name.removesuffix(".default")
 
 
 def shape_text(node: NodeReport) -> str:

@@ -35,17 +35,18 @@ from fxlens.analyzer.core.sections import (
     Findings,
     KVCache,
     Memory,
-    Quant,
-    QuantLayer,
     Roofline,
     Training,
 )
-from fxlens.reports.dot import collapsed_blocks, format_seconds, short_op
+from fxlens.reports.dot import collapsed_blocks
 from fxlens.reports.escape import html_escape as esc
 from fxlens.reports.escape import json_script
 from fxlens.reports.sections import module_times, node_times, roofline_roof
-from fxlens.reports.units import binary_bytes, percent, si
+from fxlens.reports.units import binary_bytes, percent, seconds, short_op, si
+from fxlens.reports.view import Block, Cell, SideBySide, View
+from fxlens.reports.views import views
 
+INTERACTIVE = {"summary", "modules", "top-ops"}   # the page's own cards, tree and ops table
 CHART_POINTS = 1200     # the memory chart keeps at most this many (bucket maxima)
 TOP = 10
 
@@ -58,13 +59,11 @@ def render_html(report: Report, svg: str | None, diff_html: str | None = None) -
         ("ops", "Ops", _ops_shell(report)),
         ("hotspots", "Hotspots", _hotspots(report)),
     ]
-    optional = [
-        ("memory", "Memory timeline", _memory_chart(report)),
-        ("roofline", "Roofline", _roofline_chart(report)),
-        ("findings", "Fusion findings", _findings_table(report)),
-        ("quant", "Quantization", _quant_tables(report)),
-    ]
-    sections += [s for s in optional if s[2]]
+    charts = {"memory": _memory_chart, "training": _memory_chart, "roofline": _roofline_chart}
+    for view in views(report, top=TOP):
+        if view.key not in INTERACTIVE:
+            chart = charts[view.key](report) if view.key in charts else ""
+            sections.append((view.key, view.title, chart + render_view(view)))
     sections.append(("graph", "Graph", _graph_section(svg)))
     if diff_html:
         sections.append(("diff", "Diff", diff_html))
@@ -142,7 +141,7 @@ def _section_cards(report: Report) -> list[tuple[str, str, str]]:
                       f"batch {cache.batch} · context {cache.context}"))
     roofline = report.get(Roofline)
     if roofline is not None:
-        cards.append(("estimated time", format_seconds(roofline.totals.total_s),
+        cards.append(("estimated time", seconds(roofline.totals.total_s),
                       roofline.device.name))
     found = report.get(Findings)
     if found is not None and found.items:
@@ -195,7 +194,7 @@ def _hotspots(report: Report) -> str:
         ranked = sorted((n for n in report.nodes if times.get(n.id)),
                         key=lambda n: (-times.get(n.id, 0.0), n.id))
         parts.append(_node_table("by estimated time", ranked[:TOP], ("time", "share"),
-                                 lambda n: (format_seconds(times.get(n.id, 0.0)),
+                                 lambda n: (seconds(times.get(n.id, 0.0)),
                                             percent(times.get(n.id, 0.0), total_s))))
     memory = report.get(Memory)
     if memory is not None and memory.live_at_peak:
@@ -367,40 +366,32 @@ def _point_title(node: NodeReport) -> str:
 # --- findings, quantization ------------------------------------------------------------------
 
 
-def _findings_table(report: Report) -> str:
-    section = report.get(Findings)
-    found = sorted(section.items if section else (), key=lambda f: -f.saved_bytes)
-    if not found:
-        return ""
-    rows = [(f.code, ", ".join(f.modules), binary_bytes(f.saved_bytes),
-             format_seconds(f.saved_s) if f.saved_s else "", f.message, f.fix) for f in found]
-    return _table(("code", "modules", "saves", "time saved", "finding", "fix"), rows)
+def render_view(view: View) -> str:
+    """A view's tables as static sortable HTML tables, every string escaped."""
+    return "".join(_render_block(block) for block in view.blocks)
 
 
-def _quant_tables(report: Report) -> str:
-    section = report.get(Quant)
-    if section is None:
-        return ""
-    fmt = section.score_format
-    plan_html = ""
-    if section.plan is not None:
-        plan = section.plan
-        plan_html = _table(("plan", "value"), [
-            ("name", plan.name), ("activations", plan.activations),
-            ("weight memory", binary_bytes(plan.weight_bytes)),
-            ("from", binary_bytes(plan.original_bytes)),
-            ("compression", f"{plan.compression_ratio:.2f}×"),
-            ("predicted output SQNR", f"{_cell(plan.predicted_output_sqnr_db) or '∞'} dB"),
-            ("basis", plan.basis)])
-    columns = ("layer", "type", "params", "status", f"data-free SQNR {fmt} (dB)",
-               f"output SQNR {fmt} (dB)", "risks", "plan")
-    return plan_html + _table(columns, [_quant_row(r, fmt) for r in section.layers])
+def _render_block(block: Block) -> str:
+    if isinstance(block, SideBySide):
+        return ('<div class="side">' + "".join(_render_block(t) for t in block.tables)
+                + "</div>")
+    head = "".join(f'<th class="{"num" if c.right else ""}">{esc(c.name)}</th>'
+                   for c in block.columns) if block.show_header else ""
+    body = "".join("<tr>" + "".join(_cell_html(c, col.right or False)
+                                    for c, col in zip(row, block.columns, strict=True))
+                   + "</tr>" for row in block.rows)
+    caption = f'<p class="muted">{esc(block.caption)}</p>' if block.caption else ""
+    return (f'<div class="view-table"><h3>{esc(block.title)}</h3>'
+            f'<table class="data sortable">{f"<thead><tr>{head}</tr></thead>" if head else ""}'
+            f"<tbody>{body}</tbody></table>{caption}</div>")
 
 
-def _quant_row(row: QuantLayer, fmt: str) -> tuple[str, ...]:
-    return (row.layer or "(root)", row.type.rsplit(".", 1)[-1], si(row.params), row.status,
-            _cell(row.data_free_sqnr_db.get(fmt)), _cell((row.output_sqnr_db or {}).get(fmt)),
-            ", ".join(row.risks), row.precision or "")
+def _cell_html(cell: Cell, right: bool) -> str:
+    classes = " ".join(c for c in ("num" if right else "", f"tone-{cell.tone.value}") if c)
+    text = esc(cell.text).replace("\n", "<br>")
+    tail = "".join(f'<span class="tone-{tone.value}">{esc(part)}</span>'
+                   for part, tone in cell.tail)
+    return f'<td class="{classes}">{text}{tail}</td>'
 
 
 def _cell(value: Any) -> str:

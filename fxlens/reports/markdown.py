@@ -12,10 +12,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from fxlens.analyzer.core.report import Report
-from fxlens.analyzer.core.sections import Findings, KVCache, Memory, Roofline, Training
-from fxlens.reports.dot import collapsed_blocks, format_seconds, short_op
+from fxlens.analyzer.core.sections import KVCache, Memory, Roofline, Training
+from fxlens.reports.dot import collapsed_blocks
 from fxlens.reports.escape import markdown_escape as esc
-from fxlens.reports.units import binary_bytes, percent, si
+from fxlens.reports.units import binary_bytes, percent, seconds, si
+from fxlens.reports.view import View
+from fxlens.reports.views import views
 
 TOP = 5
 
@@ -26,15 +28,9 @@ def render_markdown(report: Report, top: int = TOP) -> str:
              *_table(("figure", "value"), _headline(report)), ""]
     lines += _details(f"top {top} leaf modules by FLOPs", _module_rows(report, top),
                       ("module", "type", "params", "FLOPs", "share"))
-    lines += _details(f"top {top} ops by FLOPs", _op_rows(report, top),
-                      ("op", "calls", "FLOPs", "share", "bytes moved"))
-    section = report.get(Findings)
-    found = sorted(section.items if section else (), key=lambda f: -f.saved_bytes)
-    if found:
-        rows = [(f.code, ", ".join(f.modules)[:80], binary_bytes(f.saved_bytes), f.message)
-                for f in found[:top]]
-        lines += _details(f"{len(found)} fusion findings", rows,
-                          ("code", "modules", "saves", "finding"))
+    for view in views(report, top=top):
+        if view.key not in ("summary", "modules"):      # the headline and the leaf table
+            lines += render_view(view)
     lines.append(f"<sub>capture: {esc(model.capture_method)} · fxlens "
                  f"{esc(report.meta.get('fxlens_version', ''))} · 1 MAC = 2 FLOPs · SI "
                  "prefixes for counts, binary for bytes</sub>")
@@ -65,7 +61,7 @@ def _headline(report: Report) -> list[tuple[str, str]]:
                                  f"{cache.context}, batch {cache.batch}"))
     roofline = report.get(Roofline)
     if roofline is not None:
-        rows.append(("estimated time", f"{format_seconds(roofline.totals.total_s)} on "
+        rows.append(("estimated time", f"{seconds(roofline.totals.total_s)} on "
                                        f"{roofline.device.name}"))
     return rows
 
@@ -95,12 +91,6 @@ def _generic_path(path: str, blocks: Sequence[str]) -> str:
     return path
 
 
-def _op_rows(report: Report, top: int) -> list[tuple[str, ...]]:
-    return [(short_op(op.target), str(op.calls), si(op.flops),
-             percent(op.flops, report.totals.flops), binary_bytes(op.bytes_moved))
-            for op in report.by_op()[:top]]
-
-
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(esc(h) for h in header) + " |",
              "|" + "|".join("---" for _ in header) + "|"]
@@ -113,3 +103,15 @@ def _details(summary: str, rows: Sequence[Sequence[str]], header: Sequence[str])
         return []
     return [f"<details><summary>{esc(summary)}</summary>", "", *_table(header, rows), "",
             "</details>", ""]
+
+
+def render_view(view: View) -> list[str]:
+    """One view folded in a ``<details>`` block: each table under its title, then caption."""
+    lines = [f"<details><summary>{esc(view.title)}</summary>", ""]
+    for table in view.tables():
+        lines += [f"**{esc(table.title)}**", ""]
+        header = ([c.name for c in table.columns] if table.show_header
+                  else [""] * len(table.columns))
+        lines += _table(header, [[c.plain for c in row] for row in table.rows])
+        lines += [f"<sub>{esc(table.caption)}</sub>", ""] if table.caption else [""]
+    return [*lines, "</details>", ""]

@@ -1,4 +1,5 @@
-"""Number formatting at the edge: SI prefixes for counts (FLOPs, params), binary for bytes.
+"""Formatting at the edge: SI prefixes for counts (FLOPs, params), binary for bytes, SI
+sub-units for seconds, and op names shortened for tables and labels.
 
 Reports hold integers in base units; only renderers call these.
 """
@@ -27,3 +28,16 @@ def binary_bytes(value: float) -> str:
 
 def percent(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def seconds(value: float) -> str:
+    """``0.00123`` → ``1.23 ms``; below a microsecond whole ``ns`` (zero is ``0 ns``)."""
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value * 1e9:.0f} ns"
+
+
+def short_op(target: str) -> str:
+    """``aten.addmm.default`` → ``addmm``; ``aten.add.Tensor`` → ``add.Tensor``."""
+    return target.removeprefix("aten.").removesuffix(".default")

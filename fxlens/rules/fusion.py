@@ -9,9 +9,15 @@ free op (`VIEW_OPS`, `METADATA_OPS`) launches nothing. Specific ops (softmax, ba
 norm) are recognised by the cost rule that costs them (`registry.lookup(node) is
 reduction.softmax`), so their names live in one place.
 
-`FUSION_RULES` are the patterns, most specific first (an intermediate is credited to the
-first finding that claims it; see `fxlens.analyzer.fusion.kernels`). Each matcher's docstring says
-what it finds, why it matters and how to fix it; the reports show that text.
+The patterns are ``@fusion_rule(code, priority)`` matchers; they apply by ascending priority,
+the most specific first (an intermediate is credited to the first finding that claims it; see
+`fxlens.analyzer.fusion.kernels`); the priorities leave gaps of 10 for rule packs to slot in.
+`FUSION_RULES` are this module's rules in that order; `fusion_rules(registry)` those of a
+registry (with any pack's). Each matcher's docstring says what it finds, why it matters and,
+in its ``Fix:`` lines, how to fix it: the reports and ``analyze explain FUS00n`` show that
+text, and a `Match` adds only its own ops and shapes (and which ``Fix:`` line applies).
+
+Rule-facing API used: `fxlens.analyzer.core` and `fxlens.analyzer.fusion.types`.
 
 NB: sort/topk/nonzero (costed in reduction/indexing) are library calls in real compilers,
 not fusable loops; they are rare in model graphs and classified with their family here.
@@ -23,9 +29,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from fxlens.analyzer.core.costs import CostRegistry
+from fxlens.analyzer.core.costs import CostRegistry, declared_coded
 from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef
-from fxlens.analyzer.fusion.kernels import FusionGraph, FusionRule, Match, OpKind
+from fxlens.analyzer.fusion.types import (
+    FAMILY,
+    FusionGraph,
+    FusionRule,
+    Match,
+    OpKind,
+    fusion_rule,
+)
 from fxlens.rules import conv, matmul, norm, reduction
 
 FAMILY_KINDS: Mapping[str, OpKind] = {
@@ -115,14 +128,18 @@ def _pointwise_head(fg: FusionGraph, node: Node) -> bool:
 
 # --- the rules -------------------------------------------------------------------------------
 
+@fusion_rule("FUS001", priority=60)
 def elementwise_chain(fg: FusionGraph, node: Node) -> Match | None:
     """Chains of elementwise ops whose intermediates round-trip through memory.
 
     Each op of the chain is its own kernel: it reads its input from memory and writes its
     output back, so a chain of n ops moves n − 1 intermediates twice for a few FLOPs each;
-    elementwise kernels are memory-bound, so time grows with every link. Fix: torch.compile
-    fuses the chain into one kernel; or use the fused op (F.silu for x·sigmoid(x), F.gelu,
-    torch.addcmul, torch.lerp)."""
+    elementwise kernels are memory-bound, so time grows with every link. Fused ops exist for
+    the common chains: F.silu for x·sigmoid(x), F.gelu, torch.addcmul, torch.lerp.
+
+    Fix: torch.compile (fuses the chain into one kernel), or one fused op such as F.silu /
+    F.gelu / torch.addcmul
+    """
     if fg.kind(node.id) is not OpKind.POINTWISE or not _pointwise_head(fg, node):
         return None
     chain = _chain(fg, node)
@@ -130,44 +147,47 @@ def elementwise_chain(fg: FusionGraph, node: Node) -> Match | None:
         return None
     return Match(tuple(n.id for n in chain), _internal(fg, chain),
                  f"{len(chain)} elementwise ops ({_names(chain)}) up to "
-                 f"{_shape(fg, chain[-1])} each write their result and the next reads it back",
-                 "torch.compile (fuses the chain into one kernel), or one fused op such as "
-                 "F.silu / F.gelu / torch.addcmul")
+                 f"{_shape(fg, chain[-1])} each write their result and the next reads it back")
 
 
+@fusion_rule("FUS002", priority=40)
 def gemm_epilogue(fg: FusionGraph, node: Node) -> Match | None:
     """Matmul/conv epilogues: bias, activation, residual add or scaling after a GEMM.
 
     The GEMM writes its full output and an elementwise kernel reads it back to add a bias,
     apply an activation, add a residual or scale; a GEMM kernel can apply these to its tile
-    before the single store. Fix: torch.compile(mode="max-autotune") (Triton GEMM templates
-    fuse epilogues), cuBLASLt epilogues (torch._addmm_activation for bias + ReLU/GELU),
-    TensorRT; for conv + ReLU at inference, torch.ao.quantization.fuse_modules / oneDNN."""
+    before the single store. TensorRT fuses epilogues as well.
+
+    Fix: torch.compile(mode='max-autotune') (epilogue fused into a Triton GEMM), or a cuBLASLt
+    epilogue (torch._addmm_activation for bias + ReLU/GELU)
+    Fix (conv): torch.ao.quantization.fuse_modules(model.eval(), [[conv, relu]]) or oneDNN
+    conv+eltwise at inference; torch.compile(mode='max-autotune')
+    """
     if fg.kind(node.id) is not OpKind.GEMM:
         return None
     first = fg.sole_consumer(node)
     if first is None or fg.kind(first.id) is not OpKind.POINTWISE:
         return None
     chain = [node, *_chain(fg, first)]
-    is_conv = _is_family(fg, node, conv)
-    fix = ("torch.ao.quantization.fuse_modules(model.eval(), [[conv, relu]]) or oneDNN "
-           "conv+eltwise at inference; torch.compile(mode='max-autotune')" if is_conv else
-           "torch.compile(mode='max-autotune') (epilogue fused into a Triton GEMM), or a "
-           "cuBLASLt epilogue (torch._addmm_activation for bias + ReLU/GELU)")
     return Match(tuple(n.id for n in chain), _internal(fg, chain),
                  f"{_op(node)} output {_shape(fg, node)} is written, then read back by its "
-                 f"epilogue ({_names(chain[1:])})", fix)
+                 f"epilogue ({_names(chain[1:])})",
+                 fix_variant="conv" if _is_family(fg, node, conv) else "")
 
 
+@fusion_rule("FUS003", priority=30)
 def conv_batch_norm(fg: FusionGraph, node: Node) -> Match | None:
     """Eval-mode BatchNorm right after a convolution (or linear): foldable into its weights.
 
     In eval mode BatchNorm is an affine map per channel with fixed statistics, so it can be
     folded into the preceding conv's weight and bias: the BatchNorm kernel, and the write and
     re-read of the conv's output, disappear at zero runtime cost. Not in training mode (the
-    batch statistics change every step). Fix: torch.ao.quantization.fuse_modules(model.eval(),
-    [["conv", "bn"]]) or torch.nn.utils.fusion.fuse_conv_bn_eval at export; torch.compile with
-    torch._inductor.config.freezing = True folds it as well."""
+    batch statistics change every step). torch.compile with
+    torch._inductor.config.freezing = True folds it as well.
+
+    Fix: fold at export: torch.ao.quantization.fuse_modules(model.eval(), [['conv', 'bn']]) or
+    torch.nn.utils.fusion.fuse_conv_bn_eval
+    """
     rule = fg.rule_of(node)
     if rule not in BATCH_NORM_RULES or (rule is norm.batch_norm and node.args.get("training")):
         return None
@@ -178,9 +198,7 @@ def conv_batch_norm(fg: FusionGraph, node: Node) -> Match | None:
         return None
     return Match((producer.id, node.id), (fg.out(producer),),
                  f"eval BatchNorm after {_op(producer)} ({_shape(fg, producer)}) can be folded "
-                 "into its weights: one kernel and one intermediate fewer",
-                 "fold at export: torch.ao.quantization.fuse_modules(model.eval(), "
-                 "[['conv', 'bn']]) or torch.nn.utils.fusion.fuse_conv_bn_eval")
+                 "into its weights: one kernel and one intermediate fewer")
 
 
 def _walk_back(fg: FusionGraph, node: Node) -> tuple[list[Node], Node | None]:
@@ -197,15 +215,18 @@ def _walk_back(fg: FusionGraph, node: Node) -> tuple[list[Node], Node | None]:
         current = producer
 
 
+@fusion_rule("FUS004", priority=10)
 def hand_attention(fg: FusionGraph, node: Node) -> Match | None:
     """Attention written by hand: matmul → scale/mask → softmax → matmul.
 
     The T×T score matrix (per batch and head) is written by the first matmul, read and written
     again by the scaling, the mask and the softmax, then read by the second matmul: memory
     quadratic in the sequence length, and traffic that dominates at long context. Fused
-    attention kernels never materialise it. Fix: F.scaled_dot_product_attention(q, k, v,
-    is_causal=True or attn_mask=...) (flash / memory-efficient kernels), flash-attn, or
-    xformers.ops.memory_efficient_attention."""
+    attention kernels (flash, memory-efficient) never materialise it.
+
+    Fix: F.scaled_dot_product_attention(q, k, v, is_causal=True / attn_mask=...), flash-attn or
+    xformers.ops.memory_efficient_attention
+    """
     if fg.rule_of(node) not in SOFTMAX_RULES:
         return None
     before, first = _walk_back(fg, node)
@@ -221,9 +242,7 @@ def hand_attention(fg: FusionGraph, node: Node) -> Match | None:
     size = scores.nbytes if scores is not None else 0
     return Match(tuple(n.id for n in nodes), _internal(fg, nodes),
                  f"attention written by hand ({_names(nodes)}): the {_shape(fg, node)} score "
-                 f"matrix ({size} bytes) is materialised {len(nodes) - 2} times",
-                 "F.scaled_dot_product_attention(q, k, v, is_causal=True / attn_mask=...), "
-                 "flash-attn or xformers.ops.memory_efficient_attention")
+                 f"matrix ({size} bytes) is materialised {len(nodes) - 2} times")
 
 
 def _gemm_input(fg: FusionGraph, node: Node) -> TensorRef | None:
@@ -235,14 +254,18 @@ def _gemm_input(fg: FusionGraph, node: Node) -> TensorRef | None:
     return activations[0]
 
 
+@fusion_rule("FUS005", priority=70)
 def sibling_projections(fg: FusionGraph, node: Node) -> Match | None:
     """Several projections of the same input (Q, K, V; gate and up) that one GEMM could do.
 
     Each projection is a separate GEMM that reads the same activation again and launches its
-    own kernel; small GEMMs also use the device less well than one wide one. Fix: concatenate
-    the weights into one nn.Linear(in, Σ out) and split its output (GPT-2's c_attn; gate and up
-    as one Linear with 2 × intermediate outputs, then chunk). Compilers do not do this by
-    default."""
+    own kernel; small GEMMs also use the device less well than one wide one. One
+    nn.Linear(in, Σ out) does them all (GPT-2's c_attn; gate and up as one Linear with
+    2 × intermediate outputs, then chunk). Compilers do not do this by default.
+
+    Fix: concatenate the weights into one nn.Linear and split the output (fused QKV / gate-up
+    projection)
+    """
     if fg.kind(node.id) is not OpKind.GEMM or not _is_family(fg, node, matmul):
         return None
     x = _gemm_input(fg, node)
@@ -257,8 +280,6 @@ def sibling_projections(fg: FusionGraph, node: Node) -> Match | None:
                  f"{len(siblings)} projections ({modules}) each read the same "
                  f"{_shape(fg, fg.node(x.node))} input: one GEMM over concatenated weights "
                  f"reads it once and launches 1 kernel instead of {len(siblings)}",
-                 "concatenate the weights into one nn.Linear and split the output "
-                 "(fused QKV / gate-up projection)",
                  rereads=((x, len(siblings) - 1),))
 
 
@@ -303,13 +324,17 @@ def _rms_region(fg: FusionGraph, mean: Node) -> tuple[list[Node], TensorRef] | N
     return ([square, *rest], x) if rest is not None and x is not None else None
 
 
+@fusion_rule("FUS006", priority=20)
 def hand_norm(fg: FusionGraph, node: Node) -> Match | None:
     """Norms built from primitive ops: an RMSNorm or LayerNorm written by hand.
 
     ``x * rsqrt(mean(x²) + eps) * w`` is five or more kernels, each writing a full-size (or
     per-row) intermediate that the next reads back; a norm kernel reads x once and writes the
-    result once. Fix: nn.RMSNorm / F.rms_norm or F.layer_norm, a fused kernel (Liger-Kernel
-    LigerRMSNorm, Apex FusedRMSNorm / FusedLayerNorm), or torch.compile."""
+    result once.
+
+    Fix: nn.RMSNorm / F.rms_norm or F.layer_norm, a fused kernel (Liger-Kernel LigerRMSNorm,
+    Apex FusedRMSNorm/FusedLayerNorm), or torch.compile
+    """
     if not _last_dim_mean(fg, node):
         return None
     found = _rms_region(fg, node)
@@ -330,18 +355,20 @@ def hand_norm(fg: FusionGraph, node: Node) -> Match | None:
             return None
         region, kind = [node, centre, *rest[0]], "LayerNorm"
     return Match(tuple(n.id for n in region), _internal(fg, region),
-                 f"{kind} written with {len(region)} primitive ops ({_names(region)})",
-                 "nn.RMSNorm / F.rms_norm or F.layer_norm, a fused kernel (Liger-Kernel "
-                 "LigerRMSNorm, Apex FusedRMSNorm/FusedLayerNorm), or torch.compile")
+                 f"{kind} written with {len(region)} primitive ops ({_names(region)})")
 
 
+@fusion_rule("FUS007", priority=80)
 def residual_norm(fg: FusionGraph, node: Node) -> Match | None:
     """A residual add followed by a norm (add + LayerNorm/RMSNorm pairs).
 
     The sum is written (it is the residual stream, needed later) and read straight back by the
     norm; a fused add + norm kernel writes the sum and the normalised output from one read of
-    the two addends. Fix: a fused add+norm kernel (Liger-Kernel, Apex FusedAddRMSNorm, vLLM
-    fused_add_rms_norm) or torch.compile."""
+    the two addends.
+
+    Fix: a fused add + norm kernel (Liger-Kernel, Apex FusedAddRMSNorm, vLLM
+    fused_add_rms_norm) or torch.compile
+    """
     if fg.rule_of(node) not in NORM_RULES:
         return None
     producer = fg.producer(node, "input")
@@ -351,18 +378,21 @@ def residual_norm(fg: FusionGraph, node: Node) -> Match | None:
     return Match((producer.id, node.id), (),
                  f"residual add then {norm_name}: the {_shape(fg, producer)} sum is written and "
                  "read straight back by the norm",
-                 "a fused add + norm kernel (Liger-Kernel, Apex FusedAddRMSNorm, vLLM "
-                 "fused_add_rms_norm) or torch.compile",
                  rereads=((fg.out(producer), 1),))
 
 
+@fusion_rule("FUS008", priority=50)
 def reduction_prologue(fg: FusionGraph, node: Node) -> Match | None:
     """Reductions fed by elementwise producers (softmax inputs, norms, losses, masked sums).
 
     An elementwise result read by nothing but a reduction is written in full only to be read
-    once and folded away; a fused kernel computes it inside the reduction loop. Fix:
-    torch.compile, or the fused op (F.cross_entropy instead of log_softmax + nll_loss,
-    torch.linalg.vector_norm instead of x.pow(2).sum().sqrt())."""
+    once and folded away; a fused kernel computes it inside the reduction loop. Fused ops
+    cover the common cases: F.cross_entropy instead of log_softmax + nll_loss,
+    torch.linalg.vector_norm instead of x.pow(2).sum().sqrt().
+
+    Fix: torch.compile (fuses the producer into the reduction), or a fused op (F.cross_entropy,
+    torch.linalg.vector_norm)
+    """
     if fg.kind(node.id) is not OpKind.REDUCTION:
         return None
     before, _ = _walk_back(fg, node)
@@ -371,18 +401,12 @@ def reduction_prologue(fg: FusionGraph, node: Node) -> Match | None:
     nodes = [*before, node]
     return Match(tuple(n.id for n in nodes), _internal(fg, nodes),
                  f"{_op(node)} reduces the {_shape(fg, before[-1])} output of "
-                 f"{_names(before)}, which nothing else reads",
-                 "torch.compile (fuses the producer into the reduction), or a fused op "
-                 "(F.cross_entropy, torch.linalg.vector_norm)")
+                 f"{_names(before)}, which nothing else reads")
 
 
-FUSION_RULES: tuple[FusionRule, ...] = (
-    FusionRule("FUS004", "hand-written attention", hand_attention),
-    FusionRule("FUS006", "norm built from primitives", hand_norm),
-    FusionRule("FUS003", "eval BatchNorm after a convolution", conv_batch_norm),
-    FusionRule("FUS002", "GEMM/conv epilogue", gemm_epilogue),
-    FusionRule("FUS008", "reduction fed by elementwise ops", reduction_prologue),
-    FusionRule("FUS001", "elementwise chain", elementwise_chain),
-    FusionRule("FUS005", "projections of one input", sibling_projections),
-    FusionRule("FUS007", "residual add + norm", residual_norm),
-)
+def fusion_rules(registry: CostRegistry) -> tuple[FusionRule, ...]:
+    """The fusion rules of `registry` (built-in and rule packs'), in the order they apply."""
+    return registry.coded.of(FAMILY)
+
+
+FUSION_RULES: tuple[FusionRule, ...] = declared_coded(FAMILY, __name__)

@@ -102,7 +102,7 @@ from typing import Any
 import torch
 
 from fxlens.analyzer.core.aten import resolve_op
-from fxlens.analyzer.core.costs import REGISTRY, Cost, OpCall, RuleFn, cost_rule
+from fxlens.analyzer.core.costs import Cost, OpCall, RuleFn, cost_rule
 from fxlens.analyzer.core.graph import TensorRef, TensorSpec
 from fxlens.rules.conventions import SIGMOID_FLOPS, SPECIAL_FUNCTION_FLOPS
 
@@ -288,7 +288,7 @@ def with_inplace(key: str) -> list[str]:
 
 def _register_table() -> None:
     for key, count in POINTWISE.items():
-        REGISTRY.register(with_inplace(key), pointwise(ARG_DEPENDENT.get(key, count)))
+        cost_rule(*with_inplace(key))(pointwise(ARG_DEPENDENT.get(key, count)))
 
 
 _register_table()

@@ -22,24 +22,39 @@ weight-only kernels); asymmetric grids would gain about a bit on skewed channels
 Activations (``--activations``): int8 per tensor, static scale from the calibration absmax
 (fp8 e4m3 for the fp8 format).
 
-Risk rules (`RISK_RULES`, codes ``QNT001``…) read a `LayerView` and return a `Risk` or None;
-their docstrings (first line: what; then why and fix) are what reports show.
+Risk rules (``@risk_rule("QNT00n")``) read a `LayerView` and return a `RiskMatch` (with what
+matched for this layer) or None; their docstrings (title: what; then why; then ``Fix:``) are
+the only text reports and ``analyze explain QNT00n`` show. `RISK_RULES` maps this module's
+codes to their handlers; `knowledge(registry=...)` applies a registry's (with any pack's).
+
+Rule-facing API used: `fxlens.analyzer.core` and `fxlens.analyzer.quant.types`.
 """
 
 from __future__ import annotations
 
-import inspect
+import functools
 import math
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
 import torch
 from torch import nn
 
-from fxlens.analyzer.quant.section import PlanRequest
-from fxlens.analyzer.quant.types import LayerView, Risk, WeightStats
-from fxlens.analyzer.quant.weights import QuantKnowledge
+from fxlens.analyzer.core.costs import CostRegistry, declared_coded
+from fxlens.analyzer.quant.types import (
+    FAMILY,
+    LayerView,
+    PlanRequest,
+    QuantKnowledge,
+    Risk,
+    RiskHandler,
+    RiskMatch,
+    RiskRule,
+    WeightStats,
+    risk,
+    risk_rule,
+)
 
 DEFAULT_GROUP_SIZE = 128
 SCALE_BYTES = 2                 # fp16 scales
@@ -249,104 +264,107 @@ def random_init_reason(stats: WeightStats, fan_in: int, fan_out: int) -> str | N
 
 # --- structural risk rules -------------------------------------------------------------------
 
-RiskRule = Callable[[LayerView], "Risk | None"]
-RISK_RULES: dict[str, RiskRule] = {}
-_SITES: dict[str, str] = {}
-
 # NB: a residual stream whose max|x| exceeds this many stds holds outlier features (LLM.int8
 # reports 6σ-plus features from 6.7B parameters on); per-tensor activation scales then fail.
 RESIDUAL_OUTLIER_RATIO = 20.0
 
 
-def risk_rule(code: str) -> Callable[[RiskRule], RiskRule]:
-    """Register a structural risk rule under a stable code; a duplicate names both sites."""
-    def register(rule: RiskRule) -> RiskRule:
-        site = f"{inspect.getsourcefile(rule)}:{inspect.getsourcelines(rule)[1]}"
-        if code in RISK_RULES:
-            raise ValueError(f"risk rule {code} registered twice: {_SITES[code]} and {site}")
-        RISK_RULES[code], _SITES[code] = rule, site
-        return rule
-    return register
-
-
-def _risk(code: str, rule: RiskRule, detail: str = "") -> Risk:
-    what, _, rest = (inspect.getdoc(rule) or "").partition("\n\n")
-    return Risk(code=code, message=what.replace("\n", " "), fix=rest.replace("\n", " ").strip(),
-                detail=detail)
-
-
 @risk_rule("QNT001")
-def feeds_softmax(layer: LayerView) -> Risk | None:
+def feeds_softmax(layer: LayerView) -> RiskMatch | None:
     """Feeds a softmax (attention scores): errors are exponentiated.
 
     Softmax turns additive logit errors into multiplicative ones, and query/key projections set
-    the scores' scale. Keep these layers at 8 bits, or quantize with per-channel scales.
+    the scores' scale.
+
+    Fix: Keep these layers at 8 bits, or quantize with per-channel scales.
     """
     hits = sorted(layer.feeds & SOFTMAX_OPS)
-    return _risk("QNT001", feeds_softmax, ", ".join(hits)) if hits else None
+    return RiskMatch(", ".join(hits)) if hits else None
 
 
 @risk_rule("QNT002")
-def feeds_norm(layer: LayerView) -> Risk | None:
+def feeds_norm(layer: LayerView) -> RiskMatch | None:
     """Feeds a normalisation: its statistics shift with the error.
 
     A norm divides by the statistics of its input, so a biased error moves every output.
-    Prefer per-channel scales; check its calibrated SQNR before going below 8 bits.
+
+    Fix: Prefer per-channel scales; check its calibrated SQNR before going below 8 bits.
     """
     hits = sorted(layer.feeds & NORM_OPS)
-    return _risk("QNT002", feeds_norm, ", ".join(hits)) if hits else None
+    return RiskMatch(", ".join(hits)) if hits else None
 
 
 @risk_rule("QNT003")
-def feeds_exp_or_division(layer: LayerView) -> Risk | None:
+def feeds_exp_or_division(layer: LayerView) -> RiskMatch | None:
     """Feeds an exponential, a division or a saturating function.
 
     exp, division and rsqrt amplify relative errors where their input is large (exp) or small
-    (division). Keep the layer at 8 bits or measure it with --calibrate.
+    (division).
+
+    Fix: Keep the layer at 8 bits or measure it with --calibrate.
     """
     hits = sorted(layer.feeds & EXP_DIV_OPS)
-    return _risk("QNT003", feeds_exp_or_division, ", ".join(hits)) if hits else None
+    return RiskMatch(", ".join(hits)) if hits else None
 
 
 @risk_rule("QNT004")
-def first_layer(layer: LayerView) -> Risk | None:
+def first_layer(layer: LayerView) -> RiskMatch | None:
     """First layer: it sees raw inputs, and its error reaches every later layer.
 
-    First layers (stems, embeddings) have few weights and wide input ranges; keeping them in
-    8 or 16 bits costs little memory.
+    First layers (stems, embeddings) have few weights and wide input ranges;
+
+    Fix: keeping them in 8 or 16 bits costs little memory.
     """
-    return _risk("QNT004", first_layer) if layer.is_first else None
+    return RiskMatch() if layer.is_first else None
 
 
 @risk_rule("QNT005")
-def last_layer(layer: LayerView) -> Risk | None:
+def last_layer(layer: LayerView) -> RiskMatch | None:
     """Last layer (head): its error goes straight to the output.
 
     Classifier and LM heads write the logits with nothing after them to average the error out.
-    Keep the head at 8 bits at least.
+
+    Fix: Keep the head at 8 bits at least.
     """
-    return _risk("QNT005", last_layer) if layer.is_last else None
+    return RiskMatch() if layer.is_last else None
 
 
 @risk_rule("QNT006")
-def writes_residual(layer: LayerView) -> Risk | None:
+def writes_residual(layer: LayerView) -> RiskMatch | None:
     """Writes into a residual stream with a large range.
 
     Residual streams carry outlier features (max/std well above 20) that per-tensor activation
-    scales clip or waste; the layers writing them are the first to suffer. Use per-channel or
-    per-token activation scales, or keep activations in 16 bits (W4A16, W8A16).
+    scales clip or waste; the layers writing them are the first to suffer.
+
+    Fix: Use per-channel or per-token activation scales, or keep activations in 16 bits
+    (W4A16, W8A16).
     """
     ratio = layer.residual_max_over_std
     if not layer.feeds_residual or (ratio is not None and ratio < RESIDUAL_OUTLIER_RATIO):
         return None
     detail = f"max/std {ratio:.0f}" if ratio is not None else "range unknown without --calibrate"
-    return _risk("QNT006", writes_residual, detail)
+    return RiskMatch(detail)
+
+
+BUILTIN_RISK_RULES: tuple[RiskRule, ...] = declared_coded(FAMILY, __name__)
+RISK_RULES: Mapping[str, RiskHandler] = {r.code: r.handler for r in BUILTIN_RISK_RULES}
+
+
+def risk_rules(registry: CostRegistry) -> tuple[RiskRule, ...]:
+    """The risk rules of `registry` (built-in and rule packs')."""
+    return registry.coded.of(FAMILY)
+
+
+def assess(layer: LayerView, rules: Sequence[RiskRule] = BUILTIN_RISK_RULES
+           ) -> tuple[Risk, ...]:
+    """Every risk rule's finding for `layer`, by code."""
+    found = ((rule, rule.handler(layer)) for rule in sorted(rules, key=lambda r: r.code))
+    return tuple(risk(rule, match) for rule, match in found if match is not None)
 
 
 def risks(layer: LayerView) -> tuple[Risk, ...]:
-    """Every risk rule's finding for `layer`, by code."""
-    found = (rule(layer) for _, rule in sorted(RISK_RULES.items()))
-    return tuple(r for r in found if r is not None)
+    """The built-in risk rules' findings for `layer`, by code."""
+    return assess(layer)
 
 
 # NB: the data-free score subtracts this per structural risk (dB) from the weight SQNR; a
@@ -362,10 +380,14 @@ NOMINAL_SQNR_DB = {"int8_per_channel": 40.0, "int8_per_tensor": 30.0, "fp8_e4m3"
 NOMINAL_INT4_DB = 18.0
 
 
-def knowledge(group_size: int = DEFAULT_GROUP_SIZE) -> QuantKnowledge:
-    """Everything the quantization engine needs from this module."""
+def knowledge(group_size: int = DEFAULT_GROUP_SIZE, registry: CostRegistry | None = None
+              ) -> QuantKnowledge:
+    """Everything the quantization engine needs from this module; the risk rules are
+    `registry`'s when one is given (rule packs included), else the built-in ones."""
+    rules = risk_rules(registry) if registry is not None else BUILTIN_RISK_RULES
     return QuantKnowledge(
-        formats=formats(group_size), channel_axis=channel_axis, risks=risks,
+        formats=formats(group_size), channel_axis=channel_axis,
+        risks=functools.partial(assess, rules=rules),
         random_init_reason=random_init_reason, activation_format=activation_format,
         stop_ops=STOP_OPS, residual_ops=RESIDUAL_OPS, embedding_types=EMBEDDING_TYPES,
         risk_penalty_db=RISK_PENALTY_DB, extra_formats={"bf16": BF16},

@@ -38,11 +38,12 @@ and the fused cells' backward kernels have no rule yet.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from fxlens.analyzer.core.costs import Cost, OpCall, RuleError, cost_rule, numel
+from fxlens.analyzer.core.costs import Cost, OpCall, RuleError, RuleFn, cost_rule, numel
 from fxlens.analyzer.core.graph import TensorSpec
 from fxlens.rules.conventions import FLOPS_PER_MAC, RELU_FLOPS, SIGMOID_FLOPS, TANH_FLOPS
 
@@ -55,6 +56,7 @@ BACKWARD_ELEMENTWISE_FACTOR = 2
 class CellKind:
     """Per-hidden-unit elementwise work of one recurrent cell step."""
 
+    name: str
     gates: int
     arithmetic: int  # adds/muls other than biases and activations
     sigmoids: int = 0
@@ -66,10 +68,10 @@ class CellKind:
         return self.arithmetic + self.gates * n_biases + activations + self.relus * RELU_FLOPS
 
 
-LSTM = CellKind(gates=4, arithmetic=8, sigmoids=3, tanhs=2)
-GRU = CellKind(gates=3, arithmetic=7, sigmoids=2, tanhs=1)
-RNN_TANH = CellKind(gates=1, arithmetic=1, tanhs=1)
-RNN_RELU = CellKind(gates=1, arithmetic=1, relus=1)
+LSTM = CellKind("lstm", gates=4, arithmetic=8, sigmoids=3, tanhs=2)
+GRU = CellKind("gru", gates=3, arithmetic=7, sigmoids=2, tanhs=1)
+RNN_TANH = CellKind("rnn_tanh", gates=1, arithmetic=1, tanhs=1)
+RNN_RELU = CellKind("rnn_relu", gates=1, arithmetic=1, relus=1)
 MKLDNN_MODES = {0: RNN_RELU, 1: RNN_TANH, 2: LSTM, 3: GRU}  # ideep::rnn_kind, as cuDNN
 
 
@@ -104,54 +106,32 @@ def _fused_cell(call: OpCall, cell: CellKind, state: str) -> Cost:
     return Cost(flops=call.tensor(state).numel * cell.unit_flops(n_biases))
 
 
-@cost_rule(aten.lstm)
-def lstm(call: OpCall) -> Cost:
-    return _stacked(call, LSTM)
+def _rule(shape: Callable[..., Cost], cell: CellKind, **options: str) -> RuleFn:
+    """The cost rule of one op: `shape` (`_stacked`, `_cell` or `_fused_cell`) of `cell`."""
+
+    def rule(call: OpCall) -> Cost:
+        return shape(call, cell, **options)
+
+    rule.__qualname__ = f"{shape.__name__.lstrip('_')}({cell.name})"
+    return rule
 
 
-@cost_rule(aten.gru)
-def gru(call: OpCall) -> Cost:
-    return _stacked(call, GRU)
-
-
-@cost_rule(aten.rnn_tanh)
-def rnn_tanh(call: OpCall) -> Cost:
-    return _stacked(call, RNN_TANH)
-
-
-@cost_rule(aten.rnn_relu)
-def rnn_relu(call: OpCall) -> Cost:
-    return _stacked(call, RNN_RELU)
-
-
-@cost_rule(aten.lstm_cell)
-def lstm_cell(call: OpCall) -> Cost:
-    return _cell(call, LSTM)
-
-
-@cost_rule(aten.gru_cell)
-def gru_cell(call: OpCall) -> Cost:
-    return _cell(call, GRU)
-
-
-@cost_rule(aten.rnn_tanh_cell)
-def rnn_tanh_cell(call: OpCall) -> Cost:
-    return _cell(call, RNN_TANH)
-
-
-@cost_rule(aten.rnn_relu_cell)
-def rnn_relu_cell(call: OpCall) -> Cost:
-    return _cell(call, RNN_RELU)
-
-
-@cost_rule(aten._thnn_fused_lstm_cell)
-def fused_lstm_cell(call: OpCall) -> Cost:
-    return _fused_cell(call, LSTM, state="cx")
-
-
-@cost_rule(aten._thnn_fused_gru_cell)
-def fused_gru_cell(call: OpCall) -> Cost:
-    return _fused_cell(call, GRU, state="hx")
+# Whole sequences, single cell steps, and the fused cells (whose `state` tensor holds one
+# element per hidden unit).
+RULES = {
+    aten.lstm: _rule(_stacked, LSTM),
+    aten.gru: _rule(_stacked, GRU),
+    aten.rnn_tanh: _rule(_stacked, RNN_TANH),
+    aten.rnn_relu: _rule(_stacked, RNN_RELU),
+    aten.lstm_cell: _rule(_cell, LSTM),
+    aten.gru_cell: _rule(_cell, GRU),
+    aten.rnn_tanh_cell: _rule(_cell, RNN_TANH),
+    aten.rnn_relu_cell: _rule(_cell, RNN_RELU),
+    aten._thnn_fused_lstm_cell: _rule(_fused_cell, LSTM, state="cx"),
+    aten._thnn_fused_gru_cell: _rule(_fused_cell, GRU, state="hx"),
+}
+for _op, _fn in RULES.items():
+    cost_rule(_op)(_fn)
 
 
 def _mkldnn_layer(call: OpCall, weights: tuple[str, str]) -> tuple[int, int]:

@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import importlib
+import logging
+import sys
+import warnings
+
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -44,6 +50,39 @@ def test_data_dependent_model_falls_back_to_recording_and_says_so() -> None:
     assert graph.capture_method.startswith("eager recording")
     assert any(note.startswith("export failed") for note in graph.notes)
     assert any(n.module for n in graph.calls())
+
+
+class Noisy(torch.nn.Module):
+    """Data-dependent (export fails and torch prints its partial graph) and warns; notes which
+    stream `sys.stderr` is while it runs."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.stderr_seen: list[object] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.stderr_seen.append(sys.stderr)
+        warnings.warn("noisy model", UserWarning, stacklevel=1)
+        y = self.fc(x)
+        return y if y.sum() > 0 else -y
+
+
+def test_torch_chatter_goes_to_the_debug_log_without_swapping_stderr(
+    capsys: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    module = Noisy()
+    stderr = sys.stderr
+    with caplog.at_level(logging.DEBUG, logger="fxlens.analyzer.capture.chain"), \
+            warnings.catch_warnings(record=True) as escaped:
+        warnings.simplefilter("always")
+        graph = capture(module, (torch.randn(2, 4),), load_rules())
+    assert any(note.startswith("export failed") for note in graph.notes)
+    assert capsys.readouterr().err == ""
+    assert not [w for w in escaped if "noisy model" in str(w.message)]
+    assert "torch.export printed during capture" in caplog.text and "noisy model" in caplog.text
+    assert module.stderr_seen and all(seen is stderr for seen in module.stderr_seen)
+    assert "print" not in vars(importlib.import_module("torch.export._trace"))
 
 
 def test_unknown_ops_are_decomposed_until_known() -> None:

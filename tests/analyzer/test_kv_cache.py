@@ -8,15 +8,13 @@ import torch
 
 from fxlens.analyzer.capture.chain import capture
 from fxlens.analyzer.capture.hf import load_preset
-from fxlens.analyzer.memory.kv_cache import (
-    KVLayer,
-    decode_step,
-    kv_cache,
-    kv_layout,
-    layers_from_graph,
-)
+from fxlens.analyzer.core.errors import LoadError
+from fxlens.analyzer.memory.kv_cache import decode_step, kv_cache, layers_from_graph
 from fxlens.analyzer.memory.liveness import liveness
+from fxlens.analyzer.memory.types import KVLayer
+from fxlens.pipeline import kv_layout
 from fxlens.rules import load_rules
+from fxlens.rules.kv_layouts import TOKEN_MAJOR_KERNELS
 from tests.models import tiny_gpt
 
 GiB, MiB = 2**30, 2**20
@@ -70,7 +68,7 @@ def test_encoder_decoder_counts_decoder_self_attention_only() -> None:
 def test_graph_layout_reads_each_causal_attention_node() -> None:
     module, inputs = tiny_gpt.build()                          # 2 layers, 4 heads × 16, fp32
     graph = capture(module, inputs, load_rules())
-    layers = layers_from_graph(graph)
+    layers = layers_from_graph(graph, TOKEN_MAJOR_KERNELS)
     assert [(layer.kv_heads, layer.k_head_dim, layer.v_head_dim) for layer in layers] == [
         (4, 16, 16), (4, 16, 16)]
     layout = kv_layout(module, graph)
@@ -95,5 +93,5 @@ def test_decode_step_adds_weights_cache_and_one_token_activations() -> None:
 def test_bad_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match="positive"):
         kv_cache([KVLayer("l", 1, 1, 1)], batch=0, context=1, dtype_bytes=2)
-    with pytest.raises(ValueError, match="layout"):
+    with pytest.raises(LoadError, match="no transformers config"):
         kv_layout(torch.nn.Linear(2, 2))

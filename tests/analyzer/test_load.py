@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 import torch
 
+from fxlens.analyzer.capture.chain import capture
 from fxlens.analyzer.capture.load import load
 from fxlens.analyzer.core.errors import LoadError
+from fxlens.rules import load_rules
 
 MODEL = """
 import torch
@@ -94,3 +97,49 @@ def test_model_file_with_dataclasses_loads(tmp_path: Path) -> None:
     """
     loaded = load(str(write(tmp_path, text, "with_dataclass.py")))
     assert loaded.module.in_features == 4
+
+
+GLOBALS_IN_FORWARD = """
+from __future__ import annotations
+from dataclasses import dataclass
+import torch
+
+SCALE = 3.0
+
+@dataclass(frozen=True)
+class Config:
+    width: int = 4
+
+class Net(torch.nn.Module):
+    def __init__(self, config: Config) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(config.width, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x) * SCALE
+
+def build():
+    return Net(Config()), (torch.randn(1, 4),)
+"""
+
+
+def test_loading_leaves_sys_modules_and_sys_path_as_they_were(tmp_path: Path) -> None:
+    path = write(tmp_path, GLOBALS_IN_FORWARD, "clean_model.py")
+    search_path = list(sys.path)
+    first = load(str(path))
+    assert "fxlens_user_clean_model" not in sys.modules and sys.path == search_path
+    assert not [m for m in list(sys.modules.values())
+                if str(tmp_path) in str(getattr(m, "__file__", None) or "")]
+    second = load(str(path))  # the same file again: a fresh module, no stale state
+    assert type(second.module) is not type(first.module)
+    # The forward still reaches its module's globals (SCALE) when traced after loading.
+    graph = capture(first.module, first.inputs, load_rules())
+    assert any(n.target == "aten.mul.Tensor" for n in graph.calls())
+
+
+def test_a_failing_model_file_is_unregistered_too(tmp_path: Path) -> None:
+    path = write(tmp_path, "def build():\n    raise ValueError('boom')\n", "failing.py")
+    search_path = list(sys.path)
+    with pytest.raises(LoadError):
+        load(str(path))
+    assert "fxlens_user_failing" not in sys.modules and sys.path == search_path

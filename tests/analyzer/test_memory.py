@@ -14,7 +14,7 @@ import pytest
 from fxlens.analyzer.core.codec import encode
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
-from fxlens.analyzer.memory.liveness import Lifetimes, allocation_bytes, liveness
+from fxlens.analyzer.memory.liveness import Lifetimes, liveness
 from fxlens.rules import load_rules
 from tests.helpers import T
 
@@ -122,7 +122,7 @@ def test_alias_checks_decide_sometimes_views(
     extra = {"other": a} if "type_as" in target else {}
     b.call(target, {first: a, **args, **extra}, out)
     p = profile(b.graph())
-    assert p.timeline[1] == X + (0 if aliases else allocation_bytes(out))
+    assert p.timeline[1] == X + (0 if aliases else out.allocation_bytes)
 
 
 def test_contiguous_of_a_transposed_tensor_is_a_copy() -> None:
@@ -293,3 +293,15 @@ def test_a_ten_thousand_node_graph_has_a_full_timeline() -> None:
     graph = _layers(1000)            # 10 000 call nodes
     p = liveness(graph, load_rules(), Lifetimes.EAGER)
     assert len(p.timeline) == 10_000
+
+
+@pytest.mark.parametrize(("spec", "allocation", "storage"), [
+    (TensorSpec((4, 8), "float32", (8, 1)), 4 * 8 * 4, 4 * 8 * 4),          # contiguous
+    (TensorSpec((4, 8), "float32"), 4 * 8 * 4, 4 * 8 * 4),                  # no strides known
+    (TensorSpec((4, 8), "float32", (16, 1)), (3 * 16 + 8) * 4, 4 * 8 * 4),  # padded rows: gaps
+    (TensorSpec((4, 8), "float32", (0, 1)), 8 * 4, 8 * 4),                  # expanded (stride 0)
+    (TensorSpec((0, 8), "float32", (8, 1)), 0, 0),
+])
+def test_allocation_counts_the_gaps_storage_does_not(spec: TensorSpec, allocation: int,
+                                                     storage: int) -> None:
+    assert (spec.allocation_bytes, spec.storage_bytes) == (allocation, storage)

@@ -76,6 +76,7 @@ def test_meta_weights_are_refused_and_planned_nominally() -> None:
     assert section["plan"]["precision"]["0"] == "int8_per_channel"   # 18 dB < 30 dB: raised
 
 
+@pytest.mark.slow
 def test_trained_weights_are_scored_and_plan_respects_budget() -> None:
     model, x, _, _ = qc.digits_mlp()
     plain = _section(model, (x[:4],), plan=plan_request("w4a16", None))
@@ -92,6 +93,7 @@ def test_trained_weights_are_scored_and_plan_respects_budget() -> None:
     assert loose["predicted_output_sqnr_db"] is None                  # no error predicted
 
 
+@pytest.mark.slow
 def test_calibration_measures_activations_and_output_sqnr() -> None:
     model, x, _, _ = qc.digits_mlp()
     section = _section(model, (x[:4],), calibration=[(x[:64],), (x[64:128],)],
@@ -120,6 +122,7 @@ class Normalised(nn.Module):
         return nn.functional.normalize(self.proj(x), dim=-1)
 
 
+@pytest.mark.slow
 def test_calibrated_metric_rule_and_override() -> None:
     model, x, _, _ = qc.digits_mlp()
     batches = [(x[:64],)]

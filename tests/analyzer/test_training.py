@@ -17,7 +17,7 @@ import torch.utils._pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxlens.analyzer.capture.training import TrainingGraph, capture_training
-from fxlens.analyzer.core.graph import NodeKind
+from fxlens.analyzer.core.graph import NodeKind, packet
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.cost.engine import analyze
 from fxlens.rules import load_rules
@@ -75,12 +75,12 @@ def test_step_flops_agree_with_flop_counter_per_packet(name: str) -> None:
     theirs = flop_counter_step(name)
     ours: Counter[str] = Counter()
     for node in report.nodes:
-        packet = ".".join(node.target.split(".")[:2])
-        if packet in theirs or node.flops and packet in COUNTED:
-            ours[packet] += node.flops
-    for packet in KNOWN_DIVERGENCES:
-        ours.pop(packet, None)
-        theirs.pop(packet, None)
+        op = packet(node.target)
+        if op in theirs or node.flops and op in COUNTED:
+            ours[op] += node.flops
+    for diverging in KNOWN_DIVERGENCES:
+        ours.pop(diverging, None)
+        theirs.pop(diverging, None)
     assert +ours == +theirs
 
 

@@ -54,7 +54,7 @@ def test_self_contained_with_sections(gpt_report: Report) -> None:
     tags = parse(page)
     assert {"summary", "modules", "ops", "hotspots", "memory", "graph", "module-table",
             "ops-table", "op-filter", "graph-view", "memory-chart", "details",
-            "findings"} <= tags.ids  # fusion findings: on every inference report
+            "fusion"} <= tags.ids  # fusion and its findings: on every inference report
     assert not ({"roofline", "quant", "diff"} & tags.ids)
     assert len(tags.scripts) == 2 and all("src" not in s for s in tags.scripts)
     assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)
@@ -85,7 +85,7 @@ def test_memory_chart_marks_the_peak(gpt_report: Report) -> None:
 
 def test_optional_sections_render_when_present(evil_report: Report) -> None:
     tags = parse(render_html(evil_report, None, diff_html="<p id='diff-body'>d</p>"))
-    assert {"findings", "quant", "diff", "diff-body"} <= tags.ids
+    assert {"fusion", "quant", "diff", "diff-body"} <= tags.ids
 
 
 def test_user_strings_never_become_markup(evil_report: Report) -> None:

@@ -12,16 +12,27 @@ Each link's failure is kept as a note in the graph, so the report says what was 
 rule knows are then decomposed until known (`fxlens.analyzer.capture.decompose`). Weights are never
 materialised by links 1 and 2: a real CPU model is fakified, a meta one stays meta.
 
+A failing link is expected and reported in the notes, so torch's chatter about it stays off
+the terminal without touching the process's ``sys.stderr``: warnings raised during a link are
+caught for that call and logged at debug level, and the partial graph that ``torch.export``
+prints when a trace hits data-dependent control flow is routed to the debug log too (see
+`_torch_chatter_to_debug_log`). Torch's own loggers are left to the application (the CLI
+quiets them).
+
 Known limitations: symbolic shapes are concretised; the eager recording sees only the branch
 the example inputs take.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
-import io
+import importlib
 import logging
+import sys
+import threading
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -63,7 +74,7 @@ def capture(
     for method in methods:
         on_step(f"capturing with {method}")
         try:
-            with _quiet_stderr():
+            with _torch_chatter_to_debug_log():
                 nodes, outputs, label = _CAPTURERS[method](module, args, kwargs, registry)
         except CaptureError:
             raise
@@ -174,16 +185,55 @@ _CAPTURERS = {"export": _by_export, "make_fx": _by_make_fx, "record": _by_record
 # --- helpers ---------------------------------------------------------------------------------
 
 @contextlib.contextmanager
-def _quiet_stderr() -> Iterator[None]:
-    """torch.export prints a failed trace's partial graph to stderr; a failing link is expected
-    here and reported in the notes, so that dump goes to the debug log instead."""
-    buffer = io.StringIO()
+def _torch_chatter_to_debug_log() -> Iterator[None]:
+    """Warnings raised during one capture link, and ``torch.export``'s dump of a failed trace,
+    go to the debug log instead of stderr; nothing process-wide is swapped.
+
+    NB: torch 2.13 prints a failed trace's partial graph with a bare ``print(...,
+    file=sys.stderr)`` in ``torch.export._trace`` (``_log_export_wrapper``), with no switch to
+    turn it off. While a link runs, that module's global name ``print`` is shadowed by one that
+    logs; builtins, ``sys.stderr`` and file descriptors are untouched. Nested or concurrent
+    captures share the shadow (counted), so the last one out removes it.
+    """
+    with warnings.catch_warnings(record=True) as caught, _export_prints_logged():
+        yield
+    for warning in caught:
+        log.debug("warning during capture: %s: %s (%s:%s)", warning.category.__name__,
+                  warning.message, warning.filename, warning.lineno)
+
+
+_shadow_lock = threading.Lock()
+_shadow_users = 0
+
+
+@contextlib.contextmanager
+def _export_prints_logged() -> Iterator[None]:
+    global _shadow_users
     try:
-        with contextlib.redirect_stderr(buffer):
-            yield
+        module = importlib.import_module("torch.export._trace")
+    except ImportError:  # torch moved it: nothing to shadow
+        module = None
+    if module is None or vars(module).get("print", _print_to_log) is not _print_to_log:
+        yield   # someone else shadows it already: leave theirs alone
+        return
+    with _shadow_lock:
+        _shadow_users += 1
+        module.print = _print_to_log  # type: ignore[attr-defined]
+    try:
+        yield
     finally:
-        if buffer.getvalue():
-            log.debug("stderr during capture:\n%s", buffer.getvalue())
+        with _shadow_lock:
+            _shadow_users -= 1
+            if _shadow_users == 0:
+                del module.print
+
+
+def _print_to_log(*values: object, sep: str | None = " ", end: str | None = "\n",
+                  file: Any = None, flush: bool = False) -> None:
+    if file is not sys.stderr:
+        builtins.print(*values, sep=sep, end=end, file=file, flush=flush)
+        return
+    log.debug("torch.export printed during capture:\n%s", (sep or " ").join(map(str, values)))
 
 
 def _tensor_refs(value: Any) -> tuple[TensorRef, ...]:

@@ -14,17 +14,21 @@ those names (or ``**kwargs``); a factory that does not is called without them. A
 (or factory module) may define ``calibration()`` yielding input batches for ``--calibrate``.
 
 Every failure is a `LoadError` naming the file (and line, for errors inside user code).
+Loading leaves the process as it found it: a model file is in `sys.modules` (as
+``fxlens_user_<stem>``) and its folder on `sys.path` only while its code runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import sys
 import traceback
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -67,23 +71,40 @@ def _from_file(path: Path, entry: str | None, sizes: Mapping[str, int]) -> Loade
     spec = importlib.util.spec_from_file_location(f"fxlens_user_{path.stem}", path)
     assert spec is not None and spec.loader is not None
     code = importlib.util.module_from_spec(spec)
-    # Registered before it runs, as `import` would: dataclasses and pickling look it up there.
-    sys.modules[spec.name] = code
-    sys.path.insert(0, str(path.resolve().parent))
+    with _running_user_file(spec.name, code, path.resolve().parent):
+        try:
+            spec.loader.exec_module(code)
+        except SyntaxError as error:
+            raise LoadError(f"syntax error in {path}:{error.lineno}: {error.msg}") from error
+        except Exception as error:
+            raise LoadError(_user_error(f"importing {path} failed", error)) from error
+        if entry is None and not hasattr(code, DEFAULT_ENTRY) and hasattr(code, "model"):
+            if not hasattr(code, "example_inputs"):
+                raise LoadError(f"{path} defines `model` but no `example_inputs`")
+            return _loaded(code.model, code.example_inputs, path.stem, str(path),
+                           _calibration(code))
+        return _from_factory(code, entry or DEFAULT_ENTRY, sizes, str(path))
+
+
+@contextlib.contextmanager
+def _running_user_file(name: str, code: ModuleType, folder: Path) -> Iterator[None]:
+    """While a model file's code runs (its import, then its factory): registered in
+    `sys.modules` as `import` would (dataclasses and pickling look it up there), its folder
+    first on `sys.path` (sibling imports). Both are undone afterwards, a name loaded before
+    restored: the model reaches its module's globals through its functions' ``__globals__``,
+    so tracing it later does not need the entry."""
+    previous = sys.modules.get(name)
+    sys.modules[name] = code
+    sys.path.insert(0, str(folder))
     try:
-        spec.loader.exec_module(code)
-    except SyntaxError as error:
-        raise LoadError(f"syntax error in {path}:{error.lineno}: {error.msg}") from error
-    except Exception as error:
-        raise LoadError(_user_error(f"importing {path} failed", error)) from error
+        yield
     finally:
-        sys.path.remove(str(path.resolve().parent))
-    if entry is None and not hasattr(code, DEFAULT_ENTRY) and hasattr(code, "model"):
-        if not hasattr(code, "example_inputs"):
-            raise LoadError(f"{path} defines `model` but no `example_inputs`")
-        return _loaded(code.model, code.example_inputs, path.stem, str(path),
-                       _calibration(code))
-    return _from_factory(code, entry or DEFAULT_ENTRY, sizes, str(path))
+        if str(folder) in sys.path:
+            sys.path.remove(str(folder))
+        if sys.modules.get(name) is code:
+            del sys.modules[name]
+        if previous is not None:
+            sys.modules[name] = previous
 
 
 def _import(module_name: str) -> Any:

@@ -7,8 +7,12 @@ so rules for third-party ops need not import the library that defines them.
 
 Lookup order for a node: exact overload, then packet, then the free set; anything else is
 unsupported. Registering the same key twice is an error naming both definition sites.
-Third-party rule packs register by exposing a module under the ``fxlens.rules`` entry-point
-group; importing it runs their ``@cost_rule`` decorators.
+
+The decorators (``@cost_rule``, ``@alias_rule``, `declare_free`, and the coded families'
+``@fusion_rule`` / ``@risk_rule`` through `declare_coded`) write no registry the engine reads:
+they record into `DECLARED`, with the module that declared each rule, and
+`fxlens.rules.load_rules` builds a fresh registry from the declarations of the built-in
+families and of the rule packs (see `fxlens.rules`). Part of the rule-facing API.
 
 Alias checks (``@alias_rule``) serve the memory pass: for ops whose schema's alias annotation
 is only sometimes true (``reshape`` is a view only when the strides allow one; ``to`` and
@@ -19,12 +23,20 @@ whether this call's output shares its input's storage. Ops without a check follo
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fxlens.analyzer.core.coded import (
+    CodedRule,
+    CodedRules,
+    H,
+    caller_module,
+    coded_rule,
+    definition_site,
+    duplicate,
+)
 from fxlens.analyzer.core.errors import RuleError
 from fxlens.analyzer.core.graph import Graph, Node, TensorRef, TensorSpec
 
@@ -117,100 +129,169 @@ def op_key(op: Any) -> str:
 @dataclass(frozen=True)
 class Registration:
     rule: RuleFn
-    site: str
+    site: str                   # where the rule is defined (file:line (qualname))
+    module: str = ""            # the module that registered it
+
+    @property
+    def family(self) -> str:
+        """The registering module's last name: the rule family for built-in rules."""
+        return self.module.rpartition(".")[2]
 
 
 class CostRegistry:
-    """Rules by op key and the set of ops declared free (views, metadata)."""
+    """Every rule of one analysis: cost rules, free ops and alias checks by op key, and the
+    coded rules (fusion, quantization risks) by code in `coded`.
+
+    `select` and `copy` build new registries; a registry handed out to share (`load_rules`) is
+    frozen, and registering into it is an error: extend a `copy()`.
+    """
 
     def __init__(self) -> None:
         self._rules: dict[str, Registration] = {}
-        self._free: dict[str, str] = {}
-        self._alias: dict[str, tuple[AliasRule, str]] = {}
+        self._free: dict[str, tuple[str, str]] = {}                   # key → (reason, module)
+        self._alias: dict[str, tuple[AliasRule, str, str]] = {}       # key → (rule, site, module)
+        self.coded = CodedRules()
+        self._frozen = False
 
-    def register(self, ops: Iterable[Any], rule: RuleFn) -> None:
-        site = _definition_site(rule)
+    def register(self, ops: Iterable[Any], rule: RuleFn, module: str | None = None) -> None:
+        """Register `rule` for `ops`; `module` is the registering module (default: the rule's)."""
+        self._check_open()
+        site = definition_site(rule)
+        module = rule.__module__ if module is None else module
         for key in map(op_key, ops):
             self._check_unique(key, site)
-            self._rules[key] = Registration(rule, site)
+            self._rules[key] = Registration(rule, site, module)
 
-    def declare_free(self, ops: Iterable[Any], reason: str) -> None:
+    def declare_free(self, ops: Iterable[Any], reason: str, module: str = "") -> None:
+        self._check_open()
         for key in map(op_key, ops):
             self._check_unique(key, reason)
-            self._free[key] = reason
+            self._free[key] = (reason, module)
 
-    def register_alias(self, ops: Iterable[Any], rule: AliasRule) -> None:
+    def register_alias(self, ops: Iterable[Any], rule: AliasRule, module: str | None = None
+                       ) -> None:
         """Register an alias check (see the module docstring) for `ops`."""
-        site = _definition_site(rule)
+        self._check_open()
+        site = definition_site(rule)
+        module = rule.__module__ if module is None else module
         for key in map(op_key, ops):
             if key in self._alias:
-                raise RuleError(f"duplicate alias rule for {key}: {self._alias[key][1]} and {site}")
-            self._alias[key] = (rule, site)
+                raise duplicate(f"duplicate alias rule for {key}", self._alias[key][1], site)
+            self._alias[key] = (rule, site, module)
+
+    def add_coded(self, rule: CodedRule[Any]) -> None:
+        """Register a coded rule (`fxlens.analyzer.core.coded`)."""
+        self._check_open()
+        self.coded.add(rule)
 
     def alias_check(self, target: str) -> AliasRule | None:
         """The alias check for an overload (exact first, then its packet), if any."""
-        found = self._alias.get(target) or self._alias.get(".".join(target.split(".")[:2]))
+        found = self._alias.get(target) or self._alias.get(_packet(target))
         return found[0] if found else None
 
     def _check_unique(self, key: str, site: str) -> None:
-        previous = self._rules[key].site if key in self._rules else self._free.get(key)
-        if previous is not None:
-            raise RuleError(f"duplicate cost rule for {key}: {previous} and {site}")
+        previous = self._rules[key].site if key in self._rules else self._free.get(key, ("",))[0]
+        if previous:
+            raise duplicate(f"duplicate cost rule for {key}", previous, site)
+
+    def _check_open(self) -> None:
+        if self._frozen:
+            raise RuleError("this registry is shared (load_rules) and frozen: register into "
+                            "its copy() instead")
 
     def lookup(self, node: Node) -> RuleFn | str | None:
         """The rule for a node, the reason it is free, or None when unsupported."""
-        for key in (node.target, node.packet):
-            if key in self._rules:
-                return self._rules[key].rule
-            if key in self._free:
-                return self._free[key]
-        return None
+        found = self._find_key(node.target) or self._find_key(node.packet)
+        return found.rule if isinstance(found, Registration) else found
+
+    def find(self, target: str) -> Registration | str | None:
+        """The registration of an op key (an overload: exact first, then its packet), the
+        reason it is free, or None when unsupported."""
+        return self._find_key(target) or self._find_key(_packet(target))
+
+    def _find_key(self, key: str) -> Registration | str | None:
+        if key in self._rules:
+            return self._rules[key]
+        return self._free[key][0] if key in self._free else None
 
     def knows(self, target: str) -> bool:
-        packet = ".".join(target.split(".")[:2])
-        return any(k in self._rules or k in self._free for k in (target, packet))
+        return self.find(target) is not None
 
     @property
     def keys(self) -> Mapping[str, str]:
         """Every registered key and where it was defined (or why it is free)."""
-        return {**{k: r.site for k, r in self._rules.items()}, **self._free}
+        return {**{k: r.site for k, r in self._rules.items()},
+                **{k: reason for k, (reason, _) in self._free.items()}}
+
+    def select(self, within: Callable[[str], bool]) -> CostRegistry:
+        """A new (open) registry with the rules registered by the modules `within` accepts."""
+        new = CostRegistry()
+        new._rules = {k: r for k, r in self._rules.items() if within(r.module)}
+        new._free = {k: f for k, f in self._free.items() if within(f[1])}
+        new._alias = {k: a for k, a in self._alias.items() if within(a[2])}
+        new.coded = self.coded.select(lambda rule: within(rule.module))
+        return new
+
+    def copy(self) -> CostRegistry:
+        """A new (open) registry with every rule of this one, to extend without touching it."""
+        return self.select(lambda _: True)
+
+    def freeze(self) -> CostRegistry:
+        """Refuse registrations from now on (see the class docstring); returns self."""
+        self._frozen = True
+        return self
 
 
-def _definition_site(fn: Callable[..., Any]) -> str:
-    try:
-        file = inspect.getsourcefile(fn) or "?"
-        line = inspect.getsourcelines(fn)[1]
-    except (OSError, TypeError):
-        return getattr(fn, "__qualname__", repr(fn))
-    return f"{file}:{line} ({fn.__qualname__})"
+def _packet(target: str) -> str:
+    return ".".join(target.split(".")[:2])
 
 
-REGISTRY = CostRegistry()
+# Every rule the decorators below have declared, in whichever module imported them: the
+# pending list `fxlens.rules.load_rules` selects the built-in families and the rule packs from
+# (by registering module). It is never handed to the engine; a duplicate is refused here, at
+# the decorator, naming both sites.
+DECLARED = CostRegistry()
 
 
 def cost_rule(*ops: Any) -> Callable[[RuleFn], RuleFn]:
-    """Register the decorated function as the cost rule of `ops` in the default registry."""
+    """Declare the decorated function as the cost rule of `ops` (see `DECLARED`)."""
 
     def decorate(fn: RuleFn) -> RuleFn:
-        REGISTRY.register(ops, fn)
+        DECLARED.register(ops, fn, caller_module(1))
         return fn
 
     return decorate
 
 
 def alias_rule(*ops: Any) -> Callable[[AliasRule], AliasRule]:
-    """Register the decorated check as the alias rule of `ops` in the default registry."""
+    """Declare the decorated check as the alias rule of `ops` (see `DECLARED`)."""
 
     def decorate(fn: AliasRule) -> AliasRule:
-        REGISTRY.register_alias(ops, fn)
+        DECLARED.register_alias(ops, fn, caller_module(1))
         return fn
 
     return decorate
 
 
 def declare_free(ops: Iterable[Any], reason: str) -> None:
-    """Declare `ops` free (no FLOPs, no bytes moved) in the default registry, saying why."""
-    REGISTRY.declare_free(ops, reason)
+    """Declare `ops` free (no FLOPs, no bytes moved), saying why (see `DECLARED`)."""
+    DECLARED.declare_free(ops, reason, caller_module(1))
+
+
+def declare_coded(family: str, code: str, priority: int = 0) -> Callable[[H], H]:
+    """Declare the decorated handler as the coded rule `code` of `family` (see `DECLARED` and
+    `fxlens.analyzer.core.coded`); the families' own decorators call this."""
+
+    def decorate(fn: H) -> H:
+        DECLARED.add_coded(coded_rule(family, code, fn, caller_module(1), priority))
+        return fn
+
+    return decorate
+
+
+def declared_coded(family: str, module: str) -> tuple[CodedRule[Any], ...]:
+    """The coded rules of `family` that `module` has declared so far, in the order they apply."""
+    return DECLARED.coded.select(lambda rule: rule.module == module).of(family)
 
 
 def numel(shape: Iterable[int]) -> int:

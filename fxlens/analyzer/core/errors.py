@@ -25,5 +25,9 @@ class RuleError(FxlensError):
     """A cost rule failed on a node, or was registered wrongly."""
 
 
+class DuplicateRuleError(RuleError, ValueError):
+    """A rule key (op, code) registered twice; the message names both definition sites."""
+
+
 class ReportError(FxlensError):
     """A report could not be read, written, rendered or compared."""

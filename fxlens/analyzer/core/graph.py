@@ -61,18 +61,23 @@ class TensorSpec:
         return int(self.numel * dtype_bytes(self.dtype))
 
     @property
-    def storage_bytes(self) -> int:
-        """Bytes the tensor can actually touch in its storage.
-
-        NB: an expanded view (stride 0) of a small tensor reads only the small tensor, so a
-        kernel reading it moves ``storage_bytes``, not ``nbytes``.
-        """
+    def allocation_bytes(self) -> int:
+        """Bytes of a fresh storage holding the tensor: its strided extent, gaps included."""
         if not self.stride or len(self.stride) != len(self.shape):
             return self.nbytes
         if self.numel == 0:
             return 0
         extent = 1 + sum((n - 1) * abs(s) for n, s in zip(self.shape, self.stride, strict=True))
-        return int(min(extent, self.numel) * dtype_bytes(self.dtype))
+        return int(extent * dtype_bytes(self.dtype))
+
+    @property
+    def storage_bytes(self) -> int:
+        """Bytes the tensor can actually touch in its storage: its extent, gaps left out.
+
+        NB: an expanded view (stride 0) of a small tensor reads only the small tensor, so a
+        kernel reading it moves ``storage_bytes``, not ``nbytes``.
+        """
+        return min(self.allocation_bytes, self.nbytes)
 
     def to_json(self) -> dict[str, Any]:
         return {"shape": list(self.shape), "dtype": self.dtype}

@@ -5,19 +5,13 @@ elements, ``2 × batch × tokens × kv_heads × head_dim`` when ``d_k = d_v``; `
 context, capped by the layer's sliding window when it has one. Grouped-query attention shows
 in ``kv_heads`` (fewer than the query heads).
 
-Where a layer's layout comes from (`kv_layout`):
-(a) a `transformers` config on the module (``module.config``, the decoder's text config for
-    multimodal models): ``num_hidden_layers``, ``num_key_value_heads`` (default
-    ``num_attention_heads``), ``head_dim`` (default ``hidden_size // num_attention_heads``;
-    ``qk_head_dim``/``v_head_dim`` where a config has them). Encoder-decoder models count
-    their decoder's self-attention layers (``decoder_layers``/``num_decoder_layers``,
-    ``decoder_attention_heads``). ``layer_types`` marks sliding-window layers; without it a
-    set ``sliding_window`` (unless ``use_sliding_window`` is false) caps every layer.
+Where a layer's layout comes from (`fxlens.pipeline.kv_layout`):
+(a) a `transformers` config on the module, read by `fxlens.rules.kv_layouts`;
 (b) otherwise the graph: each forward attention node (an op with ``query``/``key``/``value``
-    tensor arguments, laid out ``(B, H, T, d)``; the raw ``_flash_attention_forward`` and
-    ``_efficient_attention_forward`` kernels take ``(B, T, H, d)``) is one layer, with the key's
-    head count and last dim, the value's last dim. When some are causal, only the causal ones
-    count (an encoder's or a cross-attention is never causal).
+    tensor arguments, laid out ``(B, H, T, d)``; the token-major kernels the caller names,
+    `fxlens.rules.kv_layouts.TOKEN_MAJOR_KERNELS`, take ``(B, T, H, d)``) is one layer, with
+    the key's head count and last dim, the value's last dim. When some are causal, only the
+    causal ones count (an encoder's or a cross-attention is never causal).
 The cache dtype defaults to the module's parameter dtype.
 
 Decode step (`decode_step`): weights + KV cache at the full context + the activation peak of
@@ -36,32 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, dtype_bytes
 from fxlens.analyzer.core.sections import DecodeStep, KVCache, KVLayerBytes
-
-TOKEN_MAJOR_KERNELS = ("aten._flash_attention_forward", "aten._efficient_attention_forward")
-
-
-@dataclass(frozen=True)
-class KVLayer:
-    """The cached layout of one attention layer."""
-
-    name: str
-    kv_heads: int
-    k_head_dim: int
-    v_head_dim: int
-    window: int | None = None      # sliding window: at most this many tokens are cached
-
-
-@dataclass(frozen=True)
-class KVLayout:
-    layers: tuple[KVLayer, ...]
-    dtype_bytes: float
-    source: str                    # "config" or "graph"
+from fxlens.analyzer.memory.types import KVLayer
 
 
 @dataclass(frozen=True)
@@ -105,50 +79,9 @@ def decode_step(
 
 # --- layouts -----------------------------------------------------------------------------------
 
-def kv_layout(module: torch.nn.Module | None = None, graph: Graph | None = None) -> KVLayout:
-    """The layout from `module`'s transformers config when it has one, else from `graph`."""
-    config = getattr(module, "config", None)
-    if config is not None and hasattr(config, "to_dict"):
-        layers = layers_from_config(config)
-        source = "config"
-    elif graph is not None:
-        layers = layers_from_graph(graph)
-        source = "graph"
-    else:
-        raise ValueError("a KV-cache layout needs a module with a transformers config or a graph")
-    return KVLayout(tuple(layers), _dtype_bytes(module, graph), source)
-
-
-def layers_from_config(config: Any) -> list[KVLayer]:
-    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
-    seq2seq = bool(getattr(text, "is_encoder_decoder", False))
-    count = _first(text, ("decoder_layers", "num_decoder_layers") if seq2seq else ()) or (
-        text.num_hidden_layers)
-    heads = _first(text, ("decoder_attention_heads",) if seq2seq else ()) or (
-        text.num_attention_heads)
-    kv_heads = heads if seq2seq else (_first(text, ("num_key_value_heads",)) or heads)
-    head_dim = _first(text, ("head_dim",)) or text.hidden_size // heads
-    k_dim = _first(text, ("qk_head_dim",)) or head_dim
-    v_dim = _first(text, ("v_head_dim",)) or head_dim
-    windows = _windows(text, count)
-    return [KVLayer(f"layer {i}", kv_heads, k_dim, v_dim, windows[i]) for i in range(count)]
-
-
-def _first(config: Any, names: Sequence[str]) -> Any:
-    return next((getattr(config, n) for n in names if getattr(config, n, None)), None)
-
-
-def _windows(config: Any, count: int) -> list[int | None]:
-    window = getattr(config, "sliding_window", None)
-    types = getattr(config, "layer_types", None)
-    if types:
-        return [window if t == "sliding_attention" else None for t in types[:count]]
-    if window and getattr(config, "use_sliding_window", True) is not False:
-        return [window] * count
-    return [None] * count
-
-
-def layers_from_graph(graph: Graph) -> list[KVLayer]:
+def layers_from_graph(graph: Graph, token_major: Sequence[str] = ()) -> list[KVLayer]:
+    """Each forward attention node as one cached layer; `token_major` names the attention
+    kernels whose q/k/v are laid out (B, T, H, d) rather than (B, H, T, d)."""
     found = []
     for node in graph.nodes:
         if node.kind is not NodeKind.CALL or node.phase != "forward" or "backward" in node.target:
@@ -159,7 +92,7 @@ def layers_from_graph(graph: Graph) -> list[KVLayer]:
         key, value = (graph.spec(r) for r in refs[1:] if isinstance(r, TensorRef))
         if key is None or value is None:
             continue
-        head_axis = -2 if node.target.startswith(TOKEN_MAJOR_KERNELS) else -3
+        head_axis = -2 if node.target.startswith(tuple(token_major)) else -3
         heads = key.shape[head_axis] if len(key.shape) >= -head_axis else 1
         layer = KVLayer(node.module or f"node {node.id}", heads, key.shape[-1], value.shape[-1])
         found.append((bool(node.args.get("is_causal")), layer))
@@ -167,7 +100,7 @@ def layers_from_graph(graph: Graph) -> list[KVLayer]:
     return causal or [layer for _, layer in found]
 
 
-def _dtype_bytes(module: torch.nn.Module | None, graph: Graph | None) -> float:
+def cache_dtype_bytes(module: torch.nn.Module | None, graph: Graph | None) -> float:
     """The first floating parameter's element size (fp32 when there is none)."""
     if module is not None:
         floating = [p for p in module.parameters() if p.is_floating_point()]

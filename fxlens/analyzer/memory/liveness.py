@@ -50,7 +50,7 @@ from typing import Any
 
 from fxlens.analyzer.core.aten import resolve_op
 from fxlens.analyzer.core.costs import CostRegistry, OpCall
-from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorSpec, dtype_bytes
+from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
 from fxlens.analyzer.core.sections import EagerPeak, LiveTensor, Memory
 from fxlens.analyzer.memory.eager import EagerScopes
 
@@ -113,16 +113,6 @@ class MemoryProfile:
             live_at_peak_by_module=dict(self.live_at_peak_by_module),
             eager=eager,
         )
-
-
-def allocation_bytes(spec: TensorSpec) -> int:
-    """Bytes of a fresh storage holding `spec`: its strided extent (gaps included)."""
-    if not spec.stride or len(spec.stride) != len(spec.shape):
-        return spec.nbytes
-    if spec.numel == 0:
-        return 0
-    extent = 1 + sum((n - 1) * abs(s) for n, s in zip(spec.shape, spec.stride, strict=True))
-    return int(extent * dtype_bytes(spec.dtype))
 
 
 # --- aliasing ---------------------------------------------------------------------------------
@@ -201,7 +191,7 @@ class Storages:
     of_ref: dict[TensorRef, int] = field(default_factory=dict)
 
     def open(self, node: Node, position: int, spec: TensorSpec, category: Category) -> int:
-        self.size.append(allocation_bytes(spec))
+        self.size.append(spec.allocation_bytes)
         self.category.append(category)
         self.producer.append(position)
         self.last.append(position)

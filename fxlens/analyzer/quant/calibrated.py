@@ -39,7 +39,8 @@ run, which is what they are for. Input channels are the last dim (linear) or dim
 NB: activations are fake-quantized with a dynamic per-tensor scale (per batch), the scale a
 static calibration would pick for that batch; embeddings' integer inputs are left alone.
 
-Cost: ``layers × formats + 1`` forwards per batch; progress goes to `on_step`.
+Cost: ``layers × formats + 1`` forwards per batch. Progress goes to `on_step` as plain text
+(``calibration 3/40: fc1 at int8_per_channel``); drawing it (a spinner, a bar) is the caller's.
 """
 
 from __future__ import annotations
@@ -54,13 +55,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from fxlens.analyzer.capture.chain import plain_outputs
-from fxlens.analyzer.quant.weights import (
-    OUTLIER_RATIO,
-    Layer,
-    NumberFormatLike,
-    QuantKnowledge,
-    sqnr_db,
-)
+from fxlens.analyzer.quant.types import NumberFormatLike, QuantKnowledge
+from fxlens.analyzer.quant.weights import OUTLIER_RATIO, Layer, sqnr_db
 
 Inputs = tuple[Any, ...] | dict[str, Any]
 
@@ -165,7 +161,7 @@ def calibrate(module: torch.nn.Module, layers: Sequence[Layer], batches: Iterabl
         for i, layer in enumerate(layers):
             sqnr[layer.name], kl[layer.name], agreement[layer.name] = {}, {}, {}
             for j, (name, fmt) in enumerate(knowledge.formats.items()):
-                on_step(f"calibration {_bar(i * len(knowledge.formats) + j, total)} "
+                on_step(f"calibration {i * len(knowledge.formats) + j + 1}/{total}: "
                         f"{layer.name or '(root)'} at {name}")
                 act = (knowledge.activation_format(fmt) if activations
                        and layer.module_type not in knowledge.embedding_types else None)
@@ -194,11 +190,6 @@ def _logit_leaves(leaves: Sequence[torch.Tensor], heads: Sequence[weakref.ref[to
         i for i, t in enumerate(leaves)
         if t.dim() >= 1 and t.shape[-1] >= 2
         and (not auto or any(ref() is t for ref in heads)))
-
-
-def _bar(done: int, total: int, width: int = 20) -> str:
-    filled = width * done // max(total, 1)
-    return f"[{'#' * filled}{'.' * (width - filled)}] {done}/{total}"
 
 
 def _quantized_run(module: torch.nn.Module, layer: Layer, fmt: NumberFormatLike,

@@ -23,26 +23,14 @@ from fxlens.analyzer.core.graph import Graph
 from fxlens.analyzer.core.sections import Quant, QuantCalibration, QuantLayer, QuantPlan, QuantRisk
 from fxlens.analyzer.quant.calibrated import Calibration, Inputs, calibrate
 from fxlens.analyzer.quant.plan import PlanLayer, make_plan
-from fxlens.analyzer.quant.types import LayerView, Risk
+from fxlens.analyzer.quant.types import LayerView, PlanRequest, QuantKnowledge, Risk
 from fxlens.analyzer.quant.weights import (
     DataFree,
     Layer,
-    QuantKnowledge,
     data_free,
     find_layers,
     layer_views,
 )
-
-
-@dataclass(frozen=True)
-class PlanRequest:
-    name: str
-    ladder: tuple[str, ...]
-    activations: str
-    budget_bytes: int | None
-    keep_below_db: float
-    fill_budget: bool
-    nominal_sqnr_db: Mapping[str, float]    # for layers without real weights
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,24 @@
-"""The small types the quantization engine shares with `fxlens.rules.quant`.
+"""The quantization room's rule-facing API: the small types the engine shares with
+`fxlens.rules.quant` (and rule packs), and ``@risk_rule``.
 
 Only types live here (no torch maths), so rules can import them without importing the engine.
+A risk rule is a handler ``LayerView -> RiskMatch | None`` declared with
+``@risk_rule("QNT00n")``; its docstring is the only text users see (title, why, ``Fix:``;
+format: `fxlens.analyzer.core.coded`), and `risk` turns a match into the `Risk` a layer carries.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from fxlens.analyzer.core.coded import CodedRule
+from fxlens.analyzer.core.costs import declare_coded
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
 
 
 @dataclass(frozen=True)
@@ -44,6 +57,77 @@ class Risk:
     """A structural risk rule's finding for one layer."""
 
     code: str
-    message: str        # what and why (the rule's docstring summary)
-    fix: str
+    message: str        # what (the rule's docstring title)
+    fix: str            # why it matters, then how to fix it (the docstring's body)
     detail: str = ""    # what matched for this layer
+
+
+@dataclass(frozen=True)
+class RiskMatch:
+    """A risk rule's hit on one layer: what matched, in this layer's terms (may be empty)."""
+
+    detail: str = ""
+
+
+RiskHandler = Callable[[LayerView], RiskMatch | None]
+RiskRule = CodedRule[RiskHandler]
+FAMILY = "risk"
+
+
+def risk_rule(code: str) -> Callable[[RiskHandler], RiskHandler]:
+    """Declare the decorated handler as the structural risk rule `code`; a duplicate code is
+    refused naming both sites. Rules are applied, and their risks listed, by code."""
+    return declare_coded(FAMILY, code)
+
+
+def risk(rule: RiskRule, match: RiskMatch) -> Risk:
+    """The `Risk` a rule's match puts on a layer; the text is the rule's docstring.
+
+    NB: ``fix`` is the why and the fix joined, as the reports have always shown it."""
+    doc = rule.doc
+    return Risk(code=rule.code, message=doc.title, fix=f"{doc.why} {doc.fix()}".strip(),
+                detail=match.detail)
+
+
+class NumberFormatLike(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def kind(self) -> str: ...
+
+    @property
+    def bits(self) -> int: ...
+
+    def fake_quantize(self, weight: torch.Tensor, axis: int) -> torch.Tensor: ...
+
+    def storage_bytes(self, shape: tuple[int, ...], axis: int) -> int: ...
+
+
+@dataclass(frozen=True)
+class QuantKnowledge:
+    """What the engine needs from the rules."""
+
+    formats: Mapping[str, NumberFormatLike]
+    channel_axis: Callable[[nn.Module], int | None]
+    risks: Callable[[LayerView], tuple[Risk, ...]]
+    random_init_reason: Callable[[WeightStats, int, int], str | None]
+    activation_format: Callable[[Any], NumberFormatLike]
+    stop_ops: frozenset[str]
+    residual_ops: frozenset[str]
+    embedding_types: tuple[str, ...]
+    risk_penalty_db: float = 1.0
+    extra_formats: Mapping[str, NumberFormatLike] = field(default_factory=dict)
+    # layer types whose output, returned as is by the model, is read as logits (calibration)
+    logit_layer_types: tuple[str, ...] = ("Linear", "Conv1D")
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    name: str
+    ladder: tuple[str, ...]
+    activations: str
+    budget_bytes: int | None
+    keep_below_db: float
+    fill_budget: bool
+    nominal_sqnr_db: Mapping[str, float]    # for layers without real weights

@@ -3,7 +3,8 @@ graph, and (`fxlens.analyzer.quant.calibrated`) measured output SQNR; `quant_sec
 with a precision plan (`fxlens.analyzer.quant.plan`) into the report's ``quant`` section.
 
 The op knowledge (which modules are layers, the formats, the risk rules, what random init looks
-like) comes in as a `QuantKnowledge` built by `fxlens.api` from `fxlens.rules.quant`.
+like) comes in as a `QuantKnowledge` (`fxlens.analyzer.quant.types`) built by `fxlens.pipeline`
+from `fxlens.rules.quant`.
 
 Data-free score of a layer at a format: the weight SQNR ``10·log10(Σw² / Σ(w − ŵ)²)`` minus
 `risk_penalty_db` per structural risk. NB: for a linear layer on isotropic inputs the output
@@ -20,49 +21,16 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef
-from fxlens.analyzer.quant.types import LayerView, Risk, WeightStats
+from fxlens.analyzer.quant.types import LayerView, QuantKnowledge, Risk, WeightStats
 
 OUTLIER_RATIO = 4.0     # NB: a channel is an outlier when its max|w| exceeds 4× the median's
-
-
-class NumberFormatLike(Protocol):
-    @property
-    def name(self) -> str: ...
-
-    @property
-    def kind(self) -> str: ...
-
-    @property
-    def bits(self) -> int: ...
-
-    def fake_quantize(self, weight: torch.Tensor, axis: int) -> torch.Tensor: ...
-
-    def storage_bytes(self, shape: tuple[int, ...], axis: int) -> int: ...
-
-
-@dataclass(frozen=True)
-class QuantKnowledge:
-    """What the engine needs from the rules."""
-
-    formats: Mapping[str, NumberFormatLike]
-    channel_axis: Callable[[nn.Module], int | None]
-    risks: Callable[[LayerView], tuple[Risk, ...]]
-    random_init_reason: Callable[[WeightStats, int, int], str | None]
-    activation_format: Callable[[Any], NumberFormatLike]
-    stop_ops: frozenset[str]
-    residual_ops: frozenset[str]
-    embedding_types: tuple[str, ...]
-    risk_penalty_db: float = 1.0
-    extra_formats: Mapping[str, NumberFormatLike] = field(default_factory=dict)
-    # layer types whose output, returned as is by the model, is read as logits (calibration)
-    logit_layer_types: tuple[str, ...] = ("Linear", "Conv1D")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,7 @@
-"""Terminal tables for the ``quant`` section: most sensitive layers, the plan, the risks.
+"""View of the quantization section: layers most sensitive first, the plan, the risks.
 
-Pure: Report → rich renderables. Layers are ranked by their calibrated score at the section's
-``score_format`` when there is one (output SQNR, or KL of the softmax for logits: the
-calibration's ``metric``), else by the data-free score (lowest first).
+dB figures are higher-is-safer; a layer ranks by its calibrated score when calibration ran,
+else by its data-free score.
 """
 
 from __future__ import annotations
@@ -11,25 +10,22 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from rich.console import RenderableType
-from rich.table import Table
-from rich.text import Text
-
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import Quant, QuantLayer, QuantPlan, QuantRisk
 from fxlens.reports.units import binary_bytes, si
+from fxlens.reports.view import Block, Cell, Column, Table, Tone, View
 
 
-def quant_parts(report: Report, top: int = 10) -> list[RenderableType]:
+def quant_view(report: Report, depth: int, top: int) -> View | None:
     section = report.get(Quant)
     if section is None:
-        return []
-    parts: list[RenderableType] = [layer_table(section, top)]
+        return None
+    blocks: list[Block] = [layer_table(section, top)]
     if section.plan is not None:
-        parts.append(plan_table(section.plan))
+        blocks.append(plan_table(section.plan))
     if section.risks:
-        parts.append(risk_table(section.risks))
-    return parts
+        blocks.append(risk_table(section.risks))
+    return View("quant", "Quantization", tuple(blocks))
 
 
 def _db(value: float | None) -> str:
@@ -53,23 +49,19 @@ def layer_table(section: Quant, top: int) -> Table:
     fmt = section.score_format
     calibrated = section.calibration is not None
     metric = section.calibration.metric if section.calibration is not None else "sqnr"
-    rows = sorted(section.layers, key=lambda r: _rank_key(r, fmt))
+    ranked = sorted(section.layers, key=lambda r: _rank_key(r, fmt))
     by = ("calibrated KL of the softmax" if metric == "kl" else "calibrated top-1 flips"
           if metric == "agreement" else "calibrated output SQNR") if calibrated else (
           "data-free SQNR")
-    title = (f"quantization sensitivity · {section.status} · most sensitive first "
-             f"(by {by} at {fmt}, dB)")
-    table = Table(title=title, title_justify="left")
     shown = [f for f in section.formats if f == fmt or f.startswith("int4")]
-    columns = ["layer", "params", "max/std", "kurt."] + [f"w {f}" for f in shown]
+    names = ["layer", "params", "max/std", "kurt."] + [f"w {f}" for f in shown]
     measured = ["output"] + ([metric] if metric != "sqnr" else []) + ["act. outliers"]
-    columns += ["score"] + (measured if calibrated else []) + ["risks"]
+    names += ["score"] + (measured if calibrated else []) + ["risks"]
     if section.plan is not None:
-        columns.append("plan")
-    for name in columns:
-        table.add_column(name, justify="left" if name in ("layer", "risks", "plan")
-                         else "right", overflow="fold")
-    for row in rows[:top]:
+        names.append("plan")
+    heads = [Column(n, right=n not in ("layer", "risks", "plan"), fold=True) for n in names]
+    rows = []
+    for row in ranked[:top]:
         cells = [row.layer or "(root)", si(row.params), _stat(row.stats, "max_over_std"),
                  _stat(row.stats, "kurtosis")]
         cells += [_db(row.weight_sqnr_db.get(f)) for f in shown]
@@ -82,38 +74,35 @@ def layer_table(section: Quant, top: int) -> Table:
         cells.append(", ".join(row.risks))
         if section.plan is not None:
             cells.append(row.precision or "")
-        table.add_row(*cells)
-    table.caption = " · ".join([f"{len(rows)} layers; SQNR higher is safer", *section.notes])
-    return table
+        rows.append(cells)
+    caption = " · ".join([f"{len(ranked)} layers; SQNR higher is safer", *section.notes])
+    return Table.of(f"quantization sensitivity · {section.status} · most sensitive first "
+                    f"(by {by} at {fmt}, dB)", heads, rows, caption=caption)
 
 
 def plan_table(plan: QuantPlan) -> Table:
-    table = Table(title=f"quantization plan · {plan.name} · activations {plan.activations}",
-                  show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column(justify="right")
     counts: dict[str, int] = {}
     for fmt in plan.precision.values():
         counts[fmt] = counts.get(fmt, 0) + 1
-    table.add_row("layers", ", ".join(f"{n} × {f}" for f, n in sorted(counts.items())))
-    table.add_row("weight memory", f"{binary_bytes(plan.weight_bytes)} (from "
-                  f"{binary_bytes(plan.original_bytes)}, scales included)")
-    table.add_row("compression", f"{plan.compression_ratio:.2f}×")
+    rows: list[tuple[str, str | Cell]] = [
+        ("layers", ", ".join(f"{n} × {f}" for f, n in sorted(counts.items()))),
+        ("weight memory", f"{binary_bytes(plan.weight_bytes)} (from "
+                          f"{binary_bytes(plan.original_bytes)}, scales included)"),
+        ("compression", f"{plan.compression_ratio:.2f}×")]
     if plan.budget_bytes is not None:
-        verdict = Text("fits", style="bold green") if plan.fits else Text(
-            "does not fit", style="bold red")
-        table.add_row(f"budget {binary_bytes(plan.budget_bytes)}", verdict)
-    table.add_row("predicted output SQNR",
-                  f"{_db(plan.predicted_output_sqnr_db) or '∞'} dB ({plan.basis})")
-    return table
+        verdict = Cell("fits", Tone.GOOD) if plan.fits else Cell("does not fit", Tone.BAD)
+        rows.append((f"budget {binary_bytes(plan.budget_bytes)}", verdict))
+    rows.append(("predicted output SQNR",
+                 f"{_db(plan.predicted_output_sqnr_db) or '∞'} dB ({plan.basis})"))
+    return Table.of(f"quantization plan · {plan.name} · activations {plan.activations}",
+                    (Column("", strong=True), Column("", right=True)), rows, show_header=False)
 
 
 def risk_table(risks: Sequence[QuantRisk]) -> Table:
-    table = Table(title="quantization risks (structure)", title_justify="left")
-    for name in ("code", "layers", "why", "fix"):
-        table.add_column(name)
+    rows = []
     for risk in risks:
         layers = risk.layers
         shown = ", ".join(layers[:3]) + (f" … (+{len(layers) - 3})" if len(layers) > 3 else "")
-        table.add_row(risk.code, shown, risk.message, risk.fix)
-    return table
+        rows.append((risk.code, shown, risk.message, risk.fix))
+    return Table.of("quantization risks (structure)",
+                    tuple(Column(n) for n in ("code", "layers", "why", "fix")), rows)

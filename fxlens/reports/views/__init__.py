@@ -1,0 +1,32 @@
+"""One view per section: typed section → `fxlens.reports.view.View`, in reading order.
+
+`views(report, depth, top)` is what every surface renders: the model (summary, modules, top
+ops), then each section the report holds. Adding a section's view: a function here taking the
+section (and the report when it needs the module tree), and a line in `VIEWS`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fxlens.analyzer.core.report import Report
+from fxlens.reports.view import View
+from fxlens.reports.views.fusion import fusion_view
+from fxlens.reports.views.memory import kv_cache_view, memory_view, training_view
+from fxlens.reports.views.model import modules_view, ops_view, summary_view
+from fxlens.reports.views.quant import quant_view
+from fxlens.reports.views.time import roofline_view, validation_view
+
+ViewFn = Callable[[Report, int, int], View | None]
+
+VIEWS: tuple[ViewFn, ...] = (
+    summary_view, modules_view, ops_view,
+    memory_view, training_view, kv_cache_view,
+    roofline_view, validation_view,
+    fusion_view, quant_view,
+)
+
+
+def views(report: Report, depth: int = 2, top: int = 10) -> list[View]:
+    """Every view the report has something for, in reading order."""
+    return [v for v in (make(report, depth, top) for make in VIEWS) if v is not None]

@@ -1,0 +1,125 @@
+"""Views of the memory sections: inference memory, the training step, the KV cache."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from fxlens.analyzer.core.graph import ancestors
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.core.sections import KVCache, Memory, Training
+from fxlens.reports.units import binary_bytes, percent, si
+from fxlens.reports.view import Cell, Column, Table, Tone, View, columns
+
+
+def memory_view(report: Report, depth: int, top: int) -> View | None:
+    """Inference memory: resident bytes, the activation peak and what is live there. A
+    training report shows its memory in the training view instead."""
+    memory = report.get(Memory)
+    if memory is None or report.get(Training) is not None:
+        return None
+    rows: list[tuple[str | Cell, ...]] = [
+        ("parameters", binary_bytes(memory.param_bytes), ""),
+        ("buffers", binary_bytes(memory.buffer_bytes), ""),
+        ("inputs", binary_bytes(memory.input_bytes), ""),
+        (Cell("activation peak", Tone.STRONG),
+         Cell(binary_bytes(memory.peak_activation_bytes), Tone.STRONG),
+         f"node {memory.peak_node} in {memory.peak_module or '(root)'} (graph executor)"),
+    ]
+    eager = memory.eager
+    if eager is not None and eager.peak_bytes is not None:
+        rows.append(("eager peak", binary_bytes(eager.peak_bytes),
+                     f"after {eager.peak_op} (eager, simulated)"))
+    rows += [(f"  live: {live.target}", binary_bytes(live.bytes),
+              f"{live.module or '(root)'} {tuple(live.shape)} {live.dtype}")
+             for live in memory.live_at_peak[:top]]
+    table = Table.of("memory (inference)",
+                     (Column("what"), Column("bytes", right=True), Column("where")), rows)
+    return View("memory", "Memory", (table,))
+
+
+def training_view(report: Report, depth: int, top: int) -> View | None:
+    training = report.get(Training)
+    if training is None:
+        return None
+    return View("training", "Training step", (step_summary(training),
+                                              state_by_module(training, depth)))
+
+
+def step_summary(training: Training) -> Table:
+    step = training.step_flops
+    rows: list[tuple[str | Cell, ...]] = [
+        (f"{label} FLOPs", si(flops), percent(flops, step))
+        for label, flops in (("forward", training.forward_flops),
+                             ("backward", training.backward_flops),
+                             ("optimizer", training.optimizer_flops))]
+    rows.append(("step FLOPs", si(step), ""))
+    states = training.states
+    rows += [(label, binary_bytes(size), "")
+             for label, size in (("weights", states.weights_bytes),
+                                 ("master weights", states.master_bytes),
+                                 ("gradients", states.grad_bytes),
+                                 ("optimizer state", states.optimizer_bytes),
+                                 ("buffers", states.buffer_bytes))]
+    rows.append(("saved activations", binary_bytes(training.saved_activation_bytes),
+                 "autograd's saved tensors, each storage once"))
+    breakdown = training.peak_breakdown
+    rows.append((Cell("step peak", Tone.STRONG),
+                 Cell(binary_bytes(training.step_peak_bytes), Tone.STRONG),
+                 f"persistent {binary_bytes(breakdown.persistent_bytes)} + forward/backward "
+                 f"peak {binary_bytes(breakdown.fwd_bwd_peak_bytes)}"))
+    ckpt = training.checkpointing
+    if ckpt is not None:
+        rows.append(("checkpointing", binary_bytes(ckpt.memory_saved_bytes),
+                     f"saved over {len(ckpt.blocks)} blocks for "
+                     f"+{si(ckpt.recompute_flops)}FLOPs ({ckpt.flops_overhead:.0%})"))
+    fit = training.fit
+    if fit is not None:
+        verdict = Cell("fits", Tone.GOOD) if fit.fits else Cell("does not fit", Tone.BAD)
+        rows.append((f"on {fit.device}", verdict,
+                     f"headroom {binary_bytes(fit.headroom_bytes)}, "
+                     f"largest batch {fit.largest_batch}"))
+    return Table.of(f"training step · {training.precision} · {training.optimizer}",
+                    (Column("", strong=True), Column("", right=True), Column("")), rows,
+                    show_header=False)
+
+
+def state_by_module(training: Training, depth: int) -> Table:
+    saved: dict[str, int] = defaultdict(int)
+    for entry in training.saved_by_module:
+        for path in ancestors(entry.module):
+            saved[path] += entry.bytes
+    rows = []
+    for path, state in training.states.by_module.items():
+        level = len(ancestors(path)) - 1
+        if level <= depth:
+            rows.append(("  " * level + (path.rsplit(".", 1)[-1] if path else "(root)"),
+                         binary_bytes(state.weights_bytes), binary_bytes(state.grad_bytes),
+                         binary_bytes(state.optimizer_bytes), binary_bytes(state.master_bytes),
+                         binary_bytes(saved[path])))
+    return Table.of(f"training memory by module (depth ≤ {depth})",
+                    columns(("module",), ("weights", "grads", "optimizer", "master",
+                                          "saved act.")), rows)
+
+
+def kv_cache_view(report: Report, depth: int, top: int) -> View | None:
+    cache = report.get(KVCache)
+    if cache is None:
+        return None
+    groups: dict[tuple[int, int, int, int], list[str]] = defaultdict(list)
+    for layer in cache.layers:
+        groups[(layer.kv_heads, layer.k_head_dim, layer.tokens, layer.bytes)].append(layer.name)
+    rows: list[tuple[str | Cell, ...]] = [
+        (names[0] if len(names) == 1 else f"{len(names)} layers ({names[0]} …)",
+         f"{heads} × {dim}", str(tokens), binary_bytes(size))
+        for (heads, dim, tokens, size), names in groups.items()]
+    rows.append((Cell("total", Tone.STRONG), "", "",
+                 Cell(binary_bytes(cache.total_bytes), Tone.STRONG)))
+    step = cache.decode_step
+    caption = (f"decode step: weights {binary_bytes(step.weights_bytes)} + cache "
+               f"{binary_bytes(step.kv_cache_bytes)} + one token's activations "
+               f"{binary_bytes(step.activation_bytes)} = {binary_bytes(step.total_bytes)}")
+    table = Table.of(f"KV cache · batch {cache.batch} · context {cache.context} "
+                     f"· {cache.dtype_bytes} B/element (layout from {cache.source})",
+                     columns(("layers",), ("kv heads × head dim", "tokens", "bytes per layer")),
+                     rows, caption=caption)
+    return View("kv-cache", "KV cache", (table,))
