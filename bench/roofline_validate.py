@@ -6,7 +6,7 @@
 
 Without `--profile`, calibrates the device first (`analyze calibrate`, saved under
 bench/results/) so predictions use measured figures. Each model runs through
-`fxlens.cli.validate.validate`: the captured graph interpreted node by node, every node
+`fxlens.devices.validate`: the captured graph interpreted node by node, every node
 timed (median of `--repeat` runs after `--warmup`), beside its roofline prediction. Prints
 Markdown tables: one row per model, then the op classes of `--detail`.
 """
@@ -29,8 +29,7 @@ from fxlens.analyzer.core.loaded import LoadedModel  # noqa: E402
 from fxlens.analyzer.time.device_calibration import calibrate  # noqa: E402
 from fxlens.analyzer.time.validate import RunSettings  # noqa: E402
 from fxlens.api import load  # noqa: E402
-from fxlens.cli.calibrate import profile_spec  # noqa: E402
-from fxlens.cli.validate import DTYPES, validate  # noqa: E402
+from fxlens.devices import DTYPES, profile_spec, validate  # noqa: E402
 from fxlens.rules.hardware import DeviceSpec, load_profile  # noqa: E402
 
 

@@ -78,16 +78,6 @@ def test_the_rule_refuses_known_bad_arrows(source: str, target: str) -> None:
     assert not allowed(source, target)
 
 
-# Arrows still to remove (docs/architecture.md, "Known debts"): each listed one must still
-# exist, so the list only shrinks, and any other forbidden arrow fails.
-KNOWN = {
-    # device profiles are written and guessed in the CLI; they belong to a library function
-    "fxlens.cli.calibrate → fxlens.rules.hardware",
-    "fxlens.cli.validate → fxlens.rules.hardware",
-}
-
-
 def test_no_forbidden_arrow() -> None:
-    bad = {f"{s} → {t}" for s, t in arrows(top_level_only=False) if not allowed(s, t)}
-    assert bad - KNOWN == set(), "forbidden imports:\n" + "\n".join(sorted(bad - KNOWN))
-    assert KNOWN - bad == set(), f"fixed, remove from KNOWN: {sorted(KNOWN - bad)}"
+    bad = sorted(f"{s} → {t}" for s, t in arrows(top_level_only=False) if not allowed(s, t))
+    assert bad == [], "forbidden imports:\n" + "\n".join(bad)

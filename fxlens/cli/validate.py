@@ -2,7 +2,7 @@
 
 Loads the model as ``analyze`` does, gives it random weights if it has none, casts it when
 ``--dtype`` asks, captures it, predicts every node's time with the roofline for the device's
-figures (its calibrated profile when there is one, see `fxlens.pipeline.resolve_device`), runs the
+figures (its calibrated profile when there is one, see `fxlens.devices.validation_device`), runs the
 captured graph for real (`fxlens.analyzer.time.validate`) and prints both figures per op class,
 per module and in total with the error. ``--json`` writes the report with its ``roofline``
 and ``validation`` sections, which keep both figures.
@@ -13,24 +13,16 @@ Exit codes: 0 ok, 2 could not run (no CUDA device for ``--device cuda``, a load 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 import torch
 
-from fxlens.analyzer.capture.chain import METHODS
 from fxlens.analyzer.core.errors import LoadError
-from fxlens.analyzer.core.graph import Graph
-from fxlens.analyzer.core.loaded import LoadedModel
-from fxlens.analyzer.core.report import Report, write_report
-from fxlens.analyzer.time.device_calibration import allow_tf32
-from fxlens.analyzer.time.validate import RunSettings, prepare, run_graph, validation_section
+from fxlens.analyzer.core.report import write_report
+from fxlens.analyzer.time.validate import RunSettings
 from fxlens.api import load
 from fxlens.cli.args import key_value
-from fxlens.pipeline import AnalysisOptions, Context, resolve_device, run_context
-from fxlens.rules.hardware import DeviceSpec
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from fxlens.devices import DTYPES, validate, validation_device
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,50 +54,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def predict(loaded: LoadedModel, spec: DeviceSpec, tf32: bool = False,
-            methods: tuple[str, ...] = METHODS) -> tuple[Report, Graph]:
-    """The (real) loaded model through the analysis pipeline (costs, memory, roofline) and
-    the graph it captured."""
-    options = AnalysisOptions(device=spec.name, tf32=tf32, methods=methods, fusion=False)
-    context = Context(loaded, options, lambda _: None, device=spec)
-    return run_context(context), context.forward()
-
-
-def validate(loaded: LoadedModel, spec: DeviceSpec, settings: RunSettings,
-             dtype: torch.dtype | None = None, tf32: bool = False) -> Report:
-    """The report of `loaded` with ``roofline`` and ``validation`` sections."""
-    module, inputs = prepare(loaded.module, loaded.inputs, settings.device, dtype)
-    real = dataclasses.replace(loaded, module=module, inputs=inputs)
-    report, graph = predict(real, spec, tf32)
-    with allow_tf32(tf32):
-        run = run_graph(graph, module, inputs, settings)
-    return report.with_(validation_section(report, run, settings))
-
-
-def _spec(args: argparse.Namespace) -> DeviceSpec:
-    if args.profile or args.spec:
-        return resolve_device(args.spec or args.device, args.devices, args.profile)
-    if args.device == "cuda":
-        try:
-            return resolve_device("cuda", args.devices)
-        except LoadError:
-            return resolve_device(_guess_gpu(), args.devices)
-    return resolve_device("cpu", args.devices)
-
-
-def _guess_gpu() -> str:
-    """The registry name of the visible GPU (``NVIDIA H100 80GB HBM3`` → ``h100``)."""
-    name = torch.cuda.get_device_name().lower()
-    for key, words in (("h200", ("h200",)), ("h100-pcie", ("h100", "pcie")), ("h100", ("h100",)),
-                       ("a100-40gb", ("a100", "40gb")), ("a100-80gb", ("a100",)), ("l4", ("l4",)),
-                       ("a10g", ("a10",)), ("t4", ("t4",)), ("rtx4090", ("4090",)),
-                       ("mi300x", ("mi300",))):
-        if all(w in name for w in words):
-            return key
-    raise LoadError(f"no registry entry for {name!r}: run `analyze calibrate --device cuda` "
-                    "or pass --spec / --profile")
-
-
 def run(args: argparse.Namespace) -> int:
     from fxlens.cli.console import EXIT_OK, err, out
     from fxlens.reports.terminal import render_view
@@ -118,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     settings = RunSettings(args.device, max(args.warmup, 0), max(args.repeat, 1))
     with err.status("loading…") as status:
         loaded = load(args.target, args.entry, overrides, sizes)
-        spec = _spec(args)
+        spec = validation_device(args.device, args.spec, args.profile, args.devices)
         status.update(f"capturing, then running every node {settings.repeat}× on {args.device}…")
         report = validate(loaded, spec, settings, DTYPES.get(args.dtype or ""), args.tf32)
     if not args.quiet:

@@ -7,12 +7,19 @@ the big parts from it on the client: the module tree (expandable, sortable by an
 the ops table (filter box, sortable, virtually scrolled: only the rows on screen exist in the
 DOM), so a 2,000-node LLM page is interactive in well under a second.
 
-Rendered here, with every user-derived string through `html_escape`: summary cards, hotspots
-(FLOPs; time with a roofline section; memory with a memory section), the memory timeline chart
-(inline SVG, peak marked), the roofline chart, fusion findings and the quantization table when
-those sections exist, and the graph: graphviz's SVG inline (its text is already XML-escaped by
-graphviz; the XML prolog, fixed size and any script element are removed), with pan and zoom
-and a details panel on click. The JS only ever writes report strings through ``textContent``.
+Rendered here, with every user-derived string through `html_escape`: the headline cards
+(`fxlens.reports.views.headline`), hotspots (FLOPs; time with a roofline section; memory with
+a memory section), then one section per view (`fxlens.reports.views`: memory, training, KV
+cache, roofline, validation, fusion, quantization — the same views the terminal and Markdown
+show) with the memory timeline and roofline charts beside their tables, and the graph:
+graphviz's SVG inline (its text is already XML-escaped by graphviz; the XML prolog, fixed size
+and any script element are removed), with pan and zoom and a details panel on click. The JS
+only ever writes report strings through ``textContent``.
+
+Why no template engine (jinja2 was considered): the page is a handful of small functions over
+the view model, and every string already passes one escaping function; a template with
+autoescape would add a second escaping path and a second place where the page's structure
+lives, for no fewer lines.
 
 Diff hook: `diff_html` is an HTML *fragment* already rendered and escaped by the diff
 renderer (`fxlens.reports.diff_html`); it is placed as the page's "diff" section.
@@ -32,19 +39,18 @@ from typing import Any
 
 from fxlens.analyzer.core.report import NodeReport, Report
 from fxlens.analyzer.core.sections import (
-    Findings,
-    KVCache,
     Memory,
     Roofline,
-    Training,
 )
 from fxlens.reports.dot import collapsed_blocks
 from fxlens.reports.escape import html_escape as esc
 from fxlens.reports.escape import json_script
 from fxlens.reports.sections import module_times, node_times, roofline_roof
 from fxlens.reports.units import binary_bytes, percent, seconds, short_op, si
-from fxlens.reports.view import Block, Cell, SideBySide, View
+from fxlens.reports.view import Block, Cell, Figure, SideBySide, View
 from fxlens.reports.views import views
+from fxlens.reports.views.headline import headline
+from fxlens.reports.views.model import UNITS_NOTE
 
 INTERACTIVE = {"summary", "modules", "top-ops"}   # the page's own cards, tree and ops table
 CHART_POINTS = 1200     # the memory chart keeps at most this many (bucket maxima)
@@ -100,55 +106,17 @@ def _times_json(report: Report) -> dict[str, float]:
 
 
 def _summary_cards(report: Report) -> str:
-    model, totals, coverage = report.model, report.totals, report.coverage
-    cards = [
-        ("parameters", si(model.params), binary_bytes(model.param_bytes)),
-        ("forward FLOPs", si(totals.flops, "FLOP"), si(totals.macs, "MAC")),
-        ("bytes moved", binary_bytes(totals.bytes_read + totals.bytes_written),
-         f"read {binary_bytes(totals.bytes_read)} · written "
-         f"{binary_bytes(totals.bytes_written)}"),
-        ("coverage", f"{coverage.ratio:.1%}",
-         f"{coverage.costed} costed · {coverage.free} free · "
-         f"{sum(coverage.unsupported.values()) + len(coverage.failed)} missing"),
-        ("ops", str(len(report.nodes)), model.capture_method),
-    ]
-    cards += _section_cards(report)
-    html = "".join(f'<div class="card"><div class="k">{esc(k)}</div><div class="v">{esc(v)}'
-                   f'</div><div class="s">{esc(s)}</div></div>' for k, v, s in cards)
+    model = report.model
+    cards = [*headline(report), Figure("ops", str(len(report.nodes)), model.capture_method)]
+    html = "".join(f'<div class="card tone-{f.tone.value}"><div class="k">{esc(f.label)}</div>'
+                   f'<div class="v">{esc(f.value)}</div><div class="s">{esc(f.detail)}</div>'
+                   "</div>" for f in cards)
     notes = "".join(f"<li>{esc(n)}</li>" for n in model.capture_notes)
     source = f'<p class="muted">source: {esc(model.source)}</p>'
     missing = _coverage_gaps(report)
     return (f'<div class="cards">{html}</div>{source}'
             + (f'<ul class="notes">{notes}</ul>' if notes else "") + missing
-            + '<p class="muted">1 MAC = 2 FLOPs · SI prefixes for counts, binary (KiB…) '
-              "for bytes</p>")
-
-
-def _section_cards(report: Report) -> list[tuple[str, str, str]]:
-    cards: list[tuple[str, str, str]] = []
-    memory = report.get(Memory)
-    if memory is not None:
-        cards.append(("activation peak", binary_bytes(memory.peak_activation_bytes),
-                      f"at node {memory.peak_node} in {memory.peak_module or '(root)'}"))
-    training = report.get(Training)
-    if training is not None:
-        cards.append(("training step peak", binary_bytes(training.step_peak_bytes),
-                      f"{training.precision} · {training.optimizer} · "
-                      f"{si(training.step_flops, 'FLOP')}/step"))
-    cache = report.get(KVCache)
-    if cache is not None:
-        cards.append(("KV cache", binary_bytes(cache.total_bytes),
-                      f"batch {cache.batch} · context {cache.context}"))
-    roofline = report.get(Roofline)
-    if roofline is not None:
-        cards.append(("estimated time", seconds(roofline.totals.total_s),
-                      roofline.device.name))
-    found = report.get(Findings)
-    if found is not None and found.items:
-        saved = sum(f.saved_bytes for f in found.items)
-        cards.append(("fusion findings", str(len(found.items)),
-                      f"{binary_bytes(saved)} saveable"))
-    return cards
+            + f'<p class="muted">{esc(UNITS_NOTE)}</p>')
 
 
 def _coverage_gaps(report: Report) -> str:

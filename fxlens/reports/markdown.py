@@ -12,12 +12,12 @@ from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
 from fxlens.analyzer.core.report import Report
-from fxlens.analyzer.core.sections import KVCache, Memory, Roofline, Training
 from fxlens.reports.dot import collapsed_blocks
 from fxlens.reports.escape import markdown_escape as esc
-from fxlens.reports.units import binary_bytes, percent, seconds, si
+from fxlens.reports.units import percent, si
 from fxlens.reports.view import View
 from fxlens.reports.views import views
+from fxlens.reports.views.headline import headline
 
 TOP = 5
 
@@ -38,32 +38,8 @@ def render_markdown(report: Report, top: int = TOP) -> str:
 
 
 def _headline(report: Report) -> list[tuple[str, str]]:
-    model, totals, coverage = report.model, report.totals, report.coverage
-    rows = [("parameters", f"{si(model.params)} ({binary_bytes(model.param_bytes)})"),
-            ("forward FLOPs", f"{si(totals.flops, 'FLOP')} ({si(totals.macs, 'MAC')})"),
-            ("bytes moved", f"read {binary_bytes(totals.bytes_read)}, written "
-                            f"{binary_bytes(totals.bytes_written)}")]
-    missing = sum(coverage.unsupported.values()) + len(coverage.failed)
-    rows.append(("coverage", f"{coverage.ratio:.1%}" + (f" ({missing} ops uncosted)"
-                                                         if missing else "")))
-    memory = report.get(Memory)
-    if memory is not None:
-        rows.append(("activation peak", f"{binary_bytes(memory.peak_activation_bytes)} in "
-                                        f"{memory.peak_module or '(root)'}"))
-    training = report.get(Training)
-    if training is not None:
-        rows.append(("training step", f"{si(training.step_flops, 'FLOP')}, peak "
-                                      f"{binary_bytes(training.step_peak_bytes)} "
-                                      f"({training.precision}, {training.optimizer})"))
-    cache = report.get(KVCache)
-    if cache is not None:
-        rows.append(("KV cache", f"{binary_bytes(cache.total_bytes)} at context "
-                                 f"{cache.context}, batch {cache.batch}"))
-    roofline = report.get(Roofline)
-    if roofline is not None:
-        rows.append(("estimated time", f"{seconds(roofline.totals.total_s)} on "
-                                       f"{roofline.device.name}"))
-    return rows
+    return [(f.label, f"{f.value} ({f.detail})" if f.detail else f.value)
+            for f in headline(report)]
 
 
 def _module_rows(report: Report, top: int) -> list[tuple[str, ...]]:

@@ -96,3 +96,13 @@ class View:
         for block in self.blocks:
             out.extend(block.tables if isinstance(block, SideBySide) else (block,))
         return tuple(out)
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One headline number: what it counts (`label`), the figure, and what it is made of."""
+
+    label: str
+    value: str
+    detail: str = ""
+    tone: Tone = Tone.PLAIN

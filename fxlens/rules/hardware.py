@@ -287,3 +287,17 @@ def device_spec(name: str, devices_file: str | None = None, profile: str | None 
         raise ValueError("no calibrated profile for 'cuda'; run `analyze calibrate "
                          "--device cuda` or name the GPU (--device h100)")
     return device(name, extra)
+
+
+GPU_NAMES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("h200", ("h200",)), ("h100-pcie", ("h100", "pcie")), ("h100", ("h100",)),
+    ("a100-40gb", ("a100", "40gb")), ("a100-80gb", ("a100",)), ("l4", ("l4",)),
+    ("a10g", ("a10",)), ("t4", ("t4",)), ("rtx4090", ("4090",)), ("mi300x", ("mi300",)),
+)
+
+
+def registry_name(gpu_name: str) -> str | None:
+    """The registry entry of a GPU as the driver names it (``NVIDIA H100 80GB HBM3`` →
+    ``h100``), or None."""
+    lowered = gpu_name.lower()
+    return next((key for key, words in GPU_NAMES if all(w in lowered for w in words)), None)

@@ -21,7 +21,7 @@ from fxlens.analyzer.time.validate import (
     interpret,
     prepare,
 )
-from fxlens.cli.validate import validate
+from fxlens.devices import validate
 from fxlens.rules import load_rules
 from fxlens.rules.hardware import host_cpu
 from tests.models import OWN_ZOO

@@ -1,0 +1,62 @@
+"""Every section the report holds is shown on every surface: terminal, HTML and Markdown render
+the same views; the headline labels each number by what it counts."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import pytest
+from rich.console import Console
+
+from fxlens.analyzer.core.loaded import LoadedModel
+from fxlens.analyzer.core.report import Report
+from fxlens.api import AnalysisOptions, analyze_loaded
+from fxlens.reports.html import render_html
+from fxlens.reports.markdown import render_markdown
+from fxlens.reports.terminal import render_terminal
+from fxlens.reports.views import views
+from fxlens.reports.views.headline import headline
+from tests.models import tiny_gpt
+
+
+@pytest.fixture(scope="module")
+def full_report() -> Report:
+    module, inputs = tiny_gpt.build()
+    options = AnalysisOptions(train=True, quant=True, kv_cache=True, device="h100",
+                              device_memory="80GiB", checkpoint=True)
+    return analyze_loaded(LoadedModel(module, inputs, "tiny_gpt", "tiny_gpt.py"), options)
+
+
+def terminal_text(report: Report) -> str:
+    console = Console(width=160, record=True, file=io.StringIO(), color_system=None)
+    console.print(render_terminal(report))
+    return console.export_text()
+
+
+def test_every_view_on_every_surface(full_report: Report) -> None:
+    shown = views(full_report)
+    assert {v.key for v in shown} >= {"training", "kv-cache", "roofline", "fusion", "quant"}
+    terminal = re.sub(r"\s+", "", terminal_text(full_report))   # titles wrap to table width
+    page = render_html(full_report, None)
+    markdown = render_markdown(full_report)
+    for view in shown:
+        for table in view.tables():
+            assert re.sub(r"\s+", "", table.title) in terminal, table.title
+        if view.key not in ("summary", "modules", "top-ops"):   # the page's own widgets
+            assert f'<section id="{view.key}">' in page, view.key
+            assert f"<summary>{view.title}</summary>" in markdown, view.key
+
+
+def test_training_headline_counts_the_step(full_report: Report) -> None:
+    labels = {f.label: f for f in headline(full_report)}
+    assert "step FLOPs" in labels and "forward FLOPs" not in labels
+    assert labels["fits 80GiB"].value == "yes"
+    assert labels["estimated step time"].detail == "h100"
+    markdown = render_markdown(full_report)
+    assert markdown.index("| training step peak |") < markdown.index("<details>")
+
+
+def test_verdicts_carry_their_tone_on_the_page(full_report: Report) -> None:
+    page = render_html(full_report, None)
+    assert re.search(r'class="[^"]*tone-good[^"]*">fits<', page)
