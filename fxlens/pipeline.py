@@ -166,6 +166,9 @@ class TrainingStep:
         memory = liveness(ctx.step.graph, ctx.registry)
         precision = _precision(options.precision, ctx.loaded.module)
         device_name, device_bytes = _device_memory(options.device_memory)
+        spec = ctx.device_spec()
+        if device_bytes is None and spec is not None:     # --device h100 implies its memory
+            device_name, device_bytes = spec.name, spec.memory_bytes
         settings = StepSettings(
             precision_name=precision.value, precision=precision.spec,
             optimizer_name=options.optimizer, optimizer=_optimizer(options.optimizer).spec,

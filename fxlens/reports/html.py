@@ -49,8 +49,8 @@ from fxlens.reports.sections import module_times, node_times, roofline_roof
 from fxlens.reports.units import binary_bytes, percent, seconds, short_op, si
 from fxlens.reports.view import Block, Cell, Figure, SideBySide, View
 from fxlens.reports.views import views
-from fxlens.reports.views.headline import headline
-from fxlens.reports.views.model import UNITS_NOTE
+from fxlens.reports.views.headline import headline, inputs_text
+from fxlens.reports.views.model import UNITS_NOTE, coverage_figure
 
 INTERACTIVE = {"summary", "modules", "top-ops"}   # the page's own cards, tree and ops table
 CHART_POINTS = 1200     # the memory chart keeps at most this many (bucket maxima)
@@ -107,12 +107,14 @@ def _times_json(report: Report) -> dict[str, float]:
 
 def _summary_cards(report: Report) -> str:
     model = report.model
-    cards = [*headline(report), Figure("ops", str(len(report.nodes)), model.capture_method)]
+    cards = [*headline(report), coverage_figure(report),
+             Figure("ops", str(len(report.nodes)), model.capture_method)]
     html = "".join(f'<div class="card tone-{f.tone.value}"><div class="k">{esc(f.label)}</div>'
                    f'<div class="v">{esc(f.value)}</div><div class="s">{esc(f.detail)}</div>'
                    "</div>" for f in cards)
     notes = "".join(f"<li>{esc(n)}</li>" for n in model.capture_notes)
-    source = f'<p class="muted">source: {esc(model.source)}</p>'
+    source = (f'<p class="muted">inputs: {esc(inputs_text(report) or "none")} · '
+              f"source: {esc(model.source)}</p>")
     missing = _coverage_gaps(report)
     return (f'<div class="cards">{html}</div>{source}'
             + (f'<ul class="notes">{notes}</ul>' if notes else "") + missing

@@ -17,7 +17,8 @@ from fxlens.reports.escape import markdown_escape as esc
 from fxlens.reports.units import percent, si
 from fxlens.reports.view import View
 from fxlens.reports.views import views
-from fxlens.reports.views.headline import headline
+from fxlens.reports.views.headline import headline, inputs_text
+from fxlens.reports.views.model import coverage_figure
 
 TOP = 5
 
@@ -38,8 +39,9 @@ def render_markdown(report: Report, top: int = TOP) -> str:
 
 
 def _headline(report: Report) -> list[tuple[str, str]]:
-    return [(f.label, f"{f.value} ({f.detail})" if f.detail else f.value)
-            for f in headline(report)]
+    figures = (*headline(report), coverage_figure(report))
+    return [*((f.label, f"{f.value} ({f.detail})" if f.detail else f.value) for f in figures),
+            ("inputs", inputs_text(report) or "none")]
 
 
 def _module_rows(report: Report, top: int) -> list[tuple[str, ...]]:

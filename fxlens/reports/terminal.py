@@ -1,20 +1,24 @@
 """The terminal format: views → rich renderables. Pure: the CLI decides where they print.
 
 Every cell becomes a `rich.text.Text`, never a markup string, so a module or op name holding
-``[bold]`` or ``[/]`` prints as itself. FLOPs and parameter counts use SI prefixes (G = 10⁹),
+``[bold]`` or ``[/]`` prints as itself; every string goes through `terminal_escape` (`plain`),
+so control characters and bidi overrides in a name show as ``\\x1b`` / ``\\u202e`` instead of
+driving the terminal. FLOPs and parameter counts use SI prefixes (G = 10⁹),
 bytes binary ones (GiB = 2³⁰); the summary says so.
 """
 
 from __future__ import annotations
 
-from rich.console import Group, RenderableType
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
 from rich.table import Table as RichTable
 from rich.text import Text
 
 from fxlens.analyzer.core.report import Report
+from fxlens.reports.escape import terminal_escape
 from fxlens.reports.view import Block, Cell, SideBySide, Table, Tone, View
 from fxlens.reports.views import views
 
+STACK_BELOW = 120   # columns: narrower terminals get side-by-side tables one under the other
 STYLES = {Tone.PLAIN: "", Tone.STRONG: "bold", Tone.GOOD: "bold green", Tone.BAD: "bold red",
           Tone.WARN: "yellow", Tone.MUTED: "dim"}
 
@@ -31,27 +35,48 @@ def render_view(view: View) -> RenderableType:
 
 def render_block(block: Block) -> RenderableType:
     if isinstance(block, SideBySide):
-        grid = RichTable.grid(padding=(0, 2))
-        grid.add_row(*(render_table(t) for t in block.tables))
-        return grid
+        return _SideBySide(tuple(render_table(t) for t in block.tables))
     return render_table(block)
 
 
-def render_table(table: Table) -> RichTable:
-    out = RichTable(title=Text(table.title), title_justify="left",
-                    show_header=table.show_header,
-                    caption=Text(table.caption) if table.caption else None)
+class _SideBySide:
+    """Tables side by side on a wide terminal, one under the other below `STACK_BELOW`."""
+
+    def __init__(self, tables: tuple[RenderableType, ...]) -> None:
+        self.tables = tables
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        if options.max_width < STACK_BELOW:
+            yield from self.tables
+            return
+        grid = RichTable.grid(padding=(0, 2))
+        grid.add_row(*self.tables)
+        yield grid
+
+
+def render_table(table: Table) -> RenderableType:
+    """The title on its own line (never wrapped: cut with … when the terminal is narrower),
+    then the table; identifiers in cells are never split mid-word."""
+    out = RichTable(show_header=table.show_header, caption_justify="left",
+                    caption=plain(table.caption, "dim") if table.caption else None)
     for column in table.columns:
-        out.add_column(column.name, justify="right" if column.right else "left",
+        out.add_column(plain(column.name), justify="right" if column.right else "left",
                        style="bold" if column.strong else None,
                        overflow="fold" if column.fold else "ellipsis", no_wrap=column.no_wrap)
     for row in table.rows:
         out.add_row(*(text(c) for c in row))
-    return out
+    title = Text(terminal_escape(table.title), style="bold", no_wrap=True, overflow="ellipsis")
+    return Group(title, out)
 
 
 def text(cell: Cell) -> Text:
-    out = Text(cell.text, style=STYLES[cell.tone])
+    out = plain(cell.text, STYLES[cell.tone])
     for part, tone in cell.tail:
-        out.append(part, style=STYLES[tone])
+        out.append(terminal_escape(part, newlines=True), style=STYLES[tone])
     return out
+
+
+def plain(value: object, style: str = "") -> Text:
+    """User or report text as a rich `Text`: never markup, nothing that drives the terminal
+    (a table cell may span lines, so ``\\n`` is kept)."""
+    return Text(terminal_escape(value, newlines=True), style=style)

@@ -15,6 +15,7 @@ from fxlens.api import AnalysisOptions, analyze_loaded
 from fxlens.reports.html import render_html
 from fxlens.reports.markdown import render_markdown
 from fxlens.reports.terminal import render_terminal
+from fxlens.reports.units import si
 from fxlens.reports.views import views
 from fxlens.reports.views.headline import headline
 from tests.models import tiny_gpt
@@ -50,9 +51,9 @@ def test_every_view_on_every_surface(full_report: Report) -> None:
 
 def test_training_headline_counts_the_step(full_report: Report) -> None:
     labels = {f.label: f for f in headline(full_report)}
-    assert "step FLOPs" in labels and "forward FLOPs" not in labels
+    assert "training step FLOPs" in labels and "forward FLOPs" not in labels
     assert labels["fits 80GiB"].value == "yes"
-    assert labels["estimated step time"].detail == "h100"
+    assert labels["estimated step time"].detail.startswith("h100")
     markdown = render_markdown(full_report)
     assert markdown.index("| training step peak |") < markdown.index("<details>")
 
@@ -60,3 +61,25 @@ def test_training_headline_counts_the_step(full_report: Report) -> None:
 def test_verdicts_carry_their_tone_on_the_page(full_report: Report) -> None:
     page = render_html(full_report, None)
     assert re.search(r'class="[^"]*tone-good[^"]*">fits<', page)
+
+
+def test_runs_of_blocks_are_one_row_with_their_totals(full_report: Report) -> None:
+    from fxlens.reports.views.model import modules_view
+
+    view = modules_view(full_report, depth=3, top=10)
+    labels = [row[0].text.strip() for row in view.tables()[0].rows]
+    blocks = next(m for m in full_report.modules if m.path == "blocks")
+    assert "0–1 ×2" in labels and not any(label == "1" for label in labels)
+    run = view.tables()[0].rows[labels.index("0–1 ×2")]
+    assert run[3].text == si(blocks.flops)       # the run row counts both blocks
+
+
+def test_findings_of_repeated_blocks_are_grouped(full_report: Report) -> None:
+    from fxlens.analyzer.core.sections import Findings
+    from fxlens.reports.views.fusion import grouped_findings
+
+    items = full_report.require(Findings).items
+    groups = grouped_findings(items)
+    assert len(groups) < len(items)
+    assert sum(g.saved_bytes for g in groups) == sum(f.saved_bytes for f in items)
+    assert any("×2" in g.module for g in groups)

@@ -30,6 +30,12 @@ T = TypeVar("T")
 _OMIT_NONE = "fxlens_omit_none"
 
 
+#: The largest magnitude an integer figure may have: far above any real count (a training
+#: step of a 1T-parameter model over a million tokens is ~10**25 FLOPs), small enough that
+#: every figure converts to a float and any ratio of two figures stays finite.
+MAX_INT = 10**30
+
+
 class CodecError(ValueError):
     """A JSON value does not match the dataclass field it is read into."""
 
@@ -157,18 +163,31 @@ def _is_int(text: Any) -> bool:
 def _decode_scalar(tp: Any, data: Any, where: str) -> Any:
     if tp is float:
         if isinstance(data, bool) or not isinstance(data, (int, float)):
-            raise CodecError(f"{where}: expected a number, got {data!r}")
-        return float(data) if not (isinstance(data, float) and math.isnan(data)) else data
+            raise CodecError(f"{where}: expected a number, got {_short(data)}")
+        if isinstance(data, int) and abs(data) > MAX_INT or not math.isfinite(data):
+            raise CodecError(f"{where}: expected a finite number, got {_short(data)}")
+        return float(data)
     if tp is int:
         if isinstance(data, bool) or not isinstance(data, int):
-            raise CodecError(f"{where}: expected an integer, got {data!r}")
+            raise CodecError(f"{where}: expected an integer, got {_short(data)}")
+        if abs(data) > MAX_INT:
+            raise CodecError(f"{where}: {_short(data)} is out of range (|n| ≤ 10**30)")
         return data
     if tp is type(None):
         if data is not None:
-            raise CodecError(f"{where}: expected null, got {data!r}")
+            raise CodecError(f"{where}: expected null, got {_short(data)}")
         return None
     if tp in (str, bool):
         if not isinstance(data, tp):
-            raise CodecError(f"{where}: expected {tp.__name__}, got {data!r}")
+            raise CodecError(f"{where}: expected {tp.__name__}, got {_short(data)}")
         return data
     raise CodecError(f"{where}: cannot decode into {tp!r}")
+
+
+def _short(data: Any) -> str:
+    """`data` for an error message: its repr, cut to 60 characters (a hostile report may hold
+    a 4000-digit integer or a megabyte string)."""
+    if isinstance(data, int) and not isinstance(data, bool) and abs(data) > MAX_INT:
+        return f"an integer of {len(str(abs(data)))} digits"
+    text = repr(data)
+    return text if len(text) <= 60 else text[:57] + "..."

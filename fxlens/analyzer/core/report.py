@@ -19,13 +19,22 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import fxlens.analyzer.core.sections  # noqa: F401  (registers every section type)
-from fxlens.analyzer.core.codec import CodecError
+from fxlens.analyzer.core.codec import CodecError, decode
 from fxlens.analyzer.core.errors import ReportError
 from fxlens.analyzer.core.section import SECTION_TYPES, Section
 
 S = TypeVar("S", bound=Section)
 
 SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One example input as the graph took it (what torchinfo calls the input size)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,7 @@ class ModelInfo:
     trainable_params: int
     buffers: int
     buffer_bytes: int
+    inputs: tuple[InputSpec, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -192,10 +202,9 @@ _CORE_FIELDS = {"schema_version", "model", "totals", "nodes", "modules", "covera
 
 
 def report_from_dict(data: Mapping[str, Any]) -> Report:
-    model = dict(data["model"], capture_notes=tuple(data["model"]["capture_notes"]))
     coverage = {k: v for k, v in data["coverage"].items() if k != "ratio"}
     return Report(
-        model=ModelInfo(**model),
+        model=decode(ModelInfo, data["model"], "model"),
         totals=Totals(**data["totals"]),
         nodes=tuple(NodeReport(**dict(n, inputs=tuple(n["inputs"]), outputs=tuple(n["outputs"])))
                     for n in data["nodes"]),

@@ -118,12 +118,17 @@ class Checkpointing:
 
 @dataclass(frozen=True)
 class Fit:
+    """Whether one step fits the device: `needed_bytes` (the step peak, checkpointed when
+    `with_checkpointing`) against `device_bytes`; `largest_batch` 0 when none fits."""
+
     device: str
     device_bytes: int
     fits: bool
     headroom_bytes: int
     utilisation: float
     largest_batch: int
+    needed_bytes: int = 0
+    with_checkpointing: bool = False
 
 
 @section("training")

@@ -90,14 +90,21 @@ def training_section(
         checkpointing = _checkpointing(step, report, registry, step_flops)
     fit = None
     if settings.device_bytes is not None:
-        activations = max(memory.peak_activation_bytes - gradients, 0)
+        # NB: with --checkpoint the verdict is for the checkpointed step: the saved
+        # activations checkpointing drops come off the forward/backward peak (the recompute's
+        # own temporaries, one block at a time, are not added).
+        relieved = checkpointing.memory_saved_bytes if checkpointing is not None else 0
+        fwd_bwd = max(memory.peak_activation_bytes - relieved, 0)
+        needed = persistent + max(fwd_bwd, optimizer_phase)
+        activations = max(fwd_bwd - gradients, 0)
         per_sample = LinearActivation.proportional(settings.batch, activations)
-        verdict = fits(peak, settings.device_bytes)
+        verdict = fits(needed, settings.device_bytes)
         fit = Fit(device=settings.device_name, device_bytes=settings.device_bytes,
                   fits=verdict.fits, headroom_bytes=verdict.headroom_bytes,
                   utilisation=verdict.utilisation,
                   largest_batch=largest_batch(persistent + gradients, per_sample,
-                                              settings.device_bytes))
+                                              settings.device_bytes),
+                  needed_bytes=needed, with_checkpointing=checkpointing is not None)
     return Training(
         precision=settings.precision_name,
         optimizer=settings.optimizer_name,

@@ -3,8 +3,12 @@ ranked by bytes saved (with the time saved on the roofline device when one was g
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 from fxlens.analyzer.core.report import Report
-from fxlens.analyzer.core.sections import Findings, Fusion
+from fxlens.analyzer.core.sections import Finding, Findings, Fusion
 from fxlens.reports.units import binary_bytes, seconds
 from fxlens.reports.view import Block, Table, View, columns
 
@@ -20,12 +24,45 @@ def fusion_view(report: Report, depth: int, top: int) -> View | None:
               binary_bytes(fusion.bytes_unfused)),
              ("fused", str(fusion.kernels_fused), binary_bytes(fusion.bytes_fused))]))
     if found is not None and found.items:
-        items = found.items
-        rows = [(f.code, (f.modules or ("",))[0] or "(root)", binary_bytes(f.saved_bytes),
-                 seconds(f.saved_s) if f.saved_s is not None else "-",
-                 f"{f.message}\nfix: {f.fix}") for f in items[:top]]
+        groups = grouped_findings(found.items)
+        rows = [(g.code, g.module, binary_bytes(g.saved_bytes),
+                 seconds(g.saved_s) if g.saved_s is not None else "-",
+                 f"{g.message}\nfix: {g.fix}") for g in groups[:top]]
         blocks.append(Table.of(
-            f"fusion findings (top {min(top, len(items))} of {len(items)}, by bytes saved)",
+            f"fusion findings (top {min(top, len(groups))} of {len(groups)}, "
+            f"{len(found.items)} in all, by bytes saved; repeated blocks grouped)",
             columns(("code", "module"), ("saves", "time")) + columns(("finding · fix",), ()),
             rows))
     return View("fusion", "Fusion", tuple(blocks)) if blocks else None
+
+
+@dataclass(frozen=True)
+class FindingGroup:
+    """The same finding in every block of a run: ``blocks.*.mlp.0 ×6``, figures summed."""
+
+    code: str
+    module: str
+    saved_bytes: int
+    saved_s: float | None
+    message: str
+    fix: str
+
+
+_INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)")
+
+
+def grouped_findings(items: Sequence[Finding]) -> list[FindingGroup]:
+    """Findings that differ only in a block index, one group each, most bytes saved first."""
+    groups: dict[tuple[str, str, str], list[Finding]] = {}
+    for f in items:
+        module = (f.modules or ("",))[0]
+        groups.setdefault((f.code, _INDEX.sub("*", module), f.message), []).append(f)
+    out = []
+    for (code, generic, message), members in groups.items():
+        module = members[0].modules[0] if len(members) == 1 and members[0].modules else generic
+        times = [m.saved_s for m in members if m.saved_s is not None]
+        out.append(FindingGroup(
+            code, (module or "(root)") + (f" ×{len(members)}" if len(members) > 1 else ""),
+            sum(m.saved_bytes for m in members), sum(times) if times else None, message,
+            members[0].fix))
+    return sorted(out, key=lambda g: (-g.saved_bytes, g.code, g.module))

@@ -1,56 +1,156 @@
-"""The headline: one number per concept, labelled by what it counts, for the first screen of
-every surface (the HTML page's cards, the Markdown comment's table)."""
+"""The answer first: one number per concept, labelled by what it counts, and every verdict that
+applies with the change that would fix it. The first screen of every surface starts here
+(the terminal summary, the HTML cards, the Markdown table)."""
 
 from __future__ import annotations
 
+import math
+
 from fxlens.analyzer.core.report import Report
-from fxlens.analyzer.core.sections import Findings, KVCache, Memory, Roofline, Training
+from fxlens.analyzer.core.sections import (
+    Findings,
+    KVCache,
+    Memory,
+    Roofline,
+    Training,
+)
 from fxlens.reports.units import binary_bytes, seconds, si
 from fxlens.reports.view import Figure, Tone
 
 
+def inputs_text(report: Report) -> str:
+    """``idx 2×16 int64, mask 2×16 bool`` (what the graph was captured on)."""
+    return ", ".join(f"{i.name} {'×'.join(map(str, i.shape)) or 'scalar'} {i.dtype}"
+                     for i in report.model.inputs)
+
+
+def activation_peak(memory: Memory) -> tuple[int, str]:
+    """The activation peak a user running PyTorch eagerly sees, and what it is: the simulated
+    eager peak when there is one, else the graph executor's."""
+    eager = memory.eager
+    if eager is not None and eager.peak_bytes is not None:
+        return eager.peak_bytes, (f"eager forward (simulated); a graph executor peaks at "
+                                  f"{binary_bytes(memory.peak_activation_bytes)}")
+    return memory.peak_activation_bytes, "graph executor (tensors freed at last use)"
+
+
 def headline(report: Report) -> tuple[Figure, ...]:
-    model, totals, coverage = report.model, report.totals, report.coverage
+    model, totals = report.model, report.totals
     training = report.get(Training)
-    missing = sum(coverage.unsupported.values()) + len(coverage.failed)
-    figures = [
-        Figure("parameters", si(model.params), binary_bytes(model.param_bytes)),
-        (Figure("step FLOPs", si(totals.flops, "FLOP"),
-                f"forward {si(training.forward_flops)} · backward "
-                f"{si(training.backward_flops)} · {si(totals.macs, 'MAC')}")
-         if training is not None else
-         Figure("forward FLOPs", si(totals.flops, "FLOP"), si(totals.macs, "MAC"))),
-        Figure("bytes moved", binary_bytes(totals.bytes_read + totals.bytes_written),
-               f"read {binary_bytes(totals.bytes_read)} · written "
-               f"{binary_bytes(totals.bytes_written)}"),
-        Figure("coverage", f"{coverage.ratio:.1%}",
-               f"{coverage.costed} costed · {coverage.free} free · {missing} missing",
-               Tone.BAD if missing else Tone.PLAIN),
-    ]
-    memory = report.get(Memory)
-    if memory is not None and training is None:
-        figures.append(Figure("activation peak", binary_bytes(memory.peak_activation_bytes),
-                              f"at node {memory.peak_node} in {memory.peak_module or '(root)'}"))
+    figures = [Figure("parameters", si(model.params), binary_bytes(model.param_bytes))]
     if training is not None:
-        figures.append(Figure("training step peak", binary_bytes(training.step_peak_bytes),
-                              f"{training.precision} · {training.optimizer}"))
-        if training.fit is not None:
-            fit = training.fit
-            figures.append(Figure(f"fits {fit.device}", "yes" if fit.fits else "no",
-                                  f"headroom {binary_bytes(fit.headroom_bytes)}",
-                                  Tone.GOOD if fit.fits else Tone.BAD))
-    cache = report.get(KVCache)
-    if cache is not None:
-        figures.append(Figure("KV cache", binary_bytes(cache.total_bytes),
-                              f"batch {cache.batch} · context {cache.context}"))
+        figures.append(Figure("training step FLOPs", si(training.step_flops, "FLOP"),
+                              f"forward {si(training.forward_flops)} · backward "
+                              f"{si(training.backward_flops)} · optimizer "
+                              f"{si(training.optimizer_flops)}"))
+    else:
+        figures.append(Figure("forward FLOPs", si(totals.flops, "FLOP"),
+                              si(totals.macs, "MAC")))
+    figures.append(Figure("bytes moved", binary_bytes(totals.bytes_read + totals.bytes_written),
+                          f"read {binary_bytes(totals.bytes_read)} · written "
+                          f"{binary_bytes(totals.bytes_written)}"))
+    figures += _memory_figures(report)
     roofline = report.get(Roofline)
     if roofline is not None:
         what = "step" if roofline.totals.step_time_s is not None else "forward"
         figures.append(Figure(f"estimated {what} time", seconds(roofline.totals.total_s),
-                              roofline.device.name))
+                              f"{roofline.device.name}, MFU {roofline.mfu:.1%}"))
     found = report.get(Findings)
     if found is not None and found.items:
         saved = sum(f.saved_bytes for f in found.items)
         figures.append(Figure("fusion findings", str(len(found.items)),
-                              f"{binary_bytes(saved)} saveable"))
-    return tuple(figures)
+                              f"{binary_bytes(saved)} of traffic saveable"))
+    return tuple(figures) + verdicts(report)
+
+
+def _memory_figures(report: Report) -> list[Figure]:
+    training, memory, cache = report.get(Training), report.get(Memory), report.get(KVCache)
+    weights = report.model.param_bytes + report.model.buffer_bytes
+    if training is not None:
+        return [Figure("training step peak", binary_bytes(training.step_peak_bytes),
+                       f"{training.precision} · {training.optimizer}: persistent "
+                       f"{binary_bytes(training.peak_breakdown.persistent_bytes)} + "
+                       f"activations and gradients "
+                       f"{binary_bytes(training.peak_breakdown.fwd_bwd_peak_bytes)}")]
+    out = []
+    if memory is not None:
+        peak, what = activation_peak(memory)
+        out.append(Figure("activation peak", binary_bytes(peak), what))
+        parts = f"weights {binary_bytes(weights)} + activations {binary_bytes(peak)}"
+        total = weights + peak
+        if cache is not None:
+            total += cache.total_bytes
+            parts += f" + KV cache {binary_bytes(cache.total_bytes)}"
+        out.append(Figure("memory total", binary_bytes(total), parts, Tone.STRONG))
+    if cache is not None:
+        out.append(Figure("KV cache", binary_bytes(cache.total_bytes),
+                          f"batch {cache.batch} · context {cache.context}"))
+    return out
+
+
+def verdicts(report: Report) -> tuple[Figure, ...]:
+    """Every verdict that applies: coverage gaps, does it fit, with what would change it."""
+    out = []
+    coverage = report.coverage
+    missing = sum(coverage.unsupported.values()) + len(coverage.failed)
+    if missing:
+        ops = ", ".join([*coverage.unsupported, *coverage.failed])
+        out.append(Figure("coverage", f"{missing} ops not costed",
+                          f"totals undercount: {ops}", Tone.BAD))
+    training = report.get(Training)
+    if training is not None and training.fit is not None:
+        out.append(_training_fit(training))
+    elif training is None:
+        fit = _inference_fit(report)
+        if fit is not None:
+            out.append(fit)
+    return tuple(out)
+
+
+def _training_fit(training: Training) -> Figure:
+    fit = training.fit
+    assert fit is not None
+    where = f"{fit.device} ({binary_bytes(fit.device_bytes)})"
+    checkpointed = " with checkpointing" if fit.with_checkpointing else ""
+    if fit.fits:
+        return Figure(f"fits {fit.device}", "yes",
+                      f"needs {binary_bytes(fit.needed_bytes)}{checkpointed} of {where}; "
+                      f"largest batch {fit.largest_batch}", Tone.GOOD)
+    return Figure(f"fits {fit.device}", "no",
+                  f"needs {binary_bytes(fit.needed_bytes)}{checkpointed}, "
+                  f"{binary_bytes(-fit.headroom_bytes)} over {where}; {_fix(training)}",
+                  Tone.BAD)
+
+
+def _fix(training: Training) -> str:
+    """What would make the step fit, from the section's own figures."""
+    fit, states = training.fit, training.states
+    assert fit is not None
+    persistent = training.peak_breakdown.persistent_bytes
+    if persistent + states.grad_bytes >= fit.device_bytes:
+        gpus = math.ceil((persistent + states.grad_bytes) / (0.9 * fit.device_bytes))
+        return (f"weights, gradients and optimizer state alone take "
+                f"{binary_bytes(persistent + states.grad_bytes)}, so no batch fits: shard "
+                f"them over ≥ {max(gpus, 2)} GPUs (ZeRO-3/FSDP), or an 8-bit optimizer "
+                f"(optimizer state {binary_bytes(states.optimizer_bytes)} → "
+                f"{binary_bytes(states.optimizer_bytes // 4)})")
+    if not fit.with_checkpointing:
+        return "try activation checkpointing (--checkpoint) or a smaller batch"
+    return (f"a smaller batch (largest that fits: {fit.largest_batch})" if fit.largest_batch
+            else "shard the optimizer state (ZeRO-1) or use fewer trainable parameters")
+
+
+def _inference_fit(report: Report) -> Figure | None:
+    """Weights + activation peak (+ KV cache) against the roofline device's memory."""
+    roofline, memory = report.get(Roofline), report.get(Memory)
+    if roofline is None or memory is None or roofline.device.memory_bytes <= 0:
+        return None
+    device = roofline.device
+    cache = report.get(KVCache)
+    needed = (report.model.param_bytes + report.model.buffer_bytes + activation_peak(memory)[0]
+              + (cache.total_bytes if cache is not None else 0))
+    ok = needed <= device.memory_bytes
+    detail = (f"needs {binary_bytes(needed)} of {binary_bytes(device.memory_bytes)}"
+              + ("" if ok else "; quantize the weights (--quant-plan) or shard them"))
+    return Figure(f"fits {device.name}", "yes" if ok else "no", detail,
+                  Tone.GOOD if ok else Tone.BAD)

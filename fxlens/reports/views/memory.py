@@ -9,6 +9,8 @@ from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import KVCache, Memory, Training
 from fxlens.reports.units import binary_bytes, percent, si
 from fxlens.reports.view import Cell, Column, Table, Tone, View, columns
+from fxlens.reports.views.tree import Node as TreeNode
+from fxlens.reports.views.tree import grouped_rows
 
 
 def memory_view(report: Report, depth: int, top: int) -> View | None:
@@ -88,14 +90,10 @@ def state_by_module(training: Training, depth: int) -> Table:
     for entry in training.saved_by_module:
         for path in ancestors(entry.module):
             saved[path] += entry.bytes
-    rows = []
-    for path, state in training.states.by_module.items():
-        level = len(ancestors(path)) - 1
-        if level <= depth:
-            rows.append(("  " * level + (path.rsplit(".", 1)[-1] if path else "(root)"),
-                         binary_bytes(state.weights_bytes), binary_bytes(state.grad_bytes),
-                         binary_bytes(state.optimizer_bytes), binary_bytes(state.master_bytes),
-                         binary_bytes(saved[path])))
+    nodes = [TreeNode(path, "", (s.weights_bytes, s.grad_bytes, s.optimizer_bytes,
+                                 s.master_bytes, saved[path]))
+             for path, s in training.states.by_module.items()]
+    rows = [(r.label, *(binary_bytes(f) for f in r.figures)) for r in grouped_rows(nodes, depth)]
     return Table.of(f"training memory by module (depth ≤ {depth})",
                     columns(("module",), ("weights", "grads", "optimizer", "master",
                                           "saved act.")), rows)

@@ -3,77 +3,55 @@ module tree and the top ops by FLOPs."""
 
 from __future__ import annotations
 
-from collections import defaultdict
-
-from fxlens.analyzer.core.report import ModuleReport, Report
+from fxlens.analyzer.core.report import Report
 from fxlens.reports.units import binary_bytes, percent, si
-from fxlens.reports.view import Cell, Column, Table, Tone, View, columns
+from fxlens.reports.view import Cell, Column, Figure, Table, Tone, View, columns
+from fxlens.reports.views.headline import headline, inputs_text
+from fxlens.reports.views.tree import Node as TreeNode
+from fxlens.reports.views.tree import grouped_rows
 
 UNITS_NOTE = "1 MAC = 2 FLOPs · SI prefixes for counts, binary (KiB…) for bytes"
 
 
 def summary_view(report: Report, depth: int, top: int) -> View:
-    model, totals = report.model, report.totals
-    rows: list[tuple[str | Cell, str | Cell]] = [("source", model.source),
-                                                 ("capture", model.capture_method)]
-    rows += [("", Cell(note, Tone.MUTED)) for note in model.capture_notes]
-    rows += [
-        ("parameters", f"{si(model.params)} ({binary_bytes(model.param_bytes)})"
-         + (f", buffers {binary_bytes(model.buffer_bytes)}" if model.buffers else "")),
-        ("forward FLOPs", f"{si(totals.flops, 'FLOP')}  ({si(totals.macs, 'MAC')})"),
-        ("bytes moved", f"read {binary_bytes(totals.bytes_read)}, "
-                        f"written {binary_bytes(totals.bytes_written)}"),
-        ("coverage", coverage_cell(report)),
-    ]
-    table = Table.of(f"fxlens · {model.name}", (Column("", strong=True), Column("")), rows,
+    """The answer first: every headline figure and verdict, then where the numbers come from."""
+    model = report.model
+    rows: list[tuple[str | Cell, ...]] = [
+        (f.label, Cell(f.value, Tone.STRONG if f.tone is Tone.PLAIN else f.tone), f.detail)
+        for f in (*headline(report), coverage_figure(report))]
+    rows.append(("inputs", "", inputs_text(report) or "none"))
+    rows.append(("capture", "", model.capture_method))
+    rows += [("", "", Cell(note, Tone.MUTED)) for note in model.capture_notes]
+    rows.append(("source", "", model.source))
+    table = Table.of(f"fxlens · {model.name}",
+                     (Column("", strong=True), Column("", right=True), Column("")), rows,
                      caption=UNITS_NOTE, show_header=False)
     return View("summary", "Summary", (table,))
 
 
-def coverage_cell(report: Report) -> Cell:
+def coverage_figure(report: Report) -> Figure:
     coverage = report.coverage
-    tail: list[tuple[str, Tone]] = []
-    if coverage.unsupported:
-        listed = ", ".join(f"{op} ×{n}" for op, n in coverage.unsupported.items())
-        tail.append((f"; unsupported: {listed}", Tone.BAD))
-    if coverage.failed:
-        tail.append((f"; rule failures: {', '.join(coverage.failed)}", Tone.BAD))
-    return Cell(f"{coverage.ratio:.1%} of ops: {coverage.costed} costed, {coverage.free} free",
-                tail=tuple(tail))
+    missing = sum(coverage.unsupported.values()) + len(coverage.failed)
+    return Figure("coverage", f"{coverage.ratio:.1%}",
+                  f"of ops: {coverage.costed} costed, {coverage.free} free, {missing} missing",
+                  Tone.BAD if missing else Tone.PLAIN)
 
 
 def modules_view(report: Report, depth: int, top: int) -> View:
     total = report.totals.flops
-    rows = [("  " * m.depth + (m.path.rsplit(".", 1)[-1] if m.path else "(root)"),
-             m.type.rsplit(".", 1)[-1], si(m.params), si(m.flops), percent(m.flops, total))
-            for m in tree_order(report.modules, depth)]
-    table = Table.of(f"modules (depth ≤ {depth})",
+    nodes = [TreeNode(m.path, m.type.rsplit(".", 1)[-1], (m.params, m.flops))
+             for m in report.modules]
+    rows = [(r.label, r.kind, si(r.figures[0]), si(r.figures[1]), percent(r.figures[1], total))
+            for r in grouped_rows(nodes, depth)]
+    table = Table.of(f"modules (depth ≤ {depth}; runs of identical blocks as one row)",
                      columns(("module", "type"), ("params", "FLOPs", "share")), rows)
     return View("modules", "Modules", (table,))
-
-
-def tree_order(modules: tuple[ModuleReport, ...], depth: int) -> list[ModuleReport]:
-    """Depth-first, children in execution order, without recursion."""
-    children: dict[str, list[ModuleReport]] = defaultdict(list)
-    root = None
-    for module in modules:
-        if module.path == "":
-            root = module
-        elif module.depth <= depth:
-            children[module.path.rpartition(".")[0]].append(module)
-    ordered: list[ModuleReport] = []
-    stack = [root] if root else []
-    while stack:
-        module = stack.pop()
-        ordered.append(module)
-        stack.extend(reversed(children.get(module.path, [])))
-    return ordered
 
 
 def ops_view(report: Report, depth: int, top: int) -> View:
     total = report.totals.flops
     rows = [(op.target, str(op.calls), si(op.flops), percent(op.flops, total),
-             binary_bytes(op.bytes_moved)) for op in report.by_op()[:top]]
+             binary_bytes(op.bytes_moved)) for op in report.by_op() if op.flops][:top]
     table = Table.of(f"top {top} ops by FLOPs",
                      columns(("op",), ("calls", "FLOPs", "share", "bytes moved")), rows)
     return View("top-ops", "Top ops", (table,))

@@ -59,7 +59,7 @@ def layer_table(section: Quant, top: int) -> Table:
     names += ["score"] + (measured if calibrated else []) + ["risks"]
     if section.plan is not None:
         names.append("plan")
-    heads = [Column(n, right=n not in ("layer", "risks", "plan"), fold=True) for n in names]
+    heads = [Column(n, right=n not in ("layer", "risks", "plan")) for n in names]
     rows = []
     for row in ranked[:top]:
         cells = [row.layer or "(root)", si(row.params), _stat(row.stats, "max_over_std"),

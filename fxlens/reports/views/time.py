@@ -17,6 +17,8 @@ from fxlens.analyzer.core.sections import (
 )
 from fxlens.reports.units import binary_bytes, seconds, short_op, si
 from fxlens.reports.view import Cell, Column, SideBySide, Table, Tone, View
+from fxlens.reports.views.tree import Node as TreeNode
+from fxlens.reports.views.tree import grouped_rows
 
 
 def roofline_view(report: Report, depth: int, top: int) -> View | None:
@@ -65,13 +67,11 @@ def roofline_summary(section: Roofline) -> Table:
 
 
 def module_times(section: Roofline, depth: int) -> Table:
-    rows = []
-    for module in section.modules:
-        level = len(ancestors(module.path)) - 1
-        if level <= depth:
-            label = module.path.rsplit(".", 1)[-1] if module.path else "(root)"
-            rows.append(("  " * level + label, seconds(module.time_s),
-                         f"{100 * module.share:.1f}%"))
+    total = next((m.time_s for m in section.modules if m.path == ""), 0.0)
+    nodes = [TreeNode(m.path, "", (m.time_s,)) for m in section.modules]
+    rows = [(r.label, seconds(r.figures[0]),
+             f"{100 * r.figures[0] / total:.1f}%" if total else "-")
+            for r in grouped_rows(nodes, depth)]
     return Table.of(f"predicted time by module (depth ≤ {depth})",
                     (Column("module"), Column("time", right=True), Column("share", right=True)),
                     rows)
