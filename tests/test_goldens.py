@@ -41,8 +41,11 @@ def test_json_report_matches_golden(name: str, update_goldens: bool) -> None:
           update_goldens)
 
 
+@pytest.mark.parametrize("width", [80, 200])
 @pytest.mark.parametrize("name", sorted(MODELS))
-def test_terminal_tables_match_golden(name: str, update_goldens: bool) -> None:
-    console = Console(width=100, record=True, file=io.StringIO(), color_system=None)
+def test_terminal_tables_match_golden(name: str, width: int, update_goldens: bool) -> None:
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
     console.print(render_terminal(report_of(name), depth=3, top=8))
-    check(GOLDENS / f"{name}.txt", console.export_text(), update_goldens)
+    text = console.export_text()
+    assert max(len(line) for line in text.splitlines()) <= width
+    check(GOLDENS / f"{name}.{width}.txt", text, update_goldens)

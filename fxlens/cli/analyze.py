@@ -31,6 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", type=Path, help="write the JSON report here")
     parser.add_argument("--depth", type=int, default=2, help="module tree depth (default 2)")
     parser.add_argument("--top", type=int, default=10, help="rows in the top-ops table")
+    parser.add_argument("--full", action="store_true", help="every table: per-module "
+                        "training memory and time, fix texts (default: the first screen)")
     parser.add_argument("--method", choices=METHODS, action="append",
                         help="capture method(s) to try, in order (default: all)")
     parser.add_argument("--strict", action="store_true", help="a failing cost rule is fatal")
@@ -122,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
                                 on_step=lambda step: status.update(f"{step}…"))
     written = _write_files(report, args)
     if not args.quiet:
-        out.print(render_terminal(report, depth=args.depth, top=args.top))
+        out.print(render_terminal(report, depth=args.depth, top=args.top, full=args.full))
     for path in written:
         err.print(f"wrote {path}")
     if args.baseline or args.fail_on:

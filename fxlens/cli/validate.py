@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from fxlens.cli.console import EXIT_OK, err, out
     from fxlens.reports.terminal import render_view
+    from fxlens.reports.view import Detail
     from fxlens.reports.views.time import validation_view
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
         status.update(f"capturing, then running every node {settings.repeat}× on {args.device}…")
         report = validate(loaded, spec, settings, DTYPES.get(args.dtype or ""), args.tf32)
     if not args.quiet:
-        view = validation_view(report, args.depth, args.top)
+        view = validation_view(report, Detail(args.depth, args.top, full=True))
         assert view is not None, "validate always writes a validation section"
         out.print(render_view(view))
     if args.json:

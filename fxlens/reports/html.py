@@ -38,16 +38,13 @@ from importlib import resources
 from typing import Any
 
 from fxlens.analyzer.core.report import NodeReport, Report
-from fxlens.analyzer.core.sections import (
-    Memory,
-    Roofline,
-)
+from fxlens.analyzer.core.sections import Memory, Roofline, Training
 from fxlens.reports.dot import collapsed_blocks
 from fxlens.reports.escape import html_escape as esc
 from fxlens.reports.escape import json_script
 from fxlens.reports.sections import module_times, node_times, roofline_roof
 from fxlens.reports.units import binary_bytes, percent, seconds, short_op, si
-from fxlens.reports.view import Block, Cell, Figure, SideBySide, View
+from fxlens.reports.view import Block, Cell, Detail, Figure, SideBySide, View
 from fxlens.reports.views import views
 from fxlens.reports.views.headline import headline, inputs_text
 from fxlens.reports.views.model import UNITS_NOTE, coverage_figure
@@ -66,7 +63,7 @@ def render_html(report: Report, svg: str | None, diff_html: str | None = None) -
         ("hotspots", "Hotspots", _hotspots(report)),
     ]
     charts = {"memory": _memory_chart, "training": _memory_chart, "roofline": _roofline_chart}
-    for view in views(report, top=TOP):
+    for view in views(report, Detail(top=TOP, full=True)):
         if view.key not in INTERACTIVE:
             chart = charts[view.key](report) if view.key in charts else ""
             sections.append((view.key, view.title, chart + render_view(view)))
@@ -241,8 +238,16 @@ def _memory_chart(report: Report, width: int = 960, height: int = 220) -> str:
             f'<text x="{min(x(peak_index) + 6, width - 260):.1f}" y="14" class="peak-label">'
             f"{esc(label)}</text>"
             f'<text x="{pad_l}" y="{height - 6}" class="tick">node order →  '
-            f"({len(timeline)} ops; live activations, gradients and optimizer state)</text>"
+            f"({len(timeline)} ops; {_live_what(report)})</text>"
             "</svg>")
+
+
+def _live_what(report: Report) -> str:
+    """What the memory timeline counts: activations, and in a training step gradients and the
+    optimizer's temporaries too (weights and optimizer state are resident, not in the line)."""
+    if report.get(Training) is not None:
+        return "live activations and gradients of the step, resident states excluded"
+    return "live activations of the graph executor, weights excluded"
 
 
 def _bucket_max(values: Sequence[int], limit: int) -> list[tuple[float, int]]:

@@ -15,7 +15,7 @@ from fxlens.analyzer.core.report import Report
 from fxlens.reports.dot import collapsed_blocks
 from fxlens.reports.escape import markdown_escape as esc
 from fxlens.reports.units import percent, si
-from fxlens.reports.view import View
+from fxlens.reports.view import Detail, View
 from fxlens.reports.views import views
 from fxlens.reports.views.headline import headline, inputs_text
 from fxlens.reports.views.model import coverage_figure
@@ -29,7 +29,7 @@ def render_markdown(report: Report, top: int = TOP) -> str:
              *_table(("figure", "value"), _headline(report)), ""]
     lines += _details(f"top {top} leaf modules by FLOPs", _module_rows(report, top),
                       ("module", "type", "params", "FLOPs", "share"))
-    for view in views(report, top=top):
+    for view in views(report, Detail(top=top)):
         if view.key not in ("summary", "modules"):      # the headline and the leaf table
             lines += render_view(view)
     lines.append(f"<sub>capture: {esc(model.capture_method)} · fxlens "

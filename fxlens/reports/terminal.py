@@ -15,7 +15,7 @@ from rich.text import Text
 
 from fxlens.analyzer.core.report import Report
 from fxlens.reports.escape import terminal_escape
-from fxlens.reports.view import Block, Cell, SideBySide, Table, Tone, View
+from fxlens.reports.view import Block, Cell, Detail, SideBySide, Table, Tone, View
 from fxlens.reports.views import views
 
 STACK_BELOW = 120   # columns: narrower terminals get side-by-side tables one under the other
@@ -23,9 +23,11 @@ STYLES = {Tone.PLAIN: "", Tone.STRONG: "bold", Tone.GOOD: "bold green", Tone.BAD
           Tone.WARN: "yellow", Tone.MUTED: "dim"}
 
 
-def render_terminal(report: Report, depth: int = 2, top: int = 10) -> RenderableType:
-    """Every view of the report, in reading order."""
-    return Group(*(render_view(view) for view in views(report, depth, top)))
+def render_terminal(report: Report, depth: int = 2, top: int = 10, full: bool = False
+                    ) -> RenderableType:
+    """Every view of the report, in reading order; `full` adds the per-module breakdowns and
+    fix texts a first screen does without."""
+    return Group(*(render_view(view) for view in views(report, Detail(depth, top, full))))
 
 
 def render_view(view: View) -> RenderableType:

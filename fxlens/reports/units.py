@@ -11,11 +11,13 @@ _BINARY = ((2**50, "PiB"), (2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**1
 
 
 def si(value: float, unit: str = "") -> str:
-    """``1234567`` → ``1.23 M`` (SI, powers of 1000)."""
+    """``1234567`` → ``1.23 M`` (SI, powers of 1000); below 1000 a whole number stays whole
+    and a fraction keeps three significant digits (``6.65``)."""
     for scale, prefix in _SI:
         if abs(value) >= scale:
             return f"{value / scale:.2f} {prefix}{unit}"
-    return f"{value:.0f} {unit}".rstrip()
+    text = f"{value:.0f}" if float(value).is_integer() else f"{value:.3g}"
+    return f"{text} {unit}".rstrip()
 
 
 def binary_bytes(value: float) -> str:

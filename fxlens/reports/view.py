@@ -84,6 +84,16 @@ Block = Table | SideBySide
 
 
 @dataclass(frozen=True)
+class Detail:
+    """How much a view shows: module-tree `depth`, `top` rows per ranking, and `full` for the
+    tables a first screen can do without (per-module breakdowns, fix texts)."""
+
+    depth: int = 2
+    top: int = 10
+    full: bool = False
+
+
+@dataclass(frozen=True)
 class View:
     """One section as shown: `key` anchors it on pages, `title` names it."""
 

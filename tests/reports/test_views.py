@@ -16,6 +16,7 @@ from fxlens.reports.html import render_html
 from fxlens.reports.markdown import render_markdown
 from fxlens.reports.terminal import render_terminal
 from fxlens.reports.units import si
+from fxlens.reports.view import Detail
 from fxlens.reports.views import views
 from fxlens.reports.views.headline import headline
 from tests.models import tiny_gpt
@@ -31,12 +32,12 @@ def full_report() -> Report:
 
 def terminal_text(report: Report) -> str:
     console = Console(width=160, record=True, file=io.StringIO(), color_system=None)
-    console.print(render_terminal(report))
+    console.print(render_terminal(report, full=True))
     return console.export_text()
 
 
 def test_every_view_on_every_surface(full_report: Report) -> None:
-    shown = views(full_report)
+    shown = views(full_report, Detail(full=True))
     assert {v.key for v in shown} >= {"training", "kv-cache", "roofline", "fusion", "quant"}
     terminal = re.sub(r"\s+", "", terminal_text(full_report))   # titles wrap to table width
     page = render_html(full_report, None)
@@ -66,7 +67,7 @@ def test_verdicts_carry_their_tone_on_the_page(full_report: Report) -> None:
 def test_runs_of_blocks_are_one_row_with_their_totals(full_report: Report) -> None:
     from fxlens.reports.views.model import modules_view
 
-    view = modules_view(full_report, depth=3, top=10)
+    view = modules_view(full_report, Detail(depth=3))
     labels = [row[0].text.strip() for row in view.tables()[0].rows]
     blocks = next(m for m in full_report.modules if m.path == "blocks")
     assert "0–1 ×2" in labels and not any(label == "1" for label in labels)
@@ -83,3 +84,19 @@ def test_findings_of_repeated_blocks_are_grouped(full_report: Report) -> None:
     assert len(groups) < len(items)
     assert sum(g.saved_bytes for g in groups) == sum(f.saved_bytes for f in items)
     assert any("×2" in g.module for g in groups)
+
+
+def test_the_first_screen_leaves_breakdowns_to_full(full_report: Report) -> None:
+    short = {t.title for v in views(full_report) for t in v.tables()}
+    full = {t.title for v in views(full_report, Detail(full=True)) for t in v.tables()}
+    assert short < full
+    assert any(title.startswith("training memory by module") for title in full - short)
+
+
+def test_every_headline_number_reads_the_same_on_every_surface(full_report: Report) -> None:
+    terminal = terminal_text(full_report)
+    page, markdown = render_html(full_report, None), render_markdown(full_report)
+    for figure in headline(full_report):
+        assert f"| {figure.label} | {figure.value}" in markdown, figure.label
+        assert figure.value in terminal and figure.label in terminal, figure.label
+        assert f'<div class="v">{figure.value}</div>' in page, figure.label

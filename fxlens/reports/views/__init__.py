@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from fxlens.analyzer.core.report import Report
-from fxlens.reports.view import View
+from fxlens.reports.view import Detail, View
 from fxlens.reports.views.fusion import fusion_view
 from fxlens.reports.views.memory import kv_cache_view, memory_view, training_view
 from fxlens.reports.views.model import modules_view, ops_view, summary_view
 from fxlens.reports.views.quant import quant_view
 from fxlens.reports.views.time import roofline_view, validation_view
 
-ViewFn = Callable[[Report, int, int], View | None]
+ViewFn = Callable[[Report, Detail], View | None]
 
 VIEWS: tuple[ViewFn, ...] = (
     summary_view, modules_view, ops_view,
@@ -27,6 +27,7 @@ VIEWS: tuple[ViewFn, ...] = (
 )
 
 
-def views(report: Report, depth: int = 2, top: int = 10) -> list[View]:
+def views(report: Report, detail: Detail | None = None) -> list[View]:
     """Every view the report has something for, in reading order."""
-    return [v for v in (make(report, depth, top) for make in VIEWS) if v is not None]
+    shown = detail or Detail()
+    return [v for v in (make(report, shown) for make in VIEWS) if v is not None]

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import Finding, Findings, Fusion
 from fxlens.reports.units import binary_bytes, seconds
-from fxlens.reports.view import Block, Table, View, columns
+from fxlens.reports.view import Block, Detail, Table, View, columns
 
 
-def fusion_view(report: Report, depth: int, top: int) -> View | None:
+def fusion_view(report: Report, detail: Detail) -> View | None:
+    top = detail.top
     fusion, found = report.get(Fusion), report.get(Findings)
     blocks: list[Block] = []
     if fusion is not None:
@@ -27,12 +28,15 @@ def fusion_view(report: Report, depth: int, top: int) -> View | None:
         groups = grouped_findings(found.items)
         rows = [(g.code, g.module, binary_bytes(g.saved_bytes),
                  seconds(g.saved_s) if g.saved_s is not None else "-",
-                 f"{g.message}\nfix: {g.fix}") for g in groups[:top]]
+                 f"{g.message}\nfix: {g.fix}" if detail.full else g.message)
+                for g in groups[:top]]
         blocks.append(Table.of(
             f"fusion findings (top {min(top, len(groups))} of {len(groups)}, "
             f"{len(found.items)} in all, by bytes saved; repeated blocks grouped)",
-            columns(("code", "module"), ("saves", "time")) + columns(("finding · fix",), ()),
-            rows))
+            columns(("code", "module"), ("saves", "time"))
+            + columns(("finding · fix" if detail.full else "finding",), ()), rows,
+            caption="" if detail.full else "how to fix each: analyze explain CODE "
+                                            "(or --full)"))
     return View("fusion", "Fusion", tuple(blocks)) if blocks else None
 
 

@@ -8,14 +8,15 @@ from fxlens.analyzer.core.graph import ancestors
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import KVCache, Memory, Training
 from fxlens.reports.units import binary_bytes, percent, si
-from fxlens.reports.view import Cell, Column, Table, Tone, View, columns
+from fxlens.reports.view import Cell, Column, Detail, Table, Tone, View, columns
 from fxlens.reports.views.tree import Node as TreeNode
 from fxlens.reports.views.tree import grouped_rows
 
 
-def memory_view(report: Report, depth: int, top: int) -> View | None:
+def memory_view(report: Report, detail: Detail) -> View | None:
     """Inference memory: resident bytes, the activation peak and what is live there. A
     training report shows its memory in the training view instead."""
+    top = detail.top
     memory = report.get(Memory)
     if memory is None or report.get(Training) is not None:
         return None
@@ -39,12 +40,14 @@ def memory_view(report: Report, depth: int, top: int) -> View | None:
     return View("memory", "Memory", (table,))
 
 
-def training_view(report: Report, depth: int, top: int) -> View | None:
+def training_view(report: Report, detail: Detail) -> View | None:
     training = report.get(Training)
     if training is None:
         return None
-    return View("training", "Training step", (step_summary(training),
-                                              state_by_module(training, depth)))
+    tables = [step_summary(training)]
+    if detail.full:
+        tables.append(state_by_module(training, detail.depth))
+    return View("training", "Training step", tuple(tables))
 
 
 def step_summary(training: Training) -> Table:
@@ -99,7 +102,7 @@ def state_by_module(training: Training, depth: int) -> Table:
                                           "saved act.")), rows)
 
 
-def kv_cache_view(report: Report, depth: int, top: int) -> View | None:
+def kv_cache_view(report: Report, detail: Detail) -> View | None:
     cache = report.get(KVCache)
     if cache is None:
         return None

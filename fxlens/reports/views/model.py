@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fxlens.analyzer.core.report import Report
 from fxlens.reports.units import binary_bytes, percent, si
-from fxlens.reports.view import Cell, Column, Figure, Table, Tone, View, columns
+from fxlens.reports.view import Cell, Column, Detail, Figure, Table, Tone, View, columns
 from fxlens.reports.views.headline import headline, inputs_text
 from fxlens.reports.views.tree import Node as TreeNode
 from fxlens.reports.views.tree import grouped_rows
@@ -13,7 +13,7 @@ from fxlens.reports.views.tree import grouped_rows
 UNITS_NOTE = "1 MAC = 2 FLOPs · SI prefixes for counts, binary (KiB…) for bytes"
 
 
-def summary_view(report: Report, depth: int, top: int) -> View:
+def summary_view(report: Report, detail: Detail) -> View:
     """The answer first: every headline figure and verdict, then where the numbers come from."""
     model = report.model
     rows: list[tuple[str | Cell, ...]] = [
@@ -37,7 +37,8 @@ def coverage_figure(report: Report) -> Figure:
                   Tone.BAD if missing else Tone.PLAIN)
 
 
-def modules_view(report: Report, depth: int, top: int) -> View:
+def modules_view(report: Report, detail: Detail) -> View:
+    depth = detail.depth
     total = report.totals.flops
     nodes = [TreeNode(m.path, m.type.rsplit(".", 1)[-1], (m.params, m.flops))
              for m in report.modules]
@@ -48,7 +49,8 @@ def modules_view(report: Report, depth: int, top: int) -> View:
     return View("modules", "Modules", (table,))
 
 
-def ops_view(report: Report, depth: int, top: int) -> View:
+def ops_view(report: Report, detail: Detail) -> View:
+    top = detail.top
     total = report.totals.flops
     rows = [(op.target, str(op.calls), si(op.flops), percent(op.flops, total),
              binary_bytes(op.bytes_moved)) for op in report.by_op() if op.flops][:top]

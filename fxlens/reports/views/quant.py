@@ -13,10 +13,11 @@ from typing import Any
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import Quant, QuantLayer, QuantPlan, QuantRisk
 from fxlens.reports.units import binary_bytes, si
-from fxlens.reports.view import Block, Cell, Column, Table, Tone, View
+from fxlens.reports.view import Block, Cell, Column, Detail, Table, Tone, View
 
 
-def quant_view(report: Report, depth: int, top: int) -> View | None:
+def quant_view(report: Report, detail: Detail) -> View | None:
+    top = detail.top
     section = report.get(Quant)
     if section is None:
         return None

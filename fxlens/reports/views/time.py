@@ -16,18 +16,20 @@ from fxlens.analyzer.core.sections import (
     Validation,
 )
 from fxlens.reports.units import binary_bytes, seconds, short_op, si
-from fxlens.reports.view import Cell, Column, SideBySide, Table, Tone, View
+from fxlens.reports.view import Block, Cell, Column, Detail, SideBySide, Table, Tone, View
 from fxlens.reports.views.tree import Node as TreeNode
 from fxlens.reports.views.tree import grouped_rows
 
 
-def roofline_view(report: Report, depth: int, top: int) -> View | None:
+def roofline_view(report: Report, detail: Detail) -> View | None:
     section = report.get(Roofline)
     if section is None:
         return None
-    return View("roofline", "Roofline", (roofline_summary(section),
-                                         module_times(section, depth),
-                                         hotspots(section, top)))
+    blocks: list[Block] = [roofline_summary(section)]
+    if detail.full:
+        blocks.append(module_times(section, detail.depth))
+    blocks.append(hotspots(section, detail.top))
+    return View("roofline", "Roofline", tuple(blocks))
 
 
 def roofline_summary(section: Roofline) -> Table:
@@ -49,12 +51,13 @@ def roofline_summary(section: Roofline) -> Table:
                      Cell(seconds(totals.step_time_s), Tone.STRONG), ""))
     rate = section.throughput
     per = "step" if totals.step_time_s is not None else "forward"
-    rows.append(("samples/s", f"{rate.samples_per_s:.4g}", f"batch {rate.batch} per {per}"))
+    rows.append(("samples/s", si(rate.samples_per_s), f"batch {rate.batch} per {per}"))
     if rate.tokens_per_s is not None:
-        rows.append(("tokens/s", f"{rate.tokens_per_s:.4g}",
-                     f"{rate.tokens} tokens per {per}; bound at peak "
-                     f"{rate.tokens_per_s_bound or 0.0:.4g}"))
-    rows.append(("MFU", f"{section.mfu:.1%}", f"of the {section.mfu_dtype} datasheet peak"))
+        rows.append(("tokens/s", si(rate.tokens_per_s),
+                     f"{rate.tokens} tokens per {per}; at most "
+                     f"{si(rate.tokens_per_s_bound or 0.0)} at the {section.mfu_dtype} peak"))
+    peak = "calibrated" if device.calibrated else "datasheet"
+    rows.append(("MFU", f"{section.mfu:.1%}", f"of the {peak} {section.mfu_dtype} peak"))
     if totals.uncosted_nodes:
         rows.append(("uncosted nodes", str(totals.uncosted_nodes),
                      Cell("unsupported ops: time not estimated", Tone.BAD)))
@@ -92,7 +95,8 @@ def hotspots(section: Roofline, top: int) -> SideBySide:
                        Table.of(f"top {top} ops by FLOPs", heads("FLOPs"), by_flops)))
 
 
-def validation_view(report: Report, depth: int, top: int) -> View | None:
+def validation_view(report: Report, detail: Detail) -> View | None:
+    depth, top = detail.depth, detail.top
     section = report.get(Validation)
     if section is None:
         return None
@@ -127,9 +131,9 @@ def validation_summary(section: Validation) -> Table:
     if section.made_up_inputs:
         caption += f"; made-up inputs: {', '.join(section.made_up_inputs)}"
     return Table.of(f"validate · {settings.device} · predicted with {profile.name} ({figures})",
-                    (Column("", strong=True), *(Column(n, right=True) for n in
-                                                ("predicted", "measured", "error"))),
-                    rows, caption=caption, show_header=False)
+                    (Column("figure", strong=True), *(Column(n, right=True) for n in
+                                                      ("predicted", "measured", "error"))),
+                    rows, caption=caption)
 
 
 def compare_table(title: str, key: str,
