@@ -353,3 +353,39 @@ def test_json_diff_is_deterministic_and_complete() -> None:
     assert data["gates"][0]["tripped"] is True
     assert data["totals"]["flops"] == {"old": 3032, "new": 3532, "change": 500,
                                        "relative": pytest.approx(500 / 3032)}
+
+
+# --- structure, not repetition ----------------------------------------------------------------
+
+def _with_calls(shapes: list[tuple[int, ...]]) -> Report:
+    data = report_dict(BASE)
+    for i, shape in enumerate(shapes):
+        data["nodes"].append({**data["nodes"][1], "id": 100 + i, "target": "aten.t.default",
+                              "outputs": [{"shape": list(shape), "dtype": "float32"}]})
+    return report_from_dict(data)
+
+
+def test_reordered_calls_are_not_shape_changes() -> None:
+    assert compare(_with_calls([(4, 8), (8, 4)]), _with_calls([(8, 4), (4, 8)])).shapes == ()
+    changed = compare(_with_calls([(4, 8), (8, 4)]), _with_calls([(8, 4), (2, 2)]))
+    assert changed.shapes and changed.shapes[0].op == "aten.t.default"
+
+
+def test_a_moved_finding_is_neither_new_nor_resolved() -> None:
+    old = report(BASE, findings=[finding_json("FUS001", ["fc1"], "epilogue")])
+    new = report(BASE, findings=[finding_json("FUS001", ["fc2"], "epilogue")])
+    diff = compare(old, new)
+    assert diff.new_findings == () and diff.resolved_findings == ()
+
+
+def test_an_added_subtree_is_listed_once() -> None:
+    grown = [*BASE, ("head", LINEAR, 300, 30, (4, 2)), ("head.proj", LINEAR, 300, 30, (4, 2))]
+    diff = compare(report(BASE), report(grown))
+    assert [m.path for m in diff.with_status(ModuleStatus.ADDED)] == ["head"]
+
+
+def test_sides_of_one_model_are_named_by_where_they_came_from() -> None:
+    old = report_dict(BASE)
+    old["model"]["source"] = "git:HEAD:net.py"
+    diff = compare(report_from_dict(old), report(BASE))
+    assert (diff.old_name, diff.new_name) == ("git:HEAD:net.py", "net.py")

@@ -193,14 +193,33 @@ def compare(old: Report, new: Report) -> ReportDiff:
         if path not in new_mods and path not in renamed_from:
             deltas.append(ModuleDelta(path, module.type, ModuleStatus.REMOVED,
                                       _deltas(old_figures[path], None)))
+    deltas = _outermost(deltas)
     deltas.sort(key=lambda d: (tuple(-x for x in d.impact()), d.path))
     new_found, resolved = _finding_changes(old, new, renames)
     return ReportDiff(
-        old_name=old.model.name, new_name=new.model.name,
+        old_name=_side(old, new), new_name=_side(new, old),
         totals=_deltas(total_figures(old), total_figures(new)), modules=tuple(deltas),
         unchanged=unchanged, shapes=tuple(shape_changes(old, new, renames)),
         new_findings=new_found, resolved_findings=resolved, notes=_notes(old, new),
     )
+
+
+def _side(report: Report, other: Report) -> str:
+    """What names one side in titles: the model's name, or where it came from when both sides
+    share a name but not a source (``git:HEAD:net.py → net.py``)."""
+    model = report.model
+    if model.name == other.model.name and model.source != other.model.source and model.source:
+        return model.source
+    return model.name
+
+
+def _outermost(deltas: list[ModuleDelta]) -> list[ModuleDelta]:
+    """An added (removed) module whose parent was added (removed) too is in the parent's
+    roll-up: only the outermost one is listed."""
+    by_status = {s: {d.path for d in deltas if d.status is s}
+                 for s in (ModuleStatus.ADDED, ModuleStatus.REMOVED)}
+    return [d for d in deltas if d.status not in by_status
+            or not any(a in by_status[d.status] for a in ancestors(d.path)[:-1] if a)]
 
 
 def find_renames(removed: Iterable[ModuleReport], added: Iterable[ModuleReport]
@@ -275,13 +294,17 @@ Shapes = tuple[tuple[int, ...], ...]
 
 
 def shape_changes(old: Report, new: Report, renames: Mapping[str, str]) -> list[ShapeChange]:
-    """Changed output shapes of the i-th call of each op in each module present on both sides."""
+    """Changed output shapes of the i-th call of each op in each module present on both sides;
+    a group whose calls have the same shapes in another order (a reordered transpose) is not a
+    change."""
     old_calls, new_calls = _calls(old), _calls(new)
     changes = []
     for (module, op), new_shapes in new_calls.items():
         old_shapes = old_calls.get((renames.get(module, module), op))
         if old_shapes is None:
             continue
+        if Counter(old_shapes) == Counter(new_shapes):
+            continue   # the same calls, perhaps in another order: no shape changed
         for index, (before, after) in enumerate(zip(old_shapes, new_shapes, strict=False)):
             if before != after:
                 changes.append(ShapeChange(module, op, index, before, after))
@@ -303,7 +326,24 @@ def _finding_changes(old: Report, new: Report, renames: Mapping[str, str]
     old_to_new = {o: n for n, o in renames.items()}
     before = _findings(old, old_to_new)
     after = _findings(new, {})
-    return _missing_from(after, before), _missing_from(before, after)
+    added, resolved = _missing_from(after, before), _missing_from(before, after)
+    # A finding that only moved (same code and message, other modules) is neither.
+    moved = Counter((f.code, f.message) for f in added) & Counter(
+        (f.code, f.message) for f in resolved)
+    return _without(added, moved), _without(resolved, moved)
+
+
+def _without(found: tuple[FindingChange, ...], moved: Counter[tuple[str, str]]
+             ) -> tuple[FindingChange, ...]:
+    left = Counter(moved)
+    kept = []
+    for finding in found:
+        key = (finding.code, finding.message)
+        if left[key]:
+            left[key] -= 1
+        else:
+            kept.append(finding)
+    return tuple(kept)
 
 
 def _findings(report: Report, rename: Mapping[str, str]) -> list[FindingChange]:
