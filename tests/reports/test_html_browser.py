@@ -133,3 +133,32 @@ def test_script_module_name_does_not_run(browser: Any, evil_report: Report,
     assert console_errors(browser) == []
     OUTPUT.mkdir(exist_ok=True)
     browser.save_screenshot(str(OUTPUT / "report_evil_names.png"))
+
+
+def test_every_section_renders_without_overlapping_tables(browser: Any, tmp_path: Path) -> None:
+    """A training + KV cache + quantization + roofline report: each section is on the page,
+    visible, and no two tables' boxes intersect at 1400 px."""
+    from fxlens.analyzer.core.loaded import LoadedModel
+    from fxlens.api import AnalysisOptions, analyze_loaded
+    from tests.models import tiny_gpt
+
+    module, inputs = tiny_gpt.build()
+    report = analyze_loaded(LoadedModel(module, inputs, "tiny_gpt", "tiny_gpt.py"),
+                            AnalysisOptions(train=True, quant=True, kv_cache=True,
+                                            device="h100", checkpoint=True))
+    open_page(browser, report, tmp_path, "sections")
+    assert console_errors(browser) == []
+    for key in ("training", "kv-cache", "roofline", "fusion", "quant"):
+        height = browser.execute_script(
+            f"return document.getElementById('{key}').getBoundingClientRect().height")
+        assert height > 40, key
+    boxes = browser.execute_script(
+        "return [...document.querySelectorAll('.view-table table, .hot table')]"
+        ".filter(t => t.offsetParent)"
+        ".map(t => { const r = t.getBoundingClientRect();"
+        " return [r.left + scrollX, r.top + scrollY, r.right + scrollX, r.bottom + scrollY]; })")
+    overlaps = [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]
+                if a[0] < b[2] - 1 and b[0] < a[2] - 1 and a[1] < b[3] - 1 and b[1] < a[3] - 1]
+    assert overlaps == []
+    OUTPUT.mkdir(exist_ok=True)
+    browser.save_screenshot(str(OUTPUT / "sections.png"))

@@ -115,7 +115,7 @@ def _training_fit(training: Training) -> Figure:
     if fit.fits:
         return Figure(f"fits {fit.device}", "yes",
                       f"needs {binary_bytes(fit.needed_bytes)}{checkpointed} of {where}; "
-                      f"largest batch {fit.largest_batch}", Tone.GOOD)
+                      f"largest batch {si(fit.largest_batch)}", Tone.GOOD)
     return Figure(f"fits {fit.device}", "no",
                   f"needs {binary_bytes(fit.needed_bytes)}{checkpointed}, "
                   f"{binary_bytes(-fit.headroom_bytes)} over {where}; {_fix(training)}",
