@@ -142,6 +142,8 @@ def _module_tree_shell(report: Report) -> str:
 def _ops_shell(report: Report) -> str:
     return (f'<div class="toolbar"><input id="op-filter" type="search" '
             f'placeholder="filter by op, module, shape or source…" size="48">'
+            '<label class="muted"><input id="op-free" type="checkbox"> show free ops '
+            '(views, metadata)</label> '
             f'<span id="op-count" class="muted">{len(report.nodes)} ops</span></div>'
             '<div id="ops-scroll" class="scroll vscroll"><table id="ops-table" class="data">'
             "<thead></thead><tbody></tbody></table></div>")

@@ -162,3 +162,18 @@ def test_every_section_renders_without_overlapping_tables(browser: Any, tmp_path
     assert overlaps == []
     OUTPUT.mkdir(exist_ok=True)
     browser.save_screenshot(str(OUTPUT / "sections.png"))
+
+
+def test_free_ops_are_hidden_until_asked_for(browser: Any, gpt_report: Report,
+                                             tmp_path: Path) -> None:
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    open_page(browser, gpt_report, tmp_path, "free")
+    total = len(gpt_report.nodes)
+    costed = sum(n.status != "free" for n in gpt_report.nodes)
+    assert costed < total
+    count = browser.find_element(By.ID, "op-count")
+    assert count.text == f"{costed} of {total} ops"
+    click(browser, "#op-free")
+    WebDriverWait(browser, 5).until(lambda d: count.text == f"{total} of {total} ops")

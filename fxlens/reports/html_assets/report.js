@@ -210,8 +210,11 @@
     columns.push({key: "status", label: "status", get: function (n) { return n.status; }});
     columns.push({key: "source", label: "source", get: function (n) { return n.source; }});
     var state = {key: null, dir: 1};
-    var view = nodes.slice();
+    var showFree = document.getElementById("op-free");
+    function shown(n) { return showFree.checked || n.status !== "free"; }
+    var view = nodes.filter(shown);
     var hay = null;
+    var query = [];
     var body = table.querySelector("tbody");
     var count = document.getElementById("op-count");
     function draw() {
@@ -249,27 +252,30 @@
       }
       draw();
     }
+    function refilter() {
+      if (!hay) {
+        hay = new Map();
+        nodes.forEach(function (n) {
+          hay.set(n.id, [n.target, n.module, n.module_type, shape(n), n.source, n.status,
+                         "#" + n.id].join(" ").toLowerCase());
+        });
+      }
+      view = nodes.filter(function (n) {
+        var h = hay.get(n.id);
+        return shown(n) && query.every(function (q) { return h.indexOf(q) >= 0; });
+      });
+      count.textContent = view.length + " of " + nodes.length + " ops";
+      scroller.scrollTop = 0;
+      resort();
+    }
     var pending = null;
     document.getElementById("op-filter").addEventListener("input", function (e) {
-      var query = e.target.value.toLowerCase().split(/\s+/).filter(Boolean);
+      query = e.target.value.toLowerCase().split(/\s+/).filter(Boolean);
       clearTimeout(pending);
-      pending = setTimeout(function () {
-        if (!hay) {
-          hay = new Map();
-          nodes.forEach(function (n) {
-            hay.set(n.id, [n.target, n.module, n.module_type, shape(n), n.source, n.status,
-                           "#" + n.id].join(" ").toLowerCase());
-          });
-        }
-        view = nodes.filter(function (n) {
-          var h = hay.get(n.id);
-          return query.every(function (q) { return h.indexOf(q) >= 0; });
-        });
-        count.textContent = view.length + " of " + nodes.length + " ops";
-        scroller.scrollTop = 0;
-        resort();
-      }, 120);
+      pending = setTimeout(refilter, 120);
     });
+    showFree.addEventListener("change", refilter);
+    count.textContent = view.length + " of " + nodes.length + " ops";
     var ticking = false;
     scroller.addEventListener("scroll", function () {
       if (ticking) return;
