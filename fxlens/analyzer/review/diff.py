@@ -37,7 +37,7 @@ from __future__ import annotations
 import enum
 import json
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -326,24 +326,11 @@ def _finding_changes(old: Report, new: Report, renames: Mapping[str, str]
     old_to_new = {o: n for n, o in renames.items()}
     before = _findings(old, old_to_new)
     after = _findings(new, {})
-    added, resolved = _missing_from(after, before), _missing_from(before, after)
+    added = _minus(after, Counter(map(_by_place, before)), _by_place)
+    resolved = _minus(before, Counter(map(_by_place, after)), _by_place)
     # A finding that only moved (same code and message, other modules) is neither.
-    moved = Counter((f.code, f.message) for f in added) & Counter(
-        (f.code, f.message) for f in resolved)
-    return _without(added, moved), _without(resolved, moved)
-
-
-def _without(found: tuple[FindingChange, ...], moved: Counter[tuple[str, str]]
-             ) -> tuple[FindingChange, ...]:
-    left = Counter(moved)
-    kept = []
-    for finding in found:
-        key = (finding.code, finding.message)
-        if left[key]:
-            left[key] -= 1
-        else:
-            kept.append(finding)
-    return tuple(kept)
+    moved = Counter(map(_by_message, added)) & Counter(map(_by_message, resolved))
+    return _minus(added, moved, _by_message), _minus(resolved, moved, _by_message)
 
 
 def _findings(report: Report, rename: Mapping[str, str]) -> list[FindingChange]:
@@ -355,18 +342,25 @@ def _findings(report: Report, rename: Mapping[str, str]) -> list[FindingChange]:
             for f in section.items]
 
 
-def _missing_from(these: list[FindingChange], others: list[FindingChange]
-                  ) -> tuple[FindingChange, ...]:
-    """The findings of `these` that `others` lacks, by (code, modules), as multisets."""
-    available = Counter((f.code, f.modules) for f in others)
-    missing = []
+def _by_place(f: FindingChange) -> tuple[str, tuple[str, ...]]:
+    return f.code, f.modules
+
+
+def _by_message(f: FindingChange) -> tuple[str, str]:
+    return f.code, f.message
+
+
+def _minus(these: Sequence[FindingChange], taken: Counter[Any],
+           key: Callable[[FindingChange], Any]) -> tuple[FindingChange, ...]:
+    """`these` less the keys counted in `taken`, as multisets, in order."""
+    left = Counter(taken)
+    kept = []
     for finding in these:
-        key = (finding.code, finding.modules)
-        if available[key]:
-            available[key] -= 1
+        if left[key(finding)]:
+            left[key(finding)] -= 1
         else:
-            missing.append(finding)
-    return tuple(missing)
+            kept.append(finding)
+    return tuple(kept)
 
 
 # --- notes ------------------------------------------------------------------------------------
@@ -387,4 +381,4 @@ def _notes(old: Report, new: Report) -> tuple[str, ...]:
 def diff_to_json(diff: ReportDiff, gates: Iterable[Mapping[str, Any]] = ()) -> str:
     """The diff (and gate results, as dicts) as deterministic JSON."""
     data = {**diff.to_dict(), "gates": list(gates)}
-    return json.dumps(data, sort_keys=True, indent=1) + "\n"
+    return json.dumps(data, sort_keys=True, indent=1, allow_nan=False) + "\n"
