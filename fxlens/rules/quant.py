@@ -236,18 +236,27 @@ INIT_STD_TOLERANCE = 0.05
 GAUSSIAN_TEST_MIN_NUMEL = 2048
 
 
-def init_stds(fan_in: int, fan_out: int) -> dict[str, float]:
-    return {"N(0,1)": 1.0, "N(0,0.02)": 0.02, "lecun": 1 / math.sqrt(fan_in),
-            "he": math.sqrt(2 / fan_in), "xavier": math.sqrt(2 / (fan_in + fan_out))}
+def default_gaussian_stds(module_type: str, initializer_range: float | None
+                          ) -> dict[str, float]:
+    """The Gaussian inits a freshly built layer of this type has: N(0, 1) for an embedding
+    (PyTorch's default) and N(0, initializer_range) inside a `transformers` model (its
+    ``_init_weights``). PyTorch's linear and conv layers default to a uniform, tested apart;
+    Lecun, He or Xavier are no module's default, so a trained weight near them is not refused.
+    """
+    stds = {"N(0,1)": 1.0} if module_type in ("Embedding", "EmbeddingBag") else {}
+    if initializer_range:
+        stds[f"N(0,{initializer_range:g})"] = float(initializer_range)
+    return stds
 
 
-def random_init_reason(stats: WeightStats, fan_in: int, fan_out: int) -> str | None:
-    """Why the weight looks like a default random initialisation, or None if it does not.
+def random_init_reason(stats: WeightStats, fan_in: int, fan_out: int, module_type: str = "",
+                       initializer_range: float | None = None) -> str | None:
+    """Why the weight looks like the layer's own default initialisation, or None if it does not.
 
     Test: kurtosis within 4 standard errors (√(24/n)) of a uniform's 1.8 with ``max|w|`` at
-    most ``1/√fan_in`` (PyTorch's default), or of a Gaussian's 3.0 with a mean near 0 and a
-    std within 5 % of a default init's (N(0,1), N(0,0.02), Lecun, He, Xavier), for weights
-    of at least `GAUSSIAN_TEST_MIN_NUMEL` elements.
+    most ``1/√fan_in`` (PyTorch's default for linear and conv layers), or of a Gaussian's 3.0
+    with a mean near 0 and a std within 5 % of the layer type's default Gaussian
+    (`default_gaussian_stds`), for weights of at least `GAUSSIAN_TEST_MIN_NUMEL` elements.
     """
     tolerance = max(0.1, 4 * math.sqrt(24 / max(stats.numel, 1)))
     bound = 1 / math.sqrt(max(fan_in, 1))
@@ -256,7 +265,7 @@ def random_init_reason(stats: WeightStats, fan_in: int, fan_out: int) -> str | N
     if (stats.numel < GAUSSIAN_TEST_MIN_NUMEL or abs(stats.kurtosis - 3.0) > tolerance
             or abs(stats.mean) > 0.1 * stats.std):
         return None
-    for name, std in init_stds(fan_in, fan_out).items():
+    for name, std in default_gaussian_stds(module_type, initializer_range).items():
         if abs(stats.std / std - 1) <= INIT_STD_TOLERANCE:
             return f"Gaussian {name} (kurtosis {stats.kurtosis:.2f}, std {stats.std:.3g})"
     return None

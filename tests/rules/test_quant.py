@@ -96,9 +96,18 @@ def test_gaussian_inits_are_recognised_and_heavy_tails_are_not() -> None:
     emb = torch.randn(1000, 64)                       # nn.Embedding's N(0, 1)
     hf = torch.randn(384, 384) * 0.02                 # transformers' initializer_range
     trained = torch.distributions.StudentT(3.0).sample((384, 384)) * 0.05
-    assert random_init_reason(weight_stats(emb, 0), 64, 1000) is not None
-    assert random_init_reason(weight_stats(hf, 0), 384, 384) is not None
-    assert random_init_reason(weight_stats(trained, 0), 384, 384) is None
+    assert random_init_reason(weight_stats(emb, 0), 64, 1000, "Embedding") is not None
+    assert random_init_reason(weight_stats(hf, 0), 384, 384, "Linear", 0.02) is not None
+    assert random_init_reason(weight_stats(trained, 0), 384, 384, "Linear", 0.02) is None
+
+
+def test_a_gaussian_trained_linear_is_not_taken_for_an_init() -> None:
+    """nn.Linear starts uniform: a trained weight that happens to look like Lecun's Gaussian
+    (kurtosis 3, std 1/√fan_in) is scored, not refused."""
+    trained = torch.randn(384, 384) / math.sqrt(384)
+    assert random_init_reason(weight_stats(trained, 0), 384, 384, "Linear") is None
+    assert random_init_reason(weight_stats(trained * 0.02 * math.sqrt(384), 0), 384, 384,
+                              "Linear", 0.02) is not None     # in an HF model: its init
 
 
 def test_small_weights_are_not_judged_gaussian() -> None:

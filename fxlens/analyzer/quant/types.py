@@ -111,7 +111,8 @@ class QuantKnowledge:
     formats: Mapping[str, NumberFormatLike]
     channel_axis: Callable[[nn.Module], int | None]
     risks: Callable[[LayerView], tuple[Risk, ...]]
-    random_init_reason: Callable[[WeightStats, int, int], str | None]
+    # (stats, fan_in, fan_out, layer type, the model's initializer_range) → reason or None
+    random_init_reason: Callable[[WeightStats, int, int, str, float | None], str | None]
     activation_format: Callable[[Any], NumberFormatLike]
     stop_ops: frozenset[str]
     residual_ops: frozenset[str]

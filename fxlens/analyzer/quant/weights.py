@@ -11,7 +11,7 @@ Data-free score of a layer at a format: the weight SQNR ``10·log10(Σw² / Σ(w
 SQNR equals the weight SQNR; how the error grows on its way to the model output is unknown
 without data, which is what ``--calibrate`` measures.
 
-Weights on the meta device, or that look like a default random initialisation (see
+Weights on the meta device, or that look like the layer's own default initialisation (see
 `fxlens.rules.quant.random_init_reason`), get statistics but no score, with the reason.
 
 Known limitations: a tied weight (LM head = embedding) is scored once, under its owner.
@@ -41,6 +41,7 @@ class Layer:
     module: nn.Module
     module_type: str
     axis: int
+    initializer_range: float | None = None     # the model's (transformers configs have one)
 
     @property
     def weight(self) -> torch.Tensor:
@@ -57,12 +58,14 @@ def find_layers(module: nn.Module, knowledge: QuantKnowledge) -> list[Layer]:
     """Every quantizable layer, in `named_modules` order (shared weights once)."""
     seen: set[int] = set()
     layers = []
+    init_range = getattr(getattr(module, "config", None), "initializer_range", None)
     for name, sub in module.named_modules():
         axis = knowledge.channel_axis(sub)
         if axis is None or id(sub.weight) in seen:
             continue
         seen.add(id(sub.weight))
-        layers.append(Layer(name, sub, type(sub).__name__, axis))
+        layers.append(Layer(name, sub, type(sub).__name__, axis,
+                            init_range if isinstance(init_range, float) else None))
     return layers
 
 
@@ -108,7 +111,8 @@ def data_free(layer: Layer, risks: Sequence[Risk], knowledge: QuantKnowledge) ->
     if weight.is_meta:
         return DataFree("meta", "weights on the meta device: nothing to quantize", None, {}, {})
     stats = weight_stats(weight, layer.axis)
-    reason = knowledge.random_init_reason(stats, *layer.fans)
+    reason = knowledge.random_init_reason(stats, *layer.fans, layer.module_type,
+                                          layer.initializer_range)
     if reason is not None:
         return DataFree("random_init", f"looks like random initialisation: {reason}", stats,
                         {}, {})
