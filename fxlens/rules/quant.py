@@ -221,6 +221,9 @@ def plan_spec(name: str, group_size: int = DEFAULT_GROUP_SIZE) -> PlanSpec:
                          f"{', '.join(plans)}") from None
 
 
+# Risks whose fix says "at least 8 bits": a plan starts such a layer at its first 8-bit rung.
+KEEP_8_BITS = frozenset({"QNT001", "QNT003", "QNT004", "QNT005"})
+
 # NB: a layer whose predicted output SQNR is below this is kept higher even without a budget;
 # 30 dB (error power 0.1 % of the signal) is about where one layer starts moving top-1 results.
 KEEP_BELOW_DB = 30.0
@@ -228,8 +231,8 @@ KEEP_BELOW_DB = 30.0
 # --- random initialisation -------------------------------------------------------------------
 
 # NB: default inits. nn.Linear/Conv: kaiming_uniform(a=√5) = U(±1/√fan_in), kurtosis 1.8;
-# nn.Embedding: N(0, 1); transformers: N(0, 0.02) (initializer_range); also Lecun/He/Xavier
-# normal. A Gaussian has kurtosis 3; trained weights drift to heavier tails (MiniLM: 4–30).
+# nn.Embedding: N(0, 1); transformers: N(0, 0.02) (initializer_range). A Gaussian has
+# kurtosis 3; trained weights drift to heavier tails (MiniLM: 4–30).
 INIT_STD_TOLERANCE = 0.05
 # NB: below this many weights the sample kurtosis is too noisy (se √(24/n) > 0.1) to tell a
 # Gaussian init from trained weights; a small trained stem matched Xavier's std by chance.
@@ -400,7 +403,7 @@ def knowledge(group_size: int = DEFAULT_GROUP_SIZE, registry: CostRegistry | Non
         random_init_reason=random_init_reason, activation_format=activation_format,
         stop_ops=STOP_OPS, residual_ops=RESIDUAL_OPS, embedding_types=EMBEDDING_TYPES,
         risk_penalty_db=RISK_PENALTY_DB, extra_formats={"bf16": BF16},
-        logit_layer_types=LOGIT_LAYER_TYPES,
+        logit_layer_types=LOGIT_LAYER_TYPES, keep_8_bits=KEEP_8_BITS,
     )
 
 

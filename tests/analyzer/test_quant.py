@@ -13,6 +13,7 @@ from torch import nn
 
 from fxlens.analyzer.capture.chain import capture
 from fxlens.analyzer.core.codec import encode
+from fxlens.analyzer.quant.plan import PlanLayer, make_plan
 from fxlens.analyzer.quant.section import QuantSettings, quant_section
 from fxlens.api import AnalysisOptions, analyze_target
 from fxlens.cli.main import main
@@ -214,3 +215,29 @@ def test_digits_classifier_scores_rank_the_real_accuracy_drop() -> None:
           f"data-free ρ={rho_free:.3f}, damage {damage}")
     assert rho_calibrated >= 0.8
     assert rho_free >= 0.6
+
+
+def test_a_plan_keeps_layers_its_risks_keep_at_8_bits() -> None:
+    """The first and last layers (QNT004, QNT005: "keep at 8 bits") start a w4a16 plan at its
+    8-bit rung even when their own SQNR would allow int4."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 8))
+    with torch.no_grad():
+        for layer in model[::2]:
+            layer.weight.copy_(torch.distributions.StudentT(4.0).sample(layer.weight.shape)
+                               * 0.05)
+    section = _section(model, (torch.randn(4, 64),), plan=plan_request("w4a16", None))
+    risks = {row["layer"]: set(row["risks"]) for row in section["layers"]}
+    assert "QNT004" in risks["0"] and "QNT005" in risks["4"]
+    precision = section["plan"]["precision"]
+    assert precision["0"] == precision["4"] == "int8_per_channel"
+
+
+def test_a_risk_floor_is_where_the_plan_starts_not_a_score() -> None:
+    ladder = ("int4", "int8", "bf16")
+    sizes = {"int4": 50, "int8": 100, "bf16": 200}
+    safe = {"int4": 45.0, "int8": 60.0}                 # fine at int4 on its own SQNR
+    layers = [PlanLayer("first", sizes, safe, min_rung=1), PlanLayer("middle", sizes, safe)]
+    plan = make_plan("w4a16", "16-bit", ladder, layers, other_bytes=0, original_bytes=800,
+                     budget_bytes=None, keep_below_db=30.0, basis="test")
+    assert plan.precision == {"first": "int8", "middle": "int4"}

@@ -1,6 +1,7 @@
 """A per-layer precision plan: cheapest format everywhere, sensitive layers climb the ladder.
 
-Every layer starts at the plan's cheapest format (``ladder[0]``). A layer is raised one rung at
+Every layer starts at the plan's cheapest format (``ladder[0]``), or higher where its own
+structural risks say so (`PlanLayer.min_rung`: the first 8-bit rung for a first or last layer). A layer is raised one rung at
 a time, greediest first by noise removed per extra byte, while its predicted SQNR is below
 `keep_below_db` and the raise fits in the budget (if one is given). With `fill_budget` (the
 ``auto`` plan) any layer is raised while the budget has room: the least error that fits.
@@ -26,6 +27,7 @@ class PlanLayer:
     name: str
     bytes_by_format: Mapping[str, int]
     sqnr_db_by_format: Mapping[str, float]       # predicted output SQNR; absent: no error
+    min_rung: int = 0                            # its risks keep it at least this high
 
 
 @dataclass(frozen=True)
@@ -65,7 +67,7 @@ def _noise(layer: PlanLayer, fmt: str) -> float:
 def make_plan(name: str, activations: str, ladder: Sequence[str], layers: Sequence[PlanLayer],
               other_bytes: int, original_bytes: int, budget_bytes: int | None,
               keep_below_db: float, basis: str, fill_budget: bool = False) -> Plan:
-    rung = {layer.name: 0 for layer in layers}
+    rung = {layer.name: min(layer.min_rung, len(ladder) - 1) for layer in layers}
 
     def total() -> int:
         return other_bytes + sum(p.bytes_by_format[ladder[rung[p.name]]] for p in layers)

@@ -60,7 +60,7 @@ def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
     free = {layer.name: data_free(layer, risks[layer.name], knowledge) for layer in layers}
     plan = None
     if settings.plan is not None:
-        plan = _plan(module, layers, free, calibration, knowledge, settings.plan)
+        plan = _plan(module, layers, free, calibration, knowledge, settings.plan, risks)
     rows = tuple(_row(layer, free[layer.name], risks[layer.name], calibration, plan)
                  for layer in layers)
     return Quant(
@@ -154,9 +154,10 @@ def _risk_list(risks: Mapping[str, Sequence[Risk]]) -> tuple[QuantRisk, ...]:
 
 
 def _plan(module: nn.Module, layers: Sequence[Layer], free: Mapping[str, DataFree],
-          calibration: Calibration | None, knowledge: QuantKnowledge, request: PlanRequest
-          ) -> QuantPlan:
+          calibration: Calibration | None, knowledge: QuantKnowledge, request: PlanRequest,
+          risks: Mapping[str, Sequence[Risk]]) -> QuantPlan:
     formats = {**knowledge.formats, **knowledge.extra_formats}
+    eight_bit = next((i for i, f in enumerate(request.ladder) if formats[f].bits >= 8), 0)
     entries, bases = [], set()
     for layer in layers:
         shape = tuple(layer.weight.shape)
@@ -168,8 +169,10 @@ def _plan(module: nn.Module, layers: Sequence[Layer], free: Mapping[str, DataFre
         else:
             scores, basis = request.nominal_sqnr_db, "nominal"
         bases.add(basis)
+        keep = any(r.code in knowledge.keep_8_bits for r in risks[layer.name])
         entries.append(PlanLayer(layer.name, sizes, {f: scores[f] for f in request.ladder
-                                                     if f in scores}))
+                                                     if f in scores},
+                                 min_rung=eight_bit if keep else 0))
     weights = {id(layer.weight) for layer in layers}
     original = _tensor_bytes(t for t in _state(module))
     other = _tensor_bytes(t for t in _state(module) if id(t) not in weights)

@@ -121,6 +121,8 @@ class QuantKnowledge:
     extra_formats: Mapping[str, NumberFormatLike] = field(default_factory=dict)
     # layer types whose output, returned as is by the model, is read as logits (calibration)
     logit_layer_types: tuple[str, ...] = ("Linear", "Conv1D")
+    # risk codes whose layers a plan keeps at 8 bits or more
+    keep_8_bits: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
