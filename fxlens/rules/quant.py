@@ -227,6 +227,8 @@ KEEP_8_BITS = frozenset({"QNT001", "QNT003", "QNT004", "QNT005"})
 # NB: a layer whose predicted output SQNR is below this is kept higher even without a budget;
 # 30 dB (error power 0.1 % of the signal) is about where one layer starts moving top-1 results.
 KEEP_BELOW_DB = 30.0
+# NB: below this a format is not just risky but a layer to keep higher (1 % error power).
+KEEP_HIGHER_DB = 20.0
 
 # --- random initialisation -------------------------------------------------------------------
 
@@ -404,6 +406,7 @@ def knowledge(group_size: int = DEFAULT_GROUP_SIZE, registry: CostRegistry | Non
         stop_ops=STOP_OPS, residual_ops=RESIDUAL_OPS, embedding_types=EMBEDDING_TYPES,
         risk_penalty_db=RISK_PENALTY_DB, extra_formats={"bf16": BF16},
         logit_layer_types=LOGIT_LAYER_TYPES, keep_8_bits=KEEP_8_BITS,
+        verdict_db=(KEEP_BELOW_DB, KEEP_HIGHER_DB),
     )
 
 

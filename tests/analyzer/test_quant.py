@@ -158,7 +158,7 @@ def test_calibration_generator_from_the_model_file(tmp_path: Path) -> None:
 
 
 def test_cli_flags_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main([str(MODELS / "mlp.py"), "--calibrate", "--activations", "--quant-plan",
+    code = main([str(MODELS / "mlp.py"), "--quant-calibrate", "--activations", "--quant-plan",
                  "w4a16", "--budget", "1MiB", "--out", str(tmp_path)])
     assert code == 0
     out = capsys.readouterr().out
@@ -241,3 +241,21 @@ def test_a_risk_floor_is_where_the_plan_starts_not_a_score() -> None:
     plan = make_plan("w4a16", "16-bit", ladder, layers, other_bytes=0, original_bytes=800,
                      budget_bytes=None, keep_below_db=30.0, basis="test")
     assert plan.precision == {"first": "int8", "middle": "int4"}
+
+
+def test_every_layer_has_a_verdict_per_format() -> None:
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 8))
+    with torch.no_grad():
+        for layer in model[::2]:
+            layer.weight.copy_(torch.distributions.StudentT(4.0).sample(layer.weight.shape)
+                               * 0.05)
+    section = _section(model, (torch.randn(4, 64),))
+    for row in section["layers"]:
+        assert set(row["verdicts"]) == set(section["formats"])
+        assert set(row["verdicts"].values()) <= {"ok", "risky", "keep higher"}
+    first, middle = section["layers"][0], section["layers"][1]
+    assert first["verdicts"]["int4_g128"] == "keep higher"         # QNT004: keep at 8 bits
+    sqnr = middle["data_free_sqnr_db"]["int8_per_channel"]
+    assert middle["verdicts"]["int8_per_channel"] == (
+        "ok" if sqnr >= 30 else "risky" if sqnr >= 20 else "keep higher")

@@ -376,6 +376,8 @@ class QuantLayer:
     calibrated_score_db: Mapping[str, float | None] | None = optional()
     activation: Mapping[str, Any] | None = optional()
     precision: str | None = optional()
+    # per format: "ok", "risky", "keep higher" or "unscored" (see `quant.section.verdicts`)
+    verdicts: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -61,8 +61,9 @@ def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
     plan = None
     if settings.plan is not None:
         plan = _plan(module, layers, free, calibration, knowledge, settings.plan, risks)
-    rows = tuple(_row(layer, free[layer.name], risks[layer.name], calibration, plan)
-                 for layer in layers)
+    rows = tuple(replace(row, verdicts=verdicts(row, knowledge))
+                 for row in (_row(layer, free[layer.name], risks[layer.name], calibration, plan)
+                             for layer in layers))
     return Quant(
         status=_status([f.status for f in free.values()]),
         notes=tuple(_notes(free, layers, views)),
@@ -114,6 +115,28 @@ def _row(layer: Layer, free: DataFree, risks: Sequence[Risk], calibration: Calib
         activation={k: round(v, 4) if isinstance(v, float) else v
                     for k, v in asdict(stats).items()} if stats else {},
     )
+
+
+def verdicts(row: QuantLayer, knowledge: QuantKnowledge) -> dict[str, str]:
+    """Per format, can this layer go there: "ok" at an SQNR of at least ``verdict_db[0]``,
+    "risky" down to ``verdict_db[1]``, else "keep higher"; a format under 8 bits is "keep
+    higher" for a layer whose structural risks say to keep it at 8 bits. The SQNR is the
+    measured output SQNR when calibrated, else the data-free score."""
+    ok_db, risky_db = knowledge.verdict_db
+    scores = row.output_sqnr_db if row.output_sqnr_db is not None else row.data_free_sqnr_db
+    keep = bool(set(row.risks) & knowledge.keep_8_bits)
+    out = {}
+    for name, fmt in knowledge.formats.items():
+        db = scores.get(name, math.nan) if row.status == "scored" else math.nan
+        if keep and fmt.bits < 8:
+            out[name] = "keep higher"
+        elif db is None or db >= ok_db:
+            out[name] = "ok"       # None: exact (no error at all)
+        elif math.isnan(db):
+            out[name] = "unscored"
+        else:
+            out[name] = "risky" if db >= risky_db else "keep higher"
+    return out
 
 
 def _status(statuses: list[str]) -> str:

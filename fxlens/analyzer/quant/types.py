@@ -123,6 +123,8 @@ class QuantKnowledge:
     logit_layer_types: tuple[str, ...] = ("Linear", "Conv1D")
     # risk codes whose layers a plan keeps at 8 bits or more
     keep_8_bits: frozenset[str] = frozenset()
+    # a format is "ok" for a layer at ≥ [0] dB SQNR, "risky" at ≥ [1], else "keep higher"
+    verdict_db: tuple[float, float] = (30.0, 20.0)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ def quant_view(report: Report, detail: Detail) -> View | None:
     section = report.get(Quant)
     if section is None:
         return None
-    blocks: list[Block] = [layer_table(section, top)]
+    blocks: list[Block] = [layer_table(section, top, detail.full)]
     if section.plan is not None:
         blocks.append(plan_table(section.plan))
     if section.risks:
@@ -38,6 +38,19 @@ def _stat(stats: Mapping[str, Any], key: str) -> str:
     return _db(float(value)) if isinstance(value, (int, float)) else ""
 
 
+# the formats users ask "can this layer go to X?" about (int4 at any group size)
+VERDICT_FORMATS = ("int8_per_channel", "fp8", "int4")
+TONES = {"ok": Tone.GOOD, "risky": Tone.WARN, "keep higher": Tone.BAD}
+
+
+def _short(fmt: str) -> str:
+    return fmt.split("_")[0]
+
+
+def _verdict(text: str) -> Cell:
+    return Cell(text, TONES.get(text, Tone.MUTED))
+
+
 def _rank_key(row: QuantLayer, fmt: str) -> float:
     for scores in (row.calibrated_score_db, row.output_sqnr_db, row.data_free_sqnr_db):
         value = (scores or {}).get(fmt)
@@ -46,7 +59,7 @@ def _rank_key(row: QuantLayer, fmt: str) -> float:
     return math.inf
 
 
-def layer_table(section: Quant, top: int) -> Table:
+def layer_table(section: Quant, top: int, full: bool = False) -> Table:
     fmt = section.score_format
     calibrated = section.calibration is not None
     metric = section.calibration.metric if section.calibration is not None else "sqnr"
@@ -55,17 +68,23 @@ def layer_table(section: Quant, top: int) -> Table:
           if metric == "agreement" else "calibrated output SQNR") if calibrated else (
           "data-free SQNR")
     shown = [f for f in section.formats if f == fmt or f.startswith("int4")]
-    names = ["layer", "params", "max/std", "kurt."] + [f"w {f}" for f in shown]
+    verdict_formats = [f for f in section.formats if f.startswith(VERDICT_FORMATS)] or shown
+    names = ["layer", "params"] + [f"{_short(f)}?" for f in verdict_formats]
+    if full:
+        names += ["max/std", "kurt."] + [f"w {f}" for f in shown]
     measured = ["output"] + ([metric] if metric != "sqnr" else []) + ["act. outliers"]
     names += ["score"] + (measured if calibrated else []) + ["risks"]
     if section.plan is not None:
         names.append("plan")
-    heads = [Column(n, right=n not in ("layer", "risks", "plan")) for n in names]
+    heads = [Column(n, right=n not in ("layer", "risks", "plan") and not n.endswith("?"))
+             for n in names]
     rows = []
     for row in ranked[:top]:
-        cells = [row.layer or "(root)", si(row.params), _stat(row.stats, "max_over_std"),
-                 _stat(row.stats, "kurtosis")]
-        cells += [_db(row.weight_sqnr_db.get(f)) for f in shown]
+        cells: list[str | Cell] = [row.layer or "(root)", si(row.params)]
+        cells += [_verdict(row.verdicts.get(f, "")) for f in verdict_formats]
+        if full:
+            cells += [_stat(row.stats, "max_over_std"), _stat(row.stats, "kurtosis")]
+            cells += [_db(row.weight_sqnr_db.get(f)) for f in shown]
         cells.append(_db(row.data_free_sqnr_db.get(fmt)) or row.status)
         if calibrated:
             cells.append(_db((row.output_sqnr_db or {}).get(fmt)))
@@ -76,7 +95,8 @@ def layer_table(section: Quant, top: int) -> Table:
         if section.plan is not None:
             cells.append(row.precision or "")
         rows.append(cells)
-    caption = " · ".join([f"{len(ranked)} layers; SQNR higher is safer", *section.notes])
+    caption = " · ".join([f"{len(ranked)} layers; SQNR higher is safer; FORMAT? is the "
+                          "verdict: ok, risky, or keep higher", *section.notes])
     return Table.of(f"quantization sensitivity · {section.status} · most sensitive first "
                     f"(by {by} at {fmt}, dB)", heads, rows, caption=caption)
 
