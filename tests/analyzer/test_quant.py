@@ -158,7 +158,7 @@ def test_calibration_generator_from_the_model_file(tmp_path: Path) -> None:
 
 
 def test_cli_flags_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code = main([str(MODELS / "mlp.py"), "--quant-calibrate", "--activations", "--quant-plan",
+    code = main([str(MODELS / "mlp.py"), "--calibrate", "--activations", "--quant-plan",
                  "w4a16", "--budget", "1MiB", "--out", str(tmp_path)])
     assert code == 0
     out = capsys.readouterr().out
