@@ -259,3 +259,20 @@ def test_every_layer_has_a_verdict_per_format() -> None:
     sqnr = middle["data_free_sqnr_db"]["int8_per_channel"]
     assert middle["verdicts"]["int8_per_channel"] == (
         "ok" if sqnr >= 30 else "risky" if sqnr >= 20 else "keep higher")
+
+
+def test_weights_no_layer_covers_are_listed_not_dropped() -> None:
+    class GRUClassifier(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.gru = nn.GRU(16, 32, batch_first=True)
+            self.head = nn.Linear(32, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(self.gru(x)[0][:, -1])
+
+    section = _section(GRUClassifier().eval(), (torch.randn(2, 5, 16),))
+    note = next(n for n in section["notes"] if "not scored" in n)
+    assert "gru.weight_ih_l0" in note and "gru.weight_hh_l0" in note
+    gru = 3 * 32 * 16 + 3 * 32 * 32
+    assert f"{gru / (gru + 32 * 4):.0%}" in note

@@ -32,6 +32,10 @@ from fxlens.analyzer.quant.weights import (
     layer_views,
 )
 
+# NB: a KL (nats) below this for the worst layer at every format is indistinguishable from
+# rounding noise in the logits.
+KL_NEAR_ZERO = 1e-6
+
 
 @dataclass(frozen=True)
 class QuantSettings:
@@ -66,7 +70,8 @@ def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
                              for layer in layers))
     return Quant(
         status=_status([f.status for f in free.values()]),
-        notes=tuple(_notes(free, layers, views)),
+        notes=tuple(_notes(free, layers, views) + _unscored(module, layers)
+                    + _calibration_health(calibration)),
         formats=tuple(knowledge.formats), score_format=settings.score_format,
         calibration=None if calibration is None else QuantCalibration(
             batches=calibration.batches, source=settings.calibration_source,
@@ -164,6 +169,35 @@ def _notes(free: Mapping[str, DataFree], layers: Sequence[Layer],
         notes.append(f"{len(unseen)} layer(s) not found applied in the graph (no structural "
                      f"risks): {', '.join(unseen[:5])}{' …' if len(unseen) > 5 else ''}")
     return notes
+
+
+def _unscored(module: nn.Module, layers: Sequence[Layer]) -> list[str]:
+    """Weight matrices no layer covers (recurrent weights, custom parameters), never silent:
+    named, with their share of the model's weights."""
+    covered = {id(layer.weight) for layer in layers}
+    matrices = {id(p): (name, p.numel()) for name, p in module.named_parameters()
+                if p.dim() >= 2}
+    left = [(name, n) for key, (name, n) in matrices.items() if key not in covered]
+    if not left:
+        return []
+    share = sum(n for _, n in left) / max(sum(n for _, n in matrices.values()), 1)
+    names = ", ".join(name for name, _ in left[:5]) + (" …" if len(left) > 5 else "")
+    return [f"{len(left)} weight matrices ({share:.0%} of matrix weights) are not scored "
+            f"(no quantizable layer type holds them): {names}"]
+
+
+def _calibration_health(calibration: Calibration | None) -> list[str]:
+    """A warning when the measured damage is near zero everywhere: calibration data the model
+    memorised (or too easy) ranks layers by noise."""
+    if calibration is None or not calibration.output_kl:
+        return []
+    worst = max((kl for per_format in calibration.output_kl.values()
+                 for kl in per_format.values()), default=0.0)
+    if worst >= KL_NEAR_ZERO:
+        return []
+    return [f"calibration KL is below {KL_NEAR_ZERO:g} for every layer and format: the "
+            "calibration data may be memorised or too easy, so the ranking is unreliable; "
+            "calibrate on held-out data"]
 
 
 def _risk_list(risks: Mapping[str, Sequence[Risk]]) -> tuple[QuantRisk, ...]:
