@@ -3,8 +3,9 @@
 Every layer starts at the plan's cheapest format (``ladder[0]``), or higher where its own
 structural risks say so (`PlanLayer.min_rung`: the first 8-bit rung for a first or last
 layer). A layer is raised one rung at a time, greediest first by noise removed per extra
-byte, while its predicted SQNR is below `keep_below_db` and the raise fits in the budget (if one is given). With `fill_budget` (the
-``auto`` plan) any layer is raised while the budget has room: the least error that fits.
+byte, while its predicted SQNR is below `keep_below_db` and the raise fits in the budget (if
+one is given). With `fill_budget` (the ``auto`` plan) any layer is raised while the budget
+has room: the least error that fits.
 The plan's predicted model-output SQNR assumes the layers' errors are independent and add:
 ``SQNR = −10·log10(Σ 10^(−SQNR_i/10))``. NB: additivity holds for small, uncorrelated errors
 (first-order); a 16-bit layer counts as no error.
