@@ -41,6 +41,7 @@ COLORS = ("flops", "bytes", "time", "memory")
 PALETTE = ("#ffffcc", "#ffeda0", "#fed976", "#feb24c", "#fd8d3c", "#fc4e2a", "#e31a1c",
            "#bd0026", "#800026")
 ZERO_COLOR = "#eeeeee"
+SHARED_FANOUT = 3        # a tensor feeding this many blocks is drawn as shared
 DOT_TIMEOUT_S = 300
 
 
@@ -290,20 +291,33 @@ def _item_line(item: str, layout: _Layout, by_id: Mapping[int, NodeReport],
 
 
 def _edge_lines(report: Report, layout: _Layout) -> list[str]:
+    """One edge per (source item, destination item); a tensor outside the blocks that feeds
+    `SHARED_FANOUT` or more collapsed blocks (a mask, rotary tables) is drawn once, dashed, to
+    the first of them and labelled with the count, not as a curtain of edges to every layer."""
     by_id = {n.id: n for n in report.nodes}
-    seen: set[tuple[str, str]] = set()
-    lines: list[str] = []
+    pairs: dict[tuple[str, str], int] = {}          # (src, dst) → first source node id
     for node in report.nodes:
         dst = layout.item_of[node.id]
         for source in node.inputs:
             if source not in by_id:
                 continue            # parameters, buffers and graph inputs are not drawn
             src = layout.item_of[source]
-            if src == dst or (src, dst) in seen:
-                continue
-            seen.add((src, dst))
-            label = dot_escape(shape_text(by_id[source]).split(" (")[0])
-            lines.append(f'  {src} -> {dst} [label="{label}"];')
+            if src != dst:
+                pairs.setdefault((src, dst), source)
+    fans: dict[str, list[str]] = {}
+    for src, dst in pairs:
+        if dst in layout.block_path and src not in layout.block_path:
+            fans.setdefault(src, []).append(dst)
+    lines: list[str] = []
+    for (src, dst), source in pairs.items():
+        label = dot_escape(shape_text(by_id[source]).split(" (")[0])
+        shared = fans.get(src, [])
+        if len(shared) >= SHARED_FANOUT and dst in shared:
+            if dst == shared[0]:
+                lines.append(f'  {src} -> {dst} [label="{label} → {len(shared)} blocks", '
+                             'style=dashed];')
+            continue
+        lines.append(f'  {src} -> {dst} [label="{label}"];')
     return lines
 
 

@@ -83,3 +83,23 @@ def test_graphviz_accepts_it_and_keeps_node_ids(evil_report: Report, gpt_report:
     assert 'id="b0"' in svg and 'xlink:href="#b0"' in svg
     evil = graphviz_render(render_dot(evil_report)).decode()
     assert "<script>" not in evil and "&lt;script&gt;" in evil
+
+
+@pytest.mark.slow
+def test_shared_inputs_are_drawn_once_not_to_every_block() -> None:
+    """Llama's rotary tables and causal mask feed every layer: one dashed edge each, labelled
+    with the count, instead of one edge per layer."""
+    from fxlens.api import AnalysisOptions, analyze_target
+    from fxlens.reports.dot import SHARED_FANOUT
+
+    layers = SHARED_FANOUT + 1
+    report = analyze_target("hf:llama-2-7b", AnalysisOptions(
+        overrides={"num_hidden_layers": str(layers), "hidden_size": "256",
+                   "intermediate_size": "512", "num_attention_heads": "4",
+                   "num_key_value_heads": "4"}, sizes={"seq_len": 16}, fusion=False))
+    text = render_dot(report)
+    shared = [line for line in text.splitlines() if "style=dashed" in line]
+    assert shared and all(f"→ {layers} blocks" in line for line in shared)
+    for line in shared:
+        source = line.split("->")[0].strip()
+        assert sum(ln.strip().startswith(f"{source} ->") for ln in text.splitlines()) == 1
