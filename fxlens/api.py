@@ -18,7 +18,7 @@ from fxlens.analyzer.capture.load import load
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.cost.engine import analyze
-from fxlens.pipeline import AnalysisOptions, run_pipeline
+from fxlens.pipeline import AnalysisOptions, check_options, run_pipeline
 from fxlens.rules import load_rules
 from fxlens.rules.hardware import DeviceSpec
 
@@ -33,8 +33,9 @@ def analyze_target(
 ) -> Report:
     """Load `target`, capture it (a training step with `options.train`) and run every
     analysis the options ask for."""
+    check_options(options)   # every option before the model's code runs
     on_step(f"loading {target}")
-    loaded = load(target, options.entry, options.overrides, options.sizes)
+    loaded = load(target, options.entry, options.overrides, options.sizes, options.allow_large)
     return analyze_loaded(loaded, options, on_step)
 
 

@@ -23,6 +23,7 @@ import torch
 
 from fxlens.analyzer.capture.chain import METHODS
 from fxlens.analyzer.core.errors import LoadError
+from fxlens.analyzer.core.files import write_atomic
 from fxlens.analyzer.core.graph import Graph
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.report import Report
@@ -48,11 +49,10 @@ def calibrate_profile(device: str, path: Path | None = None) -> Profile:
     measured = calibrate(device)
     spec = profile_spec(measured)
     path = path or profile_dir() / f"{device}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
     profile = {"device": spec.to_json(),
                "measured": {"device_name": measured.device_name, "gemm_n": measured.sizes,
                             "skipped": measured.skipped, **measured.details}}
-    path.write_text(json.dumps(profile, indent=2, sort_keys=True) + "\n")
+    write_atomic(path, json.dumps(profile, indent=2, sort_keys=True, allow_nan=False) + "\n")
     return Profile(spec, measured, path)
 
 

@@ -25,7 +25,10 @@ from typing import Any
 
 import torch
 
+from fxlens import checks
 from fxlens.analyzer.capture.chain import METHODS, capture
+from fxlens.analyzer.capture.check import check_scale, mixed_dtypes
+from fxlens.analyzer.capture.guard import user_code
 from fxlens.analyzer.capture.training import TrainingGraph, capture_training
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.errors import LoadError
@@ -60,9 +63,9 @@ from fxlens.analyzer.memory.types import KVLayout
 from fxlens.analyzer.quant.section import QuantSettings, quant_section
 from fxlens.analyzer.time.roofline import roofline_section, throughput_basis
 from fxlens.rules import load_rules
+from fxlens.rules.eager import SAME_DTYPE_OPERANDS
 from fxlens.rules.fusion import fusion_rules, kinds_of
-from fxlens.rules.hardware import DeviceSpec, device_spec
-from fxlens.rules.hardware import device as named_device
+from fxlens.rules.hardware import DeviceSpec
 from fxlens.rules.kv_layouts import TOKEN_MAJOR_KERNELS, has_config, layers_from_config
 from fxlens.rules.training import CASTABLE_DTYPES, Optimizer, Precision
 
@@ -100,6 +103,7 @@ class AnalysisOptions:
     quant_plan: str | None = None       # "w8a8", "w4a16" or "auto" (implies quant)
     budget: str | None = None           # weight memory budget of the plan ("4GiB")
     group_size: int = 128               # int4 group size
+    allow_large: bool = False           # capture a model however long the estimate says
 
 
 
@@ -119,9 +123,10 @@ class Context:
     def forward(self) -> Graph:
         """The inference forward on the example inputs."""
         if "forward" not in self.graphs:
-            self.graphs["forward"] = capture(self.loaded.module, self.loaded.inputs,
-                                             self.registry, self.options.methods,
-                                             self.on_step)
+            graph = capture(self.loaded.module, self.loaded.inputs, self.registry,
+                            self.options.methods, self.on_step)
+            mixed_dtypes(graph, SAME_DTYPE_OPERANDS)
+            self.graphs["forward"] = graph
         return self.graphs["forward"]
 
     def analysed(self) -> Graph:
@@ -251,7 +256,7 @@ class QuantPass:
         batches, source = None, ""
         if options.calibrate:
             source = "calibration()" if loaded.calibration else "example inputs"
-            batches = list(loaded.calibration()) if loaded.calibration else [loaded.inputs]
+            batches = _calibration_batches(loaded)
         settings = QuantSettings(calibration=batches, calibration_source=source,
                                  activations=options.activations,
                                  metric=options.calibrate_metric, plan=plan)
@@ -294,17 +299,42 @@ def run_pipeline(loaded: LoadedModel, options: AnalysisOptions,
 def run_context(ctx: Context) -> Report:
     """`run_pipeline` on a prepared context, whose graphs the caller may read afterwards."""
     loaded, options, on_step = ctx.loaded, ctx.options, ctx.on_step
+    check_options(options)
     ctx.device_spec()   # a bad --device fails before the capture, not after
+    check_scale(loaded.module, loaded.name, options.allow_large)
     if options.train:
         precision = _precision(options.precision, loaded.module)
         working = precision.spec.weight_dtype
-        ctx.step = capture_training(loaded.module, loaded.inputs, ctx.registry,
-                                    working if working in CASTABLE_DTYPES else "bfloat16",
-                                    on_step)
+        cast: str | None = working if working in CASTABLE_DTYPES else "bfloat16"
+        floating = {p.dtype for p in loaded.module.parameters() if p.is_floating_point()}
+        if options.precision is None and len(floating) > 1:
+            cast = None   # a model mixing dtypes on purpose is recorded as it is
+        ctx.step = capture_training(loaded.module, loaded.inputs, ctx.registry, cast, on_step)
+        try:
+            mixed_dtypes(ctx.step.graph, SAME_DTYPE_OPERANDS)
+        except LoadError as error:
+            if options.precision is None:
+                raise
+            raise LoadError(f"{error}; the step is recorded with every weight cast to {cast} "
+                            f"(--precision {options.precision}): leave --precision out to "
+                            f"record the model's own dtypes") from None
     graph = ctx.analysed()
     on_step("costing the step" if options.train else "costing ops")
     report = analyze(graph, ctx.registry, loaded.name, loaded.source, options.strict)
     return run_passes(PASSES, ctx, options, report)
+
+
+# --- options ----------------------------------------------------------------------------------
+
+
+def check_options(options: AnalysisOptions) -> None:
+    """Every option checkable without the model (`fxlens.checks.check_options`), and the
+    capture methods, before anything is loaded or captured."""
+    unknown = [m for m in options.methods if m not in METHODS]
+    if unknown or not options.methods:
+        raise LoadError(f"--method: unknown {', '.join(unknown) or '(none given)'}; known: "
+                        f"{', '.join(METHODS)}")
+    checks.check_options(options)
 
 
 # --- helpers -----------------------------------------------------------------------------------
@@ -347,45 +377,37 @@ def _eager_peak(loaded: LoadedModel) -> EagerPeak:
     return EagerPeak(peak_bytes=simulated.peak_bytes, peak_op=simulated.peak_op)
 
 
+def _calibration_batches(loaded: LoadedModel) -> list[Any]:
+    """The model file's ``calibration()`` batches (user code, guarded), else the inputs."""
+    if loaded.calibration is None:
+        return [loaded.inputs]
+    try:
+        with user_code(f"{loaded.source}: calibration()"):
+            return list(loaded.calibration())
+    except LoadError:
+        raise
+    except Exception as error:
+        raise LoadError(f"{loaded.source}: calibration() raised {type(error).__name__}: "
+                        f"{error}") from error
+
+
 def _precision(name: str | None, module: torch.nn.Module) -> Precision:
     if name is None:
         dtype = next((str(p.dtype).removeprefix("torch.") for p in module.parameters()
                       if p.is_floating_point()), "float32")
         name = DEFAULT_PRECISION.get(dtype, "fp32")
-    try:
-        return Precision(name)
-    except ValueError:
-        known = ", ".join(p.value for p in Precision)
-        raise LoadError(f"unknown precision {name!r}; known: {known}") from None
+    return checks.precision(name)
 
 
 def _optimizer(name: str) -> Optimizer:
-    try:
-        return Optimizer(name)
-    except ValueError:
-        known = ", ".join(o.value for o in Optimizer)
-        raise LoadError(f"unknown optimizer {name!r}; known: {known}") from None
+    return checks.optimizer(name)
 
 
 def _device_memory(text: str | None) -> tuple[str, int | None]:
-    """``"80GiB"`` → ("80GiB", bytes); ``"h100"`` → its memory; None → no fit check."""
-    if text is None:
-        return "", None
-    try:
-        return text, parse_bytes(text)
-    except ValueError:
-        pass
-    try:
-        spec = named_device(text)
-    except ValueError as error:
-        raise LoadError(f"--device-mem: {error}") from None
-    return spec.name, spec.memory_bytes
+    return checks.device_memory(text)
 
 
 def resolve_device(name: str, devices_file: str | None = None, profile: str | None = None
                    ) -> DeviceSpec:
     """`fxlens.rules.hardware.device_spec`, its errors as one-line `LoadError`s."""
-    try:
-        return device_spec(name, devices_file, profile)
-    except ValueError as error:
-        raise LoadError(f"--device: {error}") from None
+    return checks.resolve_device(name, devices_file, profile)

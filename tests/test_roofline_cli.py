@@ -52,7 +52,7 @@ def test_user_devices_file(tmp_path: Path) -> None:
 
 def test_validate_mlp_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "v.json"
-    assert main(["validate", MLP, "--device", "cpu", "--repeat", "2", "--warmup", "1",
+    assert main(["validate", MLP, "--on", "cpu", "--repeat", "2", "--warmup", "1",
                  "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "predicted" in printed and "measured" in printed and "aten.linear" in printed
@@ -69,7 +69,7 @@ def test_validate_cuda_without_a_gpu_is_a_clear_error(capsys: pytest.CaptureFixt
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present: the error path does not apply")
-    assert main(["validate", MLP, "--device", "cuda"]) == 2
+    assert main(["validate", MLP, "--on", "cuda"]) == 2
     assert "no CUDA device" in capsys.readouterr().err
 
 

@@ -1,41 +1,96 @@
 """``analyze TARGET``: capture a model, run the analysis passes, print and write the report.
 
     analyze TARGET [options]          TARGET: model.py, pkg.module:function or hf:<preset>
+
+Every option is checked before the model's code runs (`_check_before`: gates, baseline
+report, output paths, then `fxlens.pipeline.check_options` for sizes, devices, profiles,
+memory sizes and budgets), so a typo costs a second, not an analysis. ``--json -`` writes the
+report JSON to stdout and nothing else goes there (tables go to stderr); ``--quiet`` prints
+nothing but errors and what was asked (the gate table under ``--fail-on``); ``--no-pages``
+writes the JSON only.
+
+Building the parser imports neither torch nor the engine (`fxlens.cli.args` holds the
+choices), so ``analyze --help`` and a bad option answer at once.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
-from fxlens.analyzer.capture.chain import METHODS
-from fxlens.analyzer.core.report import Report, write_report
-from fxlens.cli.args import key_value
-from fxlens.cli.console import EXIT_OK, err, out
-from fxlens.pipeline import OPTIMIZERS, PRECISIONS
+from fxlens.cli.args import (
+    METHODS,
+    OPTIMIZERS,
+    PRECISIONS,
+    Parser,
+    key_value,
+    non_negative_int,
+    positive_int,
+)
+from fxlens.cli.console import EXIT_OK, err, note, out, say
+
+STDOUT = "-"
+SUBCOMMAND_HELP = """subcommands:
+  analyze diff OLD NEW          compare two versions of a model (reports, models, git refs)
+  analyze validate TARGET       run the captured graph for real: predicted vs measured time
+  analyze calibrate             measure this machine; save a profile for --device cpu|cuda
+  analyze explain [CODE]        what a rule (FUS002, QNT001) or an op's cost rule says
+
+exit codes: 0 ok, 1 a gate tripped (--fail-on), 2 bad input, 3 internal error (a bug)"""
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from fxlens import __version__
+
+    parser = Parser(
         prog="analyze",
         description="Static cost analysis of a PyTorch model: FLOPs, bytes, per module.",
+        epilog=SUBCOMMAND_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"fxlens {__version__}")
     parser.add_argument("target", help="model.py, pkg.module:function or hf:<preset>")
     parser.add_argument("--entry", help="factory function in the model file (default: build)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], type=key_value,
                         metavar="KEY=VALUE", help="override a config field of an hf: preset")
-    parser.add_argument("--batch", type=int, help="batch size of the example inputs")
-    parser.add_argument("--seq-len", type=int, help="sequence length of the example inputs")
-    parser.add_argument("--image-size", type=int, help="image side of the example inputs")
+    parser.add_argument("--batch", type=positive_int, help="batch size of the example inputs")
+    parser.add_argument("--seq-len", type=positive_int,
+                        help="sequence length of the example inputs")
+    parser.add_argument("--image-size", type=positive_int,
+                        help="image side of the example inputs")
+    parser.add_argument("--allow-large", action="store_true",
+                        help="analyze a model however long its estimated capture (default: "
+                             "refuse one estimated at over ~20 minutes)")
     parser.add_argument("--out", type=Path, help="report folder (default: fxlens-out/<model>)")
-    parser.add_argument("--json", type=Path, help="write the JSON report here")
-    parser.add_argument("--depth", type=int, default=2, help="module tree depth (default 2)")
-    parser.add_argument("--top", type=int, default=10, help="rows in the top-ops table")
+    parser.add_argument("--json", metavar="PATH|-",
+                        help="write the JSON report here; - for stdout (then nothing else goes "
+                             "to stdout)")
+    parser.add_argument("--depth", type=non_negative_int, default=2,
+                        help="module tree depth (default 2)")
+    parser.add_argument("--top", type=non_negative_int, default=10,
+                        help="rows in the top-ops table")
     parser.add_argument("--full", action="store_true", help="every table: per-module "
                         "training memory and time, fix texts (default: the first screen)")
     parser.add_argument("--method", choices=METHODS, action="append",
                         help="capture method(s) to try, in order (default: all)")
     parser.add_argument("--strict", action="store_true", help="a failing cost rule is fatal")
+    _training_options(parser)
+    _roofline_options(parser)
+    _quant_options(parser)
+    review = parser.add_argument_group("pre-merge review (see analyze diff)")
+    review.add_argument("--baseline", metavar="REPORT|TARGET",
+                        help="compare with this report .json, model or git:REF:path")
+    review.add_argument("--fail-on", metavar="GATES",
+                        help='exit 1 when a metric grows past a threshold against --baseline: '
+                             '"flops:+2%%,peak_memory:+5%%,params:+0" (time needs --device)')
+    _page_options(parser)
+    parser.add_argument("--quiet", action="store_true",
+                        help="print nothing but errors and what was asked; files as usual")
+    parser.add_argument("--debug", action="store_true", help="tracebacks and debug logging")
+    return parser
+
+
+def _training_options(parser: argparse.ArgumentParser) -> None:
     training = parser.add_argument_group("training step")
     training.add_argument("--train", action="store_true",
                           help="capture the joint forward+backward graph of one training step")
@@ -46,13 +101,16 @@ def build_parser() -> argparse.ArgumentParser:
                           help="optimizer whose state is accounted (default adamw)")
     training.add_argument("--checkpoint", action="store_true",
                           help="what-if: activation checkpointing of every repeated block")
+    training.add_argument("--device-mem", metavar="SIZE|GPU",
+                          help="device memory for a fits verdict: 80GiB, 24GB or a GPU name")
     inference = parser.add_argument_group("inference memory")
     inference.add_argument("--kv-cache", action="store_true",
                            help="KV cache bytes per layer and the memory of one decode step")
-    inference.add_argument("--context", type=int,
+    inference.add_argument("--context", type=positive_int,
                            help="KV cache context in tokens (default: the sequence length)")
-    training.add_argument("--device-mem", metavar="SIZE|GPU",
-                          help="device memory for a fits verdict: 80GiB, 24GB or a GPU name")
+
+
+def _roofline_options(parser: argparse.ArgumentParser) -> None:
     roofline = parser.add_argument_group("roofline time estimate")
     roofline.add_argument("--device", help="estimate time on this device: h100, a100-80gb, "
                           "cpu… (see fxlens/rules/hardware.py)")
@@ -63,90 +121,167 @@ def build_parser() -> argparse.ArgumentParser:
     roofline.add_argument("--tf32", action="store_true", help="fp32 matmuls may use TF32")
     roofline.add_argument("--fused", action="store_true",
                           help="estimate over the predicted fused kernels (the fusion section)")
+
+
+def _quant_options(parser: argparse.ArgumentParser) -> None:
     quant = parser.add_argument_group("quantization sensitivity")
     quant.add_argument("--quant", action="store_true",
                        help="data-free per-layer quantization scores from the weights")
-    quant.add_argument("--calibrate", action="store_true", help="run real forwards (example "
-                       "inputs or the model file's calibration()): output SQNR per layer")
+    quant.add_argument("--quant-calibrate", action="store_true",
+                       help="run real forwards (example inputs or the model file's "
+                            "calibration()): output SQNR per layer")
+    # Deprecated spelling, confused with the `analyze calibrate` subcommand: still works.
+    quant.add_argument("--calibrate", dest="calibrate_deprecated", action="store_true",
+                       help=argparse.SUPPRESS)
     quant.add_argument("--activations", action="store_true",
-                       help="with --calibrate, also fake-quantize each layer's inputs")
+                       help="with --quant-calibrate, also fake-quantize each layer's inputs")
     quant.add_argument("--calibrate-metric", choices=("auto", "sqnr", "kl", "agreement"),
-                       default="auto", help="what ranks layers under --calibrate: output SQNR, "
-                       "KL of the softmax or top-1 agreement; auto (default): KL when the model "
-                       "returns a linear head's output (logits), else SQNR")
+                       default="auto", help="what ranks layers under --quant-calibrate: output "
+                       "SQNR, KL of the softmax or top-1 agreement; auto (default): KL when the "
+                       "model returns a linear head's output (logits), else SQNR")
     quant.add_argument("--quant-plan", choices=("w8a8", "w4a16", "auto"),
                        help="per-layer precision plan keeping sensitive layers higher")
     quant.add_argument("--budget", metavar="SIZE", help="weight memory budget of the plan: 4GiB")
-    quant.add_argument("--group-size", type=int, default=128, help="int4 group size (128)")
-    review = parser.add_argument_group("pre-merge review (see analyze diff)")
-    review.add_argument("--baseline", metavar="REPORT|TARGET",
-                        help="compare with this report .json, model or git:REF:path")
-    review.add_argument("--fail-on", metavar="GATES",
-                        help='exit 1 when a metric grows past a threshold against --baseline: '
-                             '"flops:+2%%,peak_memory:+5%%,params:+0"')
+    quant.add_argument("--group-size", type=positive_int, default=128,
+                       help="int4 group size (128)")
+
+
+def _page_options(parser: argparse.ArgumentParser) -> None:
     pages = parser.add_argument_group("graph and pages (default: graph.dot, graph.svg, "
                                       "report.html, summary.md in the report folder)")
+    pages.add_argument("--no-pages", action="store_true",
+                       help="write the JSON report only: no graph, HTML or Markdown")
     pages.add_argument("--dot", type=Path, metavar="PATH", help="write the graphviz graph here")
     pages.add_argument("--svg", type=Path, metavar="PATH",
                        help="write the graph as SVG here (needs graphviz's dot)")
     pages.add_argument("--png", action="store_true", help="also a PNG next to the SVG")
     pages.add_argument("--color", default="flops", choices=("flops", "bytes", "time", "memory"),
-                       help="colour graph nodes by this metric (default flops)")
+                       help="colour graph nodes by this metric (default flops; time needs "
+                            "--device)")
     pages.add_argument("--expand", action="store_true",
                        help="draw every op of repeated blocks instead of one node per block")
     pages.add_argument("--html", type=Path, metavar="PATH", help="write the HTML page here")
     pages.add_argument("--md", type=Path, metavar="PATH", help="write the Markdown summary here")
-    parser.add_argument("--quiet", action="store_true", help="no tables, files only")
-    parser.add_argument("--debug", action="store_true", help="tracebacks and debug logging")
-    return parser
 
 
 def run(args: argparse.Namespace) -> int:
-    from fxlens.api import AnalysisOptions, analyze_target
-    from fxlens.reports.terminal import render_terminal
-
-    overrides = dict(args.overrides)
-    sizes = {"batch": args.batch, "seq_len": args.seq_len, "image_size": args.image_size}
-    options = AnalysisOptions(
-        entry=args.entry, overrides=overrides, sizes=sizes,
-        methods=tuple(args.method) if args.method else METHODS, strict=args.strict,
+    if args.calibrate_deprecated:
+        note("--calibrate is deprecated (it reads like the `analyze calibrate` subcommand); "
+             "use --quant-calibrate")
+    settings = dict(
+        entry=args.entry, overrides=dict(args.overrides),
+        sizes={"batch": args.batch, "seq_len": args.seq_len, "image_size": args.image_size},
+        methods=tuple(args.method or METHODS), strict=args.strict,
         train=args.train, precision=args.precision, optimizer=args.optimizer,
         device_memory=args.device_mem, checkpoint=args.checkpoint,
         kv_cache=args.kv_cache, context=args.context,
         device=args.device, devices_file=args.devices, profile=args.profile, tf32=args.tf32,
-        fused=args.fused, quant=args.quant, calibrate=args.calibrate,
+        fused=args.fused, quant=args.quant,
+        calibrate=args.quant_calibrate or args.calibrate_deprecated,
         activations=args.activations, calibrate_metric=args.calibrate_metric,
         quant_plan=args.quant_plan, budget=args.budget,
-        group_size=args.group_size,
+        group_size=args.group_size, allow_large=args.allow_large,
     )
-    with err.status("loading…") as status:
-        report = analyze_target(args.target, options,
-                                on_step=lambda step: status.update(f"{step}…"))
+    review = _check_before(args, settings)
+    from fxlens.api import AnalysisOptions, analyze_target
+    from fxlens.reports.terminal import render_terminal
+
+    options = AnalysisOptions(**settings)
+    report = _analyze(args, options, analyze_target)
+    tables = err if args.json == STDOUT else out
     written = _write_files(report, args)
     if not args.quiet:
-        out.print(render_terminal(report, depth=args.depth, top=args.top, full=args.full))
-    for path in written:
-        err.print(f"wrote {path}")
-    if args.baseline or args.fail_on:
+        tables.print(render_terminal(report, depth=args.depth, top=args.top, full=args.full))
+        for path in written:
+            say(f"wrote {path}")
+    if review is not None:
         from fxlens.cli.diff import against_baseline
 
-        return against_baseline(report, args.baseline, args.fail_on, options, args.quiet)
+        return against_baseline(report, review, options, args.quiet, tables)
     return EXIT_OK
 
 
-def _write_files(report: Report, args: argparse.Namespace) -> list[Path]:
-    folder = args.out or Path("fxlens-out") / _safe_name(report.model.name)
-    json_path = args.json or folder / "report.json"
-    write_report(report, json_path)
-    from fxlens.reports.write import PageOptions, write_pages
+def _check_before(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
+    """Everything checkable before torch is imported and the model's code runs (gates, the
+    baseline report, output paths, every option's value); the baseline review to do after."""
+    from types import SimpleNamespace
 
-    pages = write_pages(report, PageOptions(
-        folder=folder, dot=args.dot, svg=args.svg, png=args.png, html=args.html, md=args.md,
-        color=args.color, expand=args.expand))
-    for note in pages.notes:
-        err.print(f"[yellow]note:[/] {note}", markup=True, highlight=False)
-    return [json_path, *pages.paths]
+    from fxlens.analyzer.core.errors import LoadError
+    from fxlens.analyzer.core.files import check_writable
+    from fxlens.checks import check_options
+
+    review = None
+    if args.baseline is not None or args.fail_on is not None:
+        from fxlens.cli.diff import prepare_review
+
+        review = prepare_review(args.baseline, args.fail_on, device=args.device)
+    if args.color == "time" and args.device is None and not args.no_pages:
+        raise LoadError("--color time colours the graph by the roofline's estimated time, "
+                        "which needs --device (e.g. --device h100)")
+    for path in _output_paths(args, "model"):
+        check_writable(path)
+    check_options(SimpleNamespace(**settings))
+    return review
+
+
+def _analyze(args: argparse.Namespace, options: Any, analyze_target: Any) -> Any:
+    if args.quiet:
+        return analyze_target(args.target, options)
+    from fxlens.reports.escape import terminal_escape
+
+    with err.status("loading…") as status:      # steps name the target: user text
+        return analyze_target(args.target, options,
+                              on_step=lambda step: status.update(f"{terminal_escape(step)}…"))
+
+
+def _output_paths(args: argparse.Namespace, name: str) -> list[Path]:
+    """Every file this run promises to write, for a model called `name`."""
+    folder = args.out or Path("fxlens-out") / _safe_name(name)
+    paths = [] if args.json == STDOUT else [Path(args.json) if args.json else
+                                             folder / "report.json"]
+    if not args.no_pages:
+        from fxlens.reports.write import page_paths
+
+        paths += page_paths(_page_options_of(args, folder))
+    return paths
+
+
+def _page_options_of(args: argparse.Namespace, folder: Path) -> Any:
+    from fxlens.reports.write import PageOptions
+
+    return PageOptions(folder=folder, dot=args.dot, svg=args.svg, png=args.png, html=args.html,
+                       md=args.md, color=args.color, expand=args.expand)
+
+
+def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
+    """Write the report JSON (or print it) and the pages; a promised file that is not there
+    afterwards is an internal error, never a silent success."""
+    import sys
+
+    from fxlens.analyzer.core.report import write_report
+
+    folder = args.out or Path("fxlens-out") / _safe_name(report.model.name)
+    written: list[Path] = []
+    if args.json == STDOUT:
+        sys.stdout.write(report.to_json())
+        sys.stdout.flush()
+    else:
+        json_path = Path(args.json) if args.json else folder / "report.json"
+        write_report(report, json_path)
+        written.append(json_path)
+    if not args.no_pages:
+        from fxlens.reports.write import write_pages
+
+        pages = write_pages(report, _page_options_of(args, folder))
+        for text in pages.notes:    # something asked for was not made: said even if --quiet
+            note(text)
+        written += pages.paths
+    missing = [p for p in written if not p.is_file()]
+    if missing:   # the CLI handler turns this into exit 3
+        raise RuntimeError(f"{missing[0]} was promised but is not there after writing")
+    return written
 
 
 def _safe_name(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+    return safe if safe.strip(".") else "_"     # never "" or "..": stay inside fxlens-out/

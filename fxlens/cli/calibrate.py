@@ -5,22 +5,20 @@ launch cost), which writes a profile JSON to ``--out`` or the cache
 (``~/.cache/fxlens/profiles/<device>.json``). ``analyze --device cpu`` (and ``cuda``) then use the
 cached profile automatically; ``--profile PATH`` uses any profile.
 
-Exit codes: 0 ok, 2 could not run (no CUDA device for ``--device cuda``).
+Exit codes: 0 ok, 2 could not run (no CUDA device for ``--device cuda``), 3 a bug.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
-from fxlens.devices import Profile, calibrate_profile
-from fxlens.reports.terminal import render_table
-from fxlens.reports.units import seconds, si
-from fxlens.reports.view import Column, Table
+from fxlens.cli.args import Parser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="analyze calibrate",
         description="Measure GEMM FLOP/s per dtype, copy bandwidth and launch cost; save a "
                     "profile the roofline uses instead of datasheet figures.")
@@ -34,17 +32,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from fxlens.cli.console import EXIT_OK, err, out
+    from fxlens.analyzer.core.files import check_writable
+    from fxlens.cli.console import EXIT_OK, err, out, say
+    from fxlens.devices import calibrate_profile
+    from fxlens.reports.terminal import render_table
 
+    if args.out is not None:
+        check_writable(args.out)
     with err.status(f"calibrating {args.device}: GEMMs per dtype, copy, launch…"):
         profile = calibrate_profile(args.device, args.out)
     if not args.quiet:
         out.print(render_table(calibration_table(profile)))
-    err.print(f"wrote {profile.path}")
+        say(f"wrote {profile.path}")
     return EXIT_OK
 
 
-def calibration_table(profile: Profile) -> Table:
+def calibration_table(profile: Any) -> Any:
+    """The measured figures of a `fxlens.devices.Profile` as a view table."""
+    from fxlens.reports.units import seconds, si
+    from fxlens.reports.view import Column, Table
+
     spec, measured = profile.spec, profile.measured
     rows = []
     for key, value in spec.peak_flops.items():

@@ -1,13 +1,50 @@
 """The one console pair of the CLI (tables to stdout, diagnostics to stderr) and exit codes.
 
-Only `fxlens.cli` prints; every subcommand prints through these two consoles.
+Only `fxlens.cli` prints; every subcommand prints through these two consoles. Neither console
+interprets Rich markup or emoji codes: user text (a module name, an exception message, a path)
+holding ``[link=…]`` or ``[/]`` prints as itself. Messages go through `say`, `note` and
+`error_line`, which also make control characters visible (`terminal_escape`), so an
+exception text cannot drive the terminal, and keep each message on one line.
+
+Exit codes — CI reads them, so each means one thing:
+
+    0  ok
+    1  a gate tripped (``--fail-on``); nothing else ever exits 1
+    2  bad input: the model, a report, an option, a path (one line on stderr)
+    3  internal error: a bug in fxlens (one line and where to report it; ``--debug`` shows
+       the traceback)
 """
 
 from __future__ import annotations
 
 from rich.console import Console
+from rich.text import Text
 
-EXIT_OK, EXIT_GATE, EXIT_ERROR = 0, 1, 2
+from fxlens.reports.escape import terminal_escape
 
-out = Console(highlight=False)
-err = Console(stderr=True, highlight=False)
+EXIT_OK, EXIT_GATE, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
+
+BUG_REPORTS = ("please report it to the fxlens maintainers with the command and the output of "
+               "the same command under --debug")
+
+out = Console(highlight=False, markup=False, emoji=False)
+err = Console(stderr=True, highlight=False, markup=False, emoji=False)
+
+
+def one_line(text: object) -> str:
+    """`text` on one line (line breaks, CR included, as spaces: a message cannot start a fake
+    line of its own in a CI log), nothing in it that drives the terminal."""
+    return terminal_escape(" ".join(str(text).splitlines()))
+
+
+def say(text: object, console: Console = err, style: str = "") -> None:
+    """One line of text, never markup, nothing that drives the terminal."""
+    console.print(Text(one_line(text), style=style), soft_wrap=True)
+
+
+def note(text: object) -> None:
+    err.print(Text.assemble(("note: ", "yellow"), one_line(text)), soft_wrap=True)
+
+
+def error_line(text: object, label: str = "error") -> None:
+    err.print(Text.assemble((f"{label}: ", "bold red"), one_line(text)), soft_wrap=True)

@@ -16,15 +16,15 @@ import inspect
 from typing import Any
 
 from rich.console import Console
+from rich.text import Text
 
-from fxlens.analyzer.core.coded import CodedRule
-from fxlens.analyzer.core.costs import CostRegistry, Registration
-from fxlens.api import load_rules
+from fxlens.cli.args import Parser
 from fxlens.cli.console import EXIT_ERROR, EXIT_OK, err, out
+from fxlens.reports.escape import terminal_escape
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="analyze explain",
         description="Explain a fusion or quantization rule by code (FUS002, QNT001), or the "
                     "cost rule of an op (aten.mm); with no argument, list every code.",
@@ -34,6 +34,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from fxlens.api import load_rules
+
     registry = load_rules()
     if args.code is None:
         _list(registry)
@@ -53,23 +55,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _say(text: str, console: Console = out) -> None:
-    """Docstrings are plain text: no rich markup ("[[conv, relu]]"), emoji codes or re-wrapping."""
-    console.print(text, markup=False, emoji=False, highlight=False, soft_wrap=True)
+    """Docstrings are plain text: no rich markup ("[[conv, relu]]"), emoji codes or
+    re-wrapping; a rule pack's docstring cannot drive the terminal either."""
+    console.print(Text(terminal_escape(text, newlines=True)), soft_wrap=True)
 
 
-def _list(registry: CostRegistry) -> None:
+def _list(registry: Any) -> None:
     width = max((len(r.code) for r in registry.coded), default=0)
     for rule in registry.coded:
         _say(f"{rule.code:<{width}}  {rule.family:<6}  {rule.title}")
 
 
-def _coded(rule: CodedRule[Any]) -> None:
+def _coded(rule: Any) -> None:
     _say(f"{rule.code} · {rule.family} rule")
     _say(f"\n{rule.doc.text}\n")
     _say(f"defined at {rule.site}")
 
 
-def _op(key: str, found: Registration | str) -> None:
+def _op(key: str, found: Any) -> None:
     if isinstance(found, str):
         _say(f"{key} · declared free (no FLOPs, no bytes moved)\n\n{found}")
         return

@@ -1,7 +1,8 @@
 """Terminal tables for a `ReportDiff` and its gate results: pure, rich renderables.
 
-Module names come from user code, so every user string is placed in a `rich.text.Text`
-(never parsed as console markup).
+Module names come from user code and reports from anyone, so every string is placed in a
+`rich.text.Text` through `fxlens.reports.terminal.plain` (never parsed as console markup,
+control characters made visible), titles and captions included.
 """
 
 from __future__ import annotations
@@ -10,11 +11,11 @@ from collections.abc import Sequence
 
 from rich.console import Group, RenderableType
 from rich.table import Table
-from rich.text import Text
 
 from fxlens.analyzer.review.diff import TOTAL_METRICS, ModuleStatus, ReportDiff
 from fxlens.analyzer.review.gates import GateResult
 from fxlens.reports import diff_format as fmt
+from fxlens.reports.terminal import plain
 
 _STATUS_STYLE = {ModuleStatus.ADDED: "green", ModuleStatus.REMOVED: "red",
                  ModuleStatus.RENAMED: "yellow", ModuleStatus.CHANGED: ""}
@@ -33,7 +34,7 @@ def render_diff_terminal(diff: ReportDiff, gates: Sequence[GateResult] = (),
 
 
 def totals_table(diff: ReportDiff) -> Table:
-    table = Table(title=Text(f"fxlens diff · {diff.old_name} → {diff.new_name}"),
+    table = Table(title=plain(f"fxlens diff · {diff.old_name} → {diff.new_name}"),
                   title_justify="left")
     for name in ("metric", "old", "new", "change"):
         table.add_column(name, justify="left" if name == "metric" else "right")
@@ -42,10 +43,10 @@ def totals_table(diff: ReportDiff) -> Table:
         if delta is None or (delta.old is None and delta.new is None):
             continue
         style = "red" if delta.change > 0 else "green" if delta.change < 0 else ""
-        table.add_row(fmt.LABELS[metric], fmt.value(metric, delta.old),
-                      fmt.value(metric, delta.new),
-                      Text(fmt.change_with_relative(metric, delta), style=style))
-    table.caption = Text("; ".join(diff.notes)) if diff.notes else None
+        table.add_row(plain(fmt.LABELS[metric]), plain(fmt.value(metric, delta.old)),
+                      plain(fmt.value(metric, delta.new)),
+                      plain(fmt.change_with_relative(metric, delta), style))
+    table.caption = plain("; ".join(diff.notes)) if diff.notes else None
     return table
 
 
@@ -60,12 +61,13 @@ def modules_table(diff: ReportDiff, top: int) -> Table:
     for metric in columns:
         table.add_column(fmt.LABELS[metric], justify="right")
     for module in diff.modules[:top]:
-        label = Text(fmt.module_label(module), style=_STATUS_STYLE[module.status])
+        label = plain(fmt.module_label(module), style=_STATUS_STYLE[module.status])
         if module.status is not ModuleStatus.CHANGED:
             label.append(f" ({module.status.value})", style="dim")
-        table.add_row(label, *(fmt.change(m, module.metrics[m]) for m in columns))
+        table.add_row(label, *(plain(fmt.change(m, module.metrics[m])) for m in columns))
     if len(diff.modules) > top:
-        table.caption = f"{len(diff.modules) - top} more in the JSON / Markdown / HTML diff"
+        table.caption = plain(f"{len(diff.modules) - top} more in the JSON / Markdown / HTML "
+                              "diff")
     return table
 
 
@@ -74,8 +76,8 @@ def shapes_table(diff: ReportDiff, top: int) -> Table:
     for name in ("module", "op", "call", "old", "new"):
         table.add_column(name)
     for change in diff.shapes[:top]:
-        table.add_row(Text(change.module or "(root)"), Text(change.op), str(change.index),
-                      str([list(s) for s in change.old]), str([list(s) for s in change.new]))
+        table.add_row(plain(change.module or "(root)"), plain(change.op), plain(change.index),
+                      plain([list(s) for s in change.old]), plain([list(s) for s in change.new]))
     return table
 
 
@@ -86,8 +88,8 @@ def findings_table(diff: ReportDiff) -> Table:
     for label, style, findings in (("new", "red", diff.new_findings),
                                    ("resolved", "green", diff.resolved_findings)):
         for finding in findings:
-            table.add_row(Text(label, style=style), Text(finding.code),
-                          Text(", ".join(finding.modules)), Text(finding.message))
+            table.add_row(plain(label, style), plain(finding.code),
+                          plain(", ".join(finding.modules)), plain(finding.message))
     return table
 
 
@@ -95,6 +97,6 @@ def gates_table(gates: Sequence[GateResult]) -> Table:
     table = Table(title="gates", title_justify="left", show_header=False)
     table.add_column()
     for result in gates:
-        table.add_row(Text(fmt.gate_line(result),
-                           style="bold red" if result.tripped else "green"))
+        table.add_row(plain(fmt.gate_line(result),
+                            "bold red" if result.tripped else "green"))
     return table

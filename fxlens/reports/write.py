@@ -1,8 +1,10 @@
 """Write the rendered files of one report: graph.dot (+ .svg/.png), report.html, summary.md.
 
 The renderers (`dot`, `html`, `markdown`) are pure; this is the one place in `reports/` that
-touches the file system or runs graphviz. It never prints: it returns what it wrote and the
-notes the CLI should show (e.g. graphviz missing), so `fxlens.cli.main` stays the only printer.
+touches the file system or runs graphviz; every file is written atomically
+(`fxlens.analyzer.core.files.write_atomic`), so a failed run never leaves half a page. It
+never prints: it returns what it wrote and the notes the CLI should show (e.g. graphviz
+missing), so `fxlens.cli` stays the only printer.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fxlens.analyzer.core.errors import ReportError
+from fxlens.analyzer.core.files import write_atomic
 from fxlens.analyzer.core.report import Report
 from fxlens.reports.dot import DOT_TIMEOUT_S, dot_binary, graphviz_render, render_dot
 from fxlens.reports.html import render_html
@@ -58,7 +61,7 @@ def write_pages(report: Report, options: PageOptions) -> Written:
             _write(written, svg_path, svg)
             if options.png:
                 png_path = svg_path.with_suffix(".png")
-                png_path.write_bytes(graphviz_render(dot_source, "png"))
+                write_atomic(png_path, graphviz_render(dot_source, "png"))
                 written.paths.append(png_path)
         except ReportError as error:
             written.notes.append(f"graph image skipped: {error}; graph.dot is written "
@@ -69,6 +72,14 @@ def write_pages(report: Report, options: PageOptions) -> Written:
 
 
 def _write(written: Written, path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
+    write_atomic(path, text)
     written.paths.append(path)
+
+
+def page_paths(options: PageOptions) -> list[Path]:
+    """Every path `write_pages` may write, so the CLI can check them before an analysis."""
+    svg = options.svg or options.folder / "graph.svg"
+    return [options.dot or options.folder / "graph.dot", svg,
+            *([svg.with_suffix(".png")] if options.png else []),
+            options.html or options.folder / "report.html",
+            options.md or options.folder / "summary.md"]

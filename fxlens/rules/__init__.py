@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 FAMILIES = (
     "views", "matmul", "conv", "attention", "rnn", "pointwise", "reduction", "norm",
-    "indexing", "pooling", "data_movement",
+    "indexing", "pooling", "data_movement", "fft",
 )
 CODED = ("fusion", "quant")     # modules declaring the coded rules (FUS***, QNT***)
 

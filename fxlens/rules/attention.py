@@ -21,6 +21,18 @@ top-left aligned as in SDPA (query i sees keys j ≤ i), so a head computes
 ``custom_mask_type`` 2 is bottom-right aligned (query i sees keys j ≤ i + T_k − T_q).
 NB: kernels skip whole tiles, not single scores, so real causal work is slightly higher.
 
+Which convention applies is decided from what the eager run does, not from the traced call
+alone: a call with ``is_causal=False`` and an explicit mask that is *exactly* causal (built in
+the graph from positions only, as `transformers` does when it detects tracing, where its eager
+run passes ``is_causal=True`` instead) is counted causal; any other explicit mask is counted
+dense, since a kernel handed a mask computes every score. A mask built from positions only
+(no model input, parameter or buffer reaches it) is evaluated on CPU and compared with the
+causal pattern (top-left, or bottom-right when T_q ≠ T_k). Limits: masks beyond 8192 × 8192
+(`fxlens.rules.masks.MAX_MASK_ELEMENTS`) are not evaluated and count dense; a mask that
+depends on the inputs (padding from ``attention_mask``) counts dense even when it would be all
+ones; sliding windows count dense (an explicit banded mask). Details in `fxlens.rules.masks`.
+Every attention cost carries a note (`Cost.note`) naming the convention applied and why.
+
 Grouped-query attention (fewer key/value heads, ``enable_gqa``): FLOPs follow the query
 heads, as every query head computes its own scores.
 
@@ -53,6 +65,7 @@ from fxlens.rules.conventions import (
     SOFTMAX_FLOPS_PER_ELEMENT,
     SPECIAL_FUNCTION_FLOPS,
 )
+from fxlens.rules.masks import mask_convention
 
 aten = torch.ops.aten
 
@@ -69,6 +82,7 @@ class Attn:
     d_qk: int
     d_v: int
     scores: int
+    note: str = ""
 
 
 def causal_scores(t_q: int, t_k: int, offset: int = 0) -> int:
@@ -90,10 +104,20 @@ def _attn(call: OpCall, seq_first: bool = False, mask_type: int | None = None) -
     seqs = _varlen_seqs(call) if seq_first else 1
     t_q, t_k = (q[t], k[t]) if seqs == 1 else _max_lens(call)
     if mask_type is None:
-        mask_type = int(bool(call.arg("is_causal", False)))
+        verdict = mask_convention(call)
+        mask_type, note = 2 if verdict.bottom_right else int(verdict.causal), verdict.note
+    else:
+        note = MASK_TYPE_NOTES.get(mask_type, f"custom_mask_type={mask_type}")
     scores = t_q * t_k if mask_type == 0 else causal_scores(t_q, t_k, (mask_type - 1) * (t_k - t_q))
     bh = numel(q) // max(q[t] * q[-1], 1) * seqs
-    return Attn(bh, t_q, q[-1], v[-1], scores)
+    return Attn(bh, t_q, q[-1], v[-1], scores, note)
+
+
+MASK_TYPE_NOTES = {
+    0: "dense: custom_mask_type=0",
+    1: "causal: custom_mask_type=1 (top-left)",
+    2: "causal: custom_mask_type=2 (bottom-right)",
+}
 
 
 def _varlen_seqs(call: OpCall) -> int:
@@ -129,7 +153,8 @@ def backward_flops(a: Attn) -> int:
 )
 def sdpa(call: OpCall) -> Cost:
     """Fused attention forward on (B, H, T, d): GEMMs + softmax on every computed score."""
-    return Cost(flops=forward_flops(_attn(call)))
+    a = _attn(call)
+    return Cost(flops=forward_flops(a), note=a.note)
 
 
 @cost_rule(
@@ -140,31 +165,34 @@ def sdpa(call: OpCall) -> Cost:
 )
 def sdpa_backward(call: OpCall) -> Cost:
     """Fused attention backward on (B, H, T, d): five GEMMs + softmax backward."""
-    return Cost(flops=backward_flops(_attn(call)))
+    a = _attn(call)
+    return Cost(flops=backward_flops(a), note=a.note)
 
 
 @cost_rule(aten._flash_attention_forward)
 def flash_forward(call: OpCall) -> Cost:
     """Raw flash kernel on (B, T, H, d) or varlen (total, H, d)."""
-    return Cost(flops=forward_flops(_attn(call, seq_first=True)))
+    a = _attn(call, seq_first=True)
+    return Cost(flops=forward_flops(a), note=a.note)
 
 
 @cost_rule(aten._flash_attention_backward)
 def flash_backward(call: OpCall) -> Cost:
-    return Cost(flops=backward_flops(_attn(call, seq_first=True)))
+    a = _attn(call, seq_first=True)
+    return Cost(flops=backward_flops(a), note=a.note)
 
 
 @cost_rule(aten._efficient_attention_forward)
 def efficient_forward(call: OpCall) -> Cost:
     """Raw memory-efficient kernel on (B, T, H, d); causality from `custom_mask_type`."""
-    mask_type = int(call.arg("custom_mask_type"))
-    return Cost(flops=forward_flops(_attn(call, seq_first=True, mask_type=mask_type)))
+    a = _attn(call, seq_first=True, mask_type=int(call.arg("custom_mask_type")))
+    return Cost(flops=forward_flops(a), note=a.note)
 
 
 @cost_rule(aten._efficient_attention_backward)
 def efficient_backward(call: OpCall) -> Cost:
-    mask_type = int(call.arg("custom_mask_type"))
-    return Cost(flops=backward_flops(_attn(call, seq_first=True, mask_type=mask_type)))
+    a = _attn(call, seq_first=True, mask_type=int(call.arg("custom_mask_type")))
+    return Cost(flops=backward_flops(a), note=a.note)
 
 
 @cost_rule(aten._scaled_dot_product_attention_math)
@@ -179,4 +207,5 @@ def sdpa_math(call: OpCall) -> Cost:
         flops=forward_flops(a),
         bytes_read=default_read + 2 * score_bytes,
         bytes_written=default_written + score_bytes,
+        note="dense: the unfused math path computes every score, masked or not",
     )

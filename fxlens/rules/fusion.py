@@ -46,7 +46,7 @@ FAMILY_KINDS: Mapping[str, OpKind] = {
     "indexing": OpKind.POINTWISE, "views": OpKind.FREE,
     "reduction": OpKind.REDUCTION, "norm": OpKind.REDUCTION, "pooling": OpKind.REDUCTION,
     "matmul": OpKind.GEMM, "conv": OpKind.GEMM,
-    "attention": OpKind.EXTERN, "rnn": OpKind.EXTERN,
+    "attention": OpKind.EXTERN, "rnn": OpKind.EXTERN, "fft": OpKind.EXTERN,
 }
 SOFTMAX_RULES = (reduction.softmax, reduction.safe_softmax)
 NORM_RULES = (norm.layer_norm, norm.rms_norm)

@@ -38,13 +38,14 @@ replaces them (and is used automatically when it exists, see `cached_profile`).
 
 from __future__ import annotations
 
-import json
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from fxlens.analyzer.core.files import read_json
 from fxlens.analyzer.core.sections import DeviceFigures
 
 GIB = 2**30
@@ -209,29 +210,65 @@ def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> D
     bad = set(peaks) - set(DTYPE_KEYS)
     if bad:
         raise ValueError(f"unknown dtype key(s) {sorted(bad)} in peak_flops; known: {DTYPE_KEYS}")
-    values: dict[str, Any] = {k: float(data[k]) for k in _NUMBERS if k in data}
+    values: dict[str, Any] = {k: _number(k, data[k]) for k in _NUMBERS if k in data}
     if "memory_bytes" in values:
         values["memory_bytes"] = int(values["memory_bytes"])
-    values.update({k: data[k] for k in ("name", "source", "kind", "calibrated") if k in data})
+    values.update({k: _typed(k, data[k]) for k in ("name", "source", "kind", "calibrated")
+                   if k in data})
     if base is None:
-        full_peaks = {k: float(peaks.get(k, 0.0)) for k in DTYPE_KEYS}
+        full_peaks = {k: _number(f"peak_flops.{k}", peaks.get(k, 0.0)) for k in DTYPE_KEYS}
         values.setdefault("memory_bytes", 0)
         values.setdefault("source", "user device file")
-        return DeviceSpec(peak_flops=full_peaks, **values)
-    merged = {**base.peak_flops, **{k: float(v) for k, v in peaks.items()}}
-    return replace(base, peak_flops=merged, **values)
+        return _usable(DeviceSpec(peak_flops=full_peaks, **values))
+    merged = {**base.peak_flops, **{k: _number(f"peak_flops.{k}", v) for k, v in peaks.items()}}
+    return _usable(replace(base, peak_flops=merged, **values))
+
+
+def _number(name: str, value: Any) -> float:
+    """A finite, non-negative figure (a NaN peak would make every time NaN, a negative one
+    negative throughput); efficiencies are shares, at most 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{name} must be a finite number ≥ 0, got {number:g}")
+    if name.endswith("_efficiency") and not 0 < number <= 1:
+        raise ValueError(f"{name} is a share of the peak: it must be in (0, 1], got {number:g}")
+    return number
+
+
+def _typed(name: str, value: Any) -> Any:
+    expected = bool if name == "calibrated" else str
+    if not isinstance(value, expected):
+        raise ValueError(f"{name} must be a {expected.__name__}, got {type(value).__name__}")
+    if name == "kind" and value not in ("gpu", "cpu"):
+        raise ValueError(f"kind must be 'gpu' or 'cpu', got {value!r}")
+    return value
+
+
+def _usable(spec: DeviceSpec) -> DeviceSpec:
+    """A roofline divides by the bandwidth and by some peak: both must be there."""
+    if spec.bandwidth_bytes_per_s <= 0:
+        raise ValueError(f"device {spec.name!r}: bandwidth_bytes_per_s must be > 0")
+    if not any(v > 0 for v in spec.peak_flops.values()):
+        raise ValueError(f"device {spec.name!r}: peak_flops needs at least one figure > 0")
+    return spec
 
 
 def load_devices(path: Path) -> dict[str, DeviceSpec]:
     """Devices from a user JSON file ``{"devices": {name: {field: value}}}``: a known name
     overrides the listed fields of that device, a new name adds a device."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = read_json(path, "devices file")
+        if not isinstance(data, dict):
+            raise TypeError("expected an object {\"devices\": {name: fields}}")
         entries = data["devices"]
         if not isinstance(entries, dict):
             raise TypeError("'devices' must be an object of name → fields")
         loaded: dict[str, DeviceSpec] = {}
         for raw_name, entry in entries.items():
+            if not isinstance(entry, dict):
+                raise TypeError(f"device {raw_name!r} must be an object of fields")
             name = ALIASES.get(raw_name.lower(), raw_name.lower())
             base = _known(name)
             spec = spec_from_json({**entry, "name": name}, base)
@@ -259,7 +296,9 @@ def load_profile(path: Path) -> DeviceSpec:
     """A calibrated profile written by `analyze calibrate`: ``{"device": {...}, "measured":
     {...}}``; the device entry has every `DeviceSpec` field."""
     try:
-        data = json.loads(Path(path).read_text())
+        data = read_json(path, "profile")
+        if not isinstance(data, dict) or not isinstance(data.get("device"), dict):
+            raise TypeError("expected an object with a \"device\" object")
         return spec_from_json(data["device"])
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ValueError(f"cannot read profile {path}: {error}") from error

@@ -4,7 +4,8 @@ Legend: ``n`` input elements, ``m`` output elements, ``L`` the length of the red
 or sorted dim, ``R = n / L`` the independent rows along it.
 
 FLOPs per input element (every count is a stated convention, not a measurement):
-- folds (sum, amax, amin, max/min, argmax, argmin, prod, any, all, count_nonzero): 1 (one
+- folds (sum, amax, amin, max/min, argmax, argmin, prod, any, all, count_nonzero, and
+  ``_is_all_true``/``_is_any_true``, the whole-tensor checks behind ``torch._check``): 1 (one
   add, compare or multiply); aminmax and nansum 2. NB: folding ``L`` values takes ``L - 1``
   ops; we count ``L``, as the usual teaching material does. ``max.other``/``min.other`` are
   binary pointwise ops and are deliberately not registered here.
@@ -97,6 +98,7 @@ FOLDS = (
     aten.sum, aten.amax, aten.amin, aten.max.default, aten.max.dim, aten.max.dim_max,
     aten.max.unary_out, aten.min.default, aten.min.dim, aten.min.dim_min, aten.min.unary_out,
     aten.argmax, aten.argmin, aten.prod, aten.any, aten.all, aten.count_nonzero,
+    aten._is_all_true, aten._is_any_true,
 )
 
 

@@ -42,7 +42,7 @@ from fxlens.analyzer.core.graph import TensorSpec
 VIEW_OPS: frozenset[str] = frozenset(f"aten.{name}" for name in (
     # reshaping views (always views: the output shape is chosen to fit the strides)
     "view", "_unsafe_view", "_reshape_alias", "view_as", "unflatten", "as_strided",
-    "expand", "expand_as", "unsqueeze", "squeeze",
+    "expand", "expand_as", "broadcast_to", "unsqueeze", "squeeze",
     # dimension reorders
     "permute", "transpose", "t", "movedim", "moveaxis", "swapaxes", "swapdims", "adjoint",
     "numpy_T", "mT", "mH", "matrix_H",

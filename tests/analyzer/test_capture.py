@@ -73,7 +73,7 @@ def test_torch_chatter_goes_to_the_debug_log_without_swapping_stderr(
 ) -> None:
     module = Noisy()
     stderr = sys.stderr
-    with caplog.at_level(logging.DEBUG, logger="fxlens.analyzer.capture.chain"), \
+    with caplog.at_level(logging.DEBUG, logger="fxlens.analyzer.capture"), \
             warnings.catch_warnings(record=True) as escaped:
         warnings.simplefilter("always")
         graph = capture(module, (torch.randn(2, 4),), load_rules())
@@ -83,6 +83,53 @@ def test_torch_chatter_goes_to_the_debug_log_without_swapping_stderr(
     assert "torch.export printed during capture" in caplog.text and "noisy model" in caplog.text
     assert module.stderr_seen and all(seen is stderr for seen in module.stderr_seen)
     assert "print" not in vars(importlib.import_module("torch.export._trace"))
+
+
+class GroupedExperts(torch.nn.Module):
+    """Float32 experts through ``torch._grouped_mm``, as transformers runs MoE on CPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.randn(4, 16, 32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        offs = torch.tensor([2, 4, 6, 8], dtype=torch.int32)
+        return torch._grouped_mm(x, self.weight, offs=offs)
+
+
+def test_float32_grouped_gemm_stays_on_fake_tensors_quietly(
+    capfd: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    """torch's meta kernel takes only bfloat16 where the CPU kernel takes float32: our fake
+    mode answers as the CPU kernel, so no link fails and torch logs nothing."""
+    module, x = GroupedExperts(), torch.randn(8, 16)
+    for method in ("make_fx", "record"):
+        graph = capture(module, (x,), load_rules(), methods=(method,))
+        assert "real tensors" not in graph.capture_method
+        (node,) = [n for n in graph.calls() if n.target == "aten._grouped_mm.default"]
+        assert node.outputs[0] is not None
+        assert (node.outputs[0].shape, node.outputs[0].dtype) == ((8, 32), "float32")
+    assert capfd.readouterr().err == ""
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+def test_torch_log_records_during_capture_become_one_debug_line(
+    capfd: pytest.CaptureFixture, caplog: pytest.LogCaptureFixture
+) -> None:
+    from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
+
+    fake_tensor_log = logging.getLogger("torch._subclasses.fake_tensor")
+    with caplog.at_level(logging.DEBUG, logger="fxlens.analyzer.capture"):
+        with torch_chatter_to_debug_log():
+            for _ in range(3):
+                fake_tensor_log.error("failed while attempting to run meta for %s", "aten.op")
+        fake_tensor_log.debug("after the step: not held back")
+    assert capfd.readouterr().err == ""
+    summary = [r.getMessage() for r in caplog.records if r.name.endswith("chatter")]
+    assert summary == ["torch logged 3 message(s) during capture, held back; the first: "
+                       "torch._subclasses.fake_tensor: failed while attempting to run meta "
+                       "for aten.op"]
+    assert not fake_tensor_log.filters
 
 
 def test_unknown_ops_are_decomposed_until_known() -> None:

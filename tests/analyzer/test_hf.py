@@ -27,6 +27,7 @@ pytest.importorskip("transformers")
 REQUIRED = {
     "gpt2", "gpt2-xl", "bert-base", "t5-small", "llama-2-7b", "llama-3-8b", "llama-3-70b",
     "mistral-7b", "mixtral-8x7b", "qwen2-7b", "whisper-tiny", "vit-base",
+    "deepseek-v3", "qwen3-30b-a3b", "gemma-3-1b", "phi-3-mini", "llama-3.1-405b",
 }
 
 # Parameter counts of the published checkpoints (tied embeddings counted once): a wrong
@@ -45,6 +46,11 @@ PUBLISHED_PARAMS = {
     "qwen2-7b": 7_615_616_512,
     "whisper-tiny": 37_760_640,
     "vit-base": 86_567_656,
+    "llama-3.1-405b": 405_853_388_800,
+    "deepseek-v3": 671_026_404_352,    # the main model; the released 685 B add the MTP layer
+    "qwen3-30b-a3b": 30_532_122_624,
+    "phi-3-mini": 3_821_079_552,
+    "gemma-3-1b": 999_885_952,         # tied embeddings
 }
 
 # SDPA calls per forward: one per attention module (encoder-decoders add cross-attention).
@@ -65,7 +71,8 @@ def test_preset_file_is_well_formed(name: str) -> None:
     raw = json.loads((hf.PRESET_DIR / f"{name}.json").read_text())
     preset = read_preset(name)
     assert "/" in preset.source, "source is the hub id of the published config"
-    assert preset.model_class.startswith(preset.config_class.removesuffix("Config"))
+    family = preset.config_class.removesuffix("Config").removesuffix("Text")
+    assert preset.model_class.startswith(family)
     assert set(raw) <= {"source", "config_class", "model_class", "input_kind", "dtype",
                         "inputs", "config"}
     if preset.input_kind is not InputKind.IMAGE:
@@ -180,10 +187,15 @@ def test_errors_share_one_base() -> None:
     assert all(issubclass(e, FxlensError) for e in (LoadError, CaptureError, ReportError))
 
 
+# Presets whose full depth takes long to capture: a few layers show the same structure.
+SHALLOW = {"llama-3.1-405b": {"num_hidden_layers": "4"},
+           "deepseek-v3": {"num_hidden_layers": "5"}, "qwen3-30b-a3b": {"num_hidden_layers": "4"}}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", preset_names())
 def test_preset_exports_fully_costed_with_one_sdpa_per_attention(name: str) -> None:
-    loaded = load_preset(name, seq_len=16)
+    loaded = load_preset(name, SHALLOW.get(name), seq_len=16)
     registry = load_rules()
     graph = capture(loaded.module, loaded.inputs, registry, methods=("export",))
     report = analyze(graph, registry, strict=True)
@@ -191,3 +203,111 @@ def test_preset_exports_fully_costed_with_one_sdpa_per_attention(name: str) -> N
     targets = [n.target for n in graph.calls()]
     sdpa = targets.count("aten.scaled_dot_product_attention.default")
     assert sdpa == SDPA_CALLS.get(name, loaded.module.config.num_hidden_layers)
+
+
+# ---- forward FLOPs against closed forms ------------------------------------------------------
+#
+# GEMMs: 2 FLOPs per weight per token (embedding lookups are not GEMMs; the LM head is);
+# MoE layers count their router and only the top-k routed experts (+ shared ones).
+# Attention per layer: B·H·scores·(2·d_qk + 2·d_v + 8 softmax), scores = T(T+1)/2 causal —
+# what the eager kernel computes for these decoders (transformers calls SDPA with is_causal)
+# while the exported graph holds an explicit mask, judged exactly causal by fxlens.rules.masks.
+
+def causal_attention(config: Any, b: int, t: int, d_qk: int, d_v: int) -> int:
+    scores = t * (t + 1) // 2
+    return config.num_hidden_layers * b * config.num_attention_heads * scores * (
+        2 * d_qk + 2 * d_v + 8)
+
+
+def dense_decoder(config: Any, b: int, t: int) -> tuple[int, int]:
+    """Llama, Phi-3, Gemma-3: GQA projections, a gated MLP, the LM head."""
+    h, d = config.hidden_size, getattr(config, "head_dim", None) or (
+        config.hidden_size // config.num_attention_heads)
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    layer = h * q + 2 * h * kv + q * h + 3 * h * config.intermediate_size
+    gemm = 2 * b * t * (config.num_hidden_layers * layer + h * config.vocab_size)
+    return gemm, causal_attention(config, b, t, d, d)
+
+
+def qwen3_moe(config: Any, b: int, t: int) -> tuple[int, int]:
+    h, d = config.hidden_size, config.head_dim
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    experts = config.num_experts_per_tok * 3 * h * config.moe_intermediate_size
+    layer = h * q + 2 * h * kv + q * h + h * config.num_experts + experts
+    gemm = 2 * b * t * (config.num_hidden_layers * layer + h * config.vocab_size)
+    return gemm, causal_attention(config, b, t, d, d)
+
+
+def deepseek_v3(config: Any, b: int, t: int) -> tuple[int, int]:
+    """Multi-head latent attention (low-rank Q and KV), dense MLPs in the first layers, then
+    a router, top-k routed experts and the shared experts."""
+    h, heads = config.hidden_size, config.num_attention_heads
+    d_qk = config.qk_nope_head_dim + config.qk_rope_head_dim
+    mla = (h * config.q_lora_rank + config.q_lora_rank * heads * d_qk
+           + h * (config.kv_lora_rank + config.qk_rope_head_dim)
+           + config.kv_lora_rank * heads * (config.qk_nope_head_dim + config.v_head_dim)
+           + heads * config.v_head_dim * h)
+    dense = 3 * h * config.intermediate_size
+    moe = (h * config.n_routed_experts
+           + (config.num_experts_per_tok + config.n_shared_experts)
+           * 3 * h * config.moe_intermediate_size)
+    n_dense = min(config.first_k_dense_replace, config.num_hidden_layers)
+    layers = config.num_hidden_layers * mla + n_dense * dense + (
+        config.num_hidden_layers - n_dense) * moe
+    gemm = 2 * b * t * (layers + h * config.vocab_size)
+    return gemm, causal_attention(config, b, t, d_qk, config.v_head_dim)
+
+
+CLOSED_FORMS: dict[str, tuple[dict[str, str], Any]] = {
+    "llama-3.1-405b": ({}, dense_decoder),
+    "phi-3-mini": ({}, dense_decoder),
+    "gemma-3-1b": ({}, dense_decoder),
+    "qwen3-30b-a3b": ({}, qwen3_moe),
+    "deepseek-v3": ({"first_k_dense_replace": "1"}, deepseek_v3),  # one dense, one MoE layer
+}
+
+
+def flops_by_family(name: str, overrides: dict[str, str], seq_len: int) -> tuple[Any, Any]:
+    """(config, FLOPs per rule family) of preset `name` at 2 layers, batch 2."""
+    loaded = load_preset(name, {"num_hidden_layers": "2", **overrides}, batch=2, seq_len=seq_len)
+    registry = load_rules()
+    graph = capture(loaded.module, loaded.inputs, registry)
+    report = analyze(graph, registry, strict=True)
+    assert report.coverage.complete, report.coverage.unsupported
+    families: dict[str, int] = {}
+    for node, costed in zip(graph.calls(), report.nodes, strict=True):
+        family = getattr(registry.lookup(node), "__module__", "").rpartition(".")[2]
+        families[family] = families.get(family, 0) + costed.flops
+    families["total"] = report.totals.flops
+    return loaded.module.config, families
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(CLOSED_FORMS))
+def test_preset_forward_flops_match_the_closed_form(name: str) -> None:
+    overrides, closed_form = CLOSED_FORMS[name]
+    config, flops = flops_by_family(name, overrides, seq_len=64)
+    gemm, attention = closed_form(config, 2, 64)
+    assert flops["matmul"] == gemm
+    assert flops["attention"] == attention
+    assert flops["total"] - gemm - attention < 0.01 * flops["total"]  # elementwise, norms
+
+
+@pytest.mark.slow
+def test_llama_3_8b_attention_at_8k_is_counted_causal() -> None:
+    """The issue's headline: at 8192 tokens the exported graph holds an explicit 8192² mask,
+    the eager run calls SDPA with is_causal=True; we count the lower triangle."""
+    config, flops = flops_by_family("llama-3-8b", {}, seq_len=8192)
+    gemm, attention = dense_decoder(config, 2, 8192)
+    assert (flops["matmul"], flops["attention"]) == (gemm, attention)
+
+
+@pytest.mark.slow
+def test_sliding_window_beyond_the_window_is_counted_dense() -> None:
+    """Phi-3-mini's 2047-token window: past it transformers passes an explicit banded mask
+    (no is_causal), so a kernel computes every score — the mask is not exactly causal."""
+    t = 2048 + 16
+    config, flops = flops_by_family("phi-3-mini", {}, seq_len=t)
+    d = config.hidden_size // config.num_attention_heads
+    dense = config.num_hidden_layers * 2 * config.num_attention_heads * t * t * (4 * d + 8)
+    assert flops["attention"] == dense

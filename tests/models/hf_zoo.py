@@ -2,8 +2,14 @@
 
 Each ``build_<name>()`` returns ``(module, example_inputs)`` with keyword inputs, like a model
 file's ``build()``: hidden sizes 32–64, two layers, vocabularies of 100–256 and sequences of
-8–16, so the whole zoo runs eagerly in seconds. All use SDPA attention, no KV cache and eval
-mode. `ZOO` lists them by name.
+8–16, so the whole zoo runs eagerly in seconds. All use SDPA attention where the architecture
+has it, no KV cache and eval mode. `ZOO` lists them by name.
+
+The families: decoder-only with GQA (Llama, Qwen2, Phi-3), GPT-2, GPT-NeoX, OPT, Falcon (the
+new decoder architecture: grouped KV heads, parallel attention), MoE (Mixtral, Qwen3-MoE),
+MLA + MoE (DeepSeek-V3), attention + Mamba + MoE (Jamba), state-space (Mamba), a vision-
+language model (Llava: CLIP vision tower + Llama), encoder-only (BERT), encoder-decoder (T5,
+Whisper), ViT, a convnet (ResNet) and a conv + transformer speech model (Wav2Vec2).
 
 Nothing is downloaded: configs are plain keyword arguments. Importing this module imports
 transformers (a few seconds), so `tests.models` does not import it.
@@ -28,11 +34,15 @@ VOCAB = 128
 Built = tuple[torch.nn.Module, dict[str, torch.Tensor]]
 
 
-def _instantiate(model_cls: type, config: Any) -> torch.nn.Module:
-    """`model_cls(config)` with seeded weights, SDPA attention, no cache, in eval mode."""
-    config._attn_implementation = "sdpa"
-    if hasattr(config, "use_cache"):
-        config.use_cache = False
+def _instantiate(model_cls: type, config: Any, attention: str | None = "sdpa"
+                 ) -> torch.nn.Module:
+    """`model_cls(config)` with seeded weights, `attention` (None: the architecture has none),
+    no cache (sub-configs included), in eval mode."""
+    if attention is not None:
+        config._attn_implementation = attention
+    for part in (config, *(getattr(config, k, None) for k in ("text_config", "vision_config"))):
+        if part is not None and hasattr(part, "use_cache"):
+            part.use_cache = False
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(SEED)
         model = model_cls(config)
@@ -136,6 +146,136 @@ def build_wav2vec2() -> Built:
     return model, {"input_values": _floats(BATCH, 400)}
 
 
+def build_qwen2() -> Built:
+    """Qwen2: GQA with biased Q/K/V projections."""
+    config = transformers.Qwen2Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )
+    return _instantiate(transformers.Qwen2ForCausalLM, config), {"input_ids": _tokens()}
+
+
+def build_phi3() -> Built:
+    """Phi-3: fused QKV and gate-up projections, GQA."""
+    config = transformers.Phi3Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        original_max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+        sliding_window=None,
+    )
+    return _instantiate(transformers.Phi3ForCausalLM, config), {"input_ids": _tokens()}
+
+
+def build_gpt_neox() -> Built:
+    """GPT-NeoX: parallel attention + MLP, rotary embeddings on a quarter of each head."""
+    config = transformers.GPTNeoXConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        intermediate_size=64, max_position_embeddings=64, rotary_pct=0.25,
+    )
+    return _instantiate(transformers.GPTNeoXForCausalLM, config), {"input_ids": _tokens()}
+
+
+def build_opt() -> Built:
+    """OPT: learned positions with an offset of 2, ReLU MLP."""
+    config = transformers.OPTConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, ffn_dim=64,
+        num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
+        dropout=0.0, pad_token_id=1,
+    )
+    return _instantiate(transformers.OPTForCausalLM, config), {"input_ids": _tokens()}
+
+
+def build_falcon() -> Built:
+    """Falcon's new decoder architecture (40B/180B): 2 KV groups, parallel attention + MLP."""
+    config = transformers.FalconConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_kv_heads=2, new_decoder_architecture=True, max_position_embeddings=64,
+    )
+    return _instantiate(transformers.FalconForCausalLM, config), {"input_ids": _tokens()}
+
+
+def build_qwen3_moe() -> Built:
+    """Qwen3-MoE: 4 experts of width 16, top-2, QK-norm, GQA with head_dim 8."""
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=64,
+    )
+    return _instantiate(transformers.Qwen3MoeForCausalLM, config), {"input_ids": _tokens()}
+
+
+def build_deepseek_v3() -> Built:
+    """DeepSeek-V3: multi-head latent attention (low-rank Q and KV), a dense first layer, then
+    4 routed experts (top-2 of 2 groups) + 1 shared expert."""
+    config = transformers.DeepseekV3Config(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, moe_intermediate_size=16,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1,
+        n_routed_experts=4, num_experts_per_tok=2, n_group=2, topk_group=1,
+        first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
+        qk_nope_head_dim=8, v_head_dim=8, max_position_embeddings=64, rope_scaling=None,
+    )
+    return _instantiate(transformers.DeepseekV3ForCausalLM, config), {"input_ids": _tokens()}
+
+
+def build_jamba() -> Built:
+    """Jamba: a Mamba layer then an attention layer with a 4-expert MoE (PyTorch scan)."""
+    config = transformers.JambaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2,
+        expert_layer_period=2, expert_layer_offset=1, attn_layer_period=2, attn_layer_offset=1,
+        mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
+        max_position_embeddings=64,
+    )
+    return _instantiate(transformers.JambaForCausalLM, config), {"input_ids": _tokens()}
+
+
+def build_mamba() -> Built:
+    """Mamba: selective state-space layers, no attention (the PyTorch reference scan)."""
+    config = transformers.MambaConfig(
+        vocab_size=VOCAB, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2,
+        conv_kernel=4, time_step_rank=4, use_mambapy=False,
+    )
+    model = _instantiate(transformers.MambaForCausalLM, config, attention=None)
+    return model, {"input_ids": _tokens()}
+
+
+def build_resnet() -> Built:
+    """ResNet from transformers: two stages of basic blocks, batch norm in eval mode."""
+    config = transformers.ResNetConfig(
+        num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+        layer_type="basic", num_labels=10,
+    )
+    model = _instantiate(transformers.ResNetForImageClassification, config, attention=None)
+    return model, {"pixel_values": _floats(BATCH, 3, 32, 32)}
+
+
+LLAVA_IMAGE = 32
+LLAVA_PATCH = 8
+
+
+def build_llava() -> Built:
+    """Llava: a CLIP vision tower (32 px, 8 px patches) projected into a Llama; the prompt
+    holds one image token per patch (CLS dropped, the "default" strategy)."""
+    vision = transformers.CLIPVisionConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        image_size=LLAVA_IMAGE, patch_size=LLAVA_PATCH, projection_dim=32,
+    )
+    text = transformers.LlamaConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+    )
+    config = transformers.LlavaConfig(
+        vision_config=vision, text_config=text, image_token_index=VOCAB - 1,
+        projector_hidden_act="gelu", vision_feature_layer=-2,
+        vision_feature_select_strategy="default",
+    )
+    model = _instantiate(transformers.LlavaForConditionalGeneration, config)
+    patches = (LLAVA_IMAGE // LLAVA_PATCH) ** 2
+    ids = _tokens(vocab=VOCAB - 1, length=SEQ_LEN + patches)
+    ids[:, 1:1 + patches] = VOCAB - 1
+    return model, {"input_ids": ids, "pixel_values": _floats(BATCH, 3, LLAVA_IMAGE, LLAVA_IMAGE)}
+
+
 ZOO: dict[str, Callable[[], Built]] = {
     "gpt2": build_gpt2,
     "bert": build_bert,
@@ -145,4 +285,15 @@ ZOO: dict[str, Callable[[], Built]] = {
     "whisper": build_whisper,
     "vit": build_vit,
     "wav2vec2": build_wav2vec2,
+    "qwen2": build_qwen2,
+    "phi3": build_phi3,
+    "gpt_neox": build_gpt_neox,
+    "opt": build_opt,
+    "falcon": build_falcon,
+    "qwen3_moe": build_qwen3_moe,
+    "deepseek_v3": build_deepseek_v3,
+    "jamba": build_jamba,
+    "mamba": build_mamba,
+    "resnet": build_resnet,
+    "llava": build_llava,
 }

@@ -37,6 +37,8 @@ CASES: list[tuple[str, tuple[Any, ...], dict[str, Any], int]] = [
     ("aten.prod.dim_int", (T(B, R, L), 1), {}, n),
     ("aten.any.dim", (T(B, R, L, dtype="bool"), -1), {}, n),
     ("aten.all.default", (T(B, R, L, dtype="bool"),), {}, n),
+    ("aten._is_all_true.default", (T(B, R, L, dtype="bool"),), {}, n),  # torch._check
+    ("aten._is_any_true.default", (T(B, R, L, dtype="bool"),), {}, n),
     ("aten.count_nonzero.dim_IntList", (T(B, R, L), [-1, -2]), {}, n),
     ("aten.aminmax.default", (T(B, R, L),), {"dim": -1}, 2 * n),
     ("aten.nansum.default", (T(B, R, L), [-1]), {}, 2 * n),

@@ -33,6 +33,7 @@ FREE_CALLS: list[tuple[str, tuple[Any, ...]]] = [
     ("aten._unsafe_view.default", (T(m, n), [m * n])),
     ("aten.as_strided.default", (T(m, n), [n, m], [1, n])),
     ("aten.expand.default", (T(1, n), [m, n])),
+    ("aten.broadcast_to.default", (T(1, n), [m, n])),  # Falcon's rotary embedding
     ("aten.permute.default", (T(m, n, k), [2, 0, 1])),
     ("aten.transpose.int", (T(m, n), 0, 1)),
     ("aten.t.default", (T(m, n),)),

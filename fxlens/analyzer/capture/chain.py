@@ -13,11 +13,9 @@ rule knows are then decomposed until known (`fxlens.analyzer.capture.decompose`)
 materialised by links 1 and 2: a real CPU model is fakified, a meta one stays meta.
 
 A failing link is expected and reported in the notes, so torch's chatter about it stays off
-the terminal without touching the process's ``sys.stderr``: warnings raised during a link are
-caught for that call and logged at debug level, and the partial graph that ``torch.export``
-prints when a trace hits data-dependent control flow is routed to the debug log too (see
-`_torch_chatter_to_debug_log`). Torch's own loggers are left to the application (the CLI
-quiets them).
+the terminal without touching the process's ``sys.stderr``: warnings, ``torch.export``'s dump
+of a failed trace and the fake-tensor mode's ERROR tracebacks go to the debug log
+(`fxlens.analyzer.capture.chatter`).
 
 Known limitations: symbolic shapes are concretised; the eager recording sees only the branch
 the example inputs take.
@@ -25,15 +23,10 @@ the example inputs take.
 
 from __future__ import annotations
 
-import builtins
 import contextlib
-import importlib
 import logging
-import sys
-import threading
 import traceback
-import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -43,10 +36,17 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.export.graph_signature import InputKind
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
 from fxlens.analyzer.capture.decompose import decompose_unknown
 from fxlens.analyzer.capture.fx_convert import FxConverter, type_name, user_frame
-from fxlens.analyzer.capture.recorder import Recorder, fake_then_real, module_tracking
+from fxlens.analyzer.capture.recorder import (
+    CpuFakeTensorMode,
+    Recorder,
+    fake_then_real,
+    module_tracking,
+)
 from fxlens.analyzer.core.aten import spec_of
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.errors import CaptureError
@@ -74,7 +74,7 @@ def capture(
     for method in methods:
         on_step(f"capturing with {method}")
         try:
-            with _torch_chatter_to_debug_log():
+            with torch_chatter_to_debug_log():
                 nodes, outputs, label = _CAPTURERS[method](module, args, kwargs, registry)
         except CaptureError:
             raise
@@ -128,10 +128,16 @@ def _by_make_fx(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str
         out = torch.func.functional_call(module, {**params, **buffers}, args, kwargs)
         return [t for t in pytree.tree_leaves(plain_outputs(out)) if isinstance(t, torch.Tensor)]
 
+    # Our fake mode (make_fx adopts the inputs' mode): its fake kernels accept what the CPU
+    # kernels accept (`CpuFakeTensorMode`), e.g. float32 grouped GEMMs of MoE experts.
+    fake_mode = CpuFakeTensorMode(allow_fallback_kernels=True, allow_non_fake_inputs=False,
+                                  shape_env=ShapeEnv(), static_shapes=True)  # make_fx's own
+    fake_params, fake_buffers, fake_args, fake_kwargs = pytree.tree_map_only(
+        torch.Tensor, lambda t: fake_mode.from_tensor(t), (params, buffers, args, kwargs))
     # NB: make_fx records no module stack through functional_call; publish our own.
     with fx_traceback.preserve_node_meta(), module_tracking(module, [], publish=True):
         gm = make_fx(forward, tracing_mode="fake", pre_dispatch=True, record_stack_traces=True)(
-            params, buffers, args, kwargs
+            fake_params, fake_buffers, fake_args, fake_kwargs
         )
     names = [(NodeKind.PARAM, n) for n in params] + [(NodeKind.BUFFER, n) for n in buffers]
     leaves = iter(names + [(NodeKind.INPUT, f"input{i}")
@@ -183,58 +189,6 @@ _CAPTURERS = {"export": _by_export, "make_fx": _by_make_fx, "record": _by_record
 
 
 # --- helpers ---------------------------------------------------------------------------------
-
-@contextlib.contextmanager
-def _torch_chatter_to_debug_log() -> Iterator[None]:
-    """Warnings raised during one capture link, and ``torch.export``'s dump of a failed trace,
-    go to the debug log instead of stderr; nothing process-wide is swapped.
-
-    NB: torch 2.13 prints a failed trace's partial graph with a bare ``print(...,
-    file=sys.stderr)`` in ``torch.export._trace`` (``_log_export_wrapper``), with no switch to
-    turn it off. While a link runs, that module's global name ``print`` is shadowed by one that
-    logs; builtins, ``sys.stderr`` and file descriptors are untouched. Nested or concurrent
-    captures share the shadow (counted), so the last one out removes it.
-    """
-    with warnings.catch_warnings(record=True) as caught, _export_prints_logged():
-        yield
-    for warning in caught:
-        log.debug("warning during capture: %s: %s (%s:%s)", warning.category.__name__,
-                  warning.message, warning.filename, warning.lineno)
-
-
-_shadow_lock = threading.Lock()
-_shadow_users = 0
-
-
-@contextlib.contextmanager
-def _export_prints_logged() -> Iterator[None]:
-    global _shadow_users
-    try:
-        module = importlib.import_module("torch.export._trace")
-    except ImportError:  # torch moved it: nothing to shadow
-        module = None
-    if module is None or vars(module).get("print", _print_to_log) is not _print_to_log:
-        yield   # someone else shadows it already: leave theirs alone
-        return
-    with _shadow_lock:
-        _shadow_users += 1
-        module.print = _print_to_log  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        with _shadow_lock:
-            _shadow_users -= 1
-            if _shadow_users == 0:
-                del module.print
-
-
-def _print_to_log(*values: object, sep: str | None = " ", end: str | None = "\n",
-                  file: Any = None, flush: bool = False) -> None:
-    if file is not sys.stderr:
-        builtins.print(*values, sep=sep, end=end, file=file, flush=flush)
-        return
-    log.debug("torch.export printed during capture:\n%s", (sep or " ").join(map(str, values)))
-
 
 def _tensor_refs(value: Any) -> tuple[TensorRef, ...]:
     if isinstance(value, TensorRef):

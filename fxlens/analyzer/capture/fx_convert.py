@@ -30,7 +30,7 @@ INLINED_WRAPPERS = ("wrap_with_set_grad_enabled", "wrap_with_autocast")
 
 _FRAME = re.compile(r'File "(?P<file>[^"]+)", line (?P<line>\d+)')
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
-_FXLENS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_FXLENS_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
 def user_frame(frames: list[tuple[str, int]]) -> str:

@@ -122,6 +122,7 @@ def load_preset(
     seq_len: int | None = None,
     image_size: int | None = None,
     dtype: str | None = None,
+    allow_large: bool = False,
 ) -> LoadedModel:
     """Build preset `name` on the meta device with example inputs, ready to capture.
 
@@ -129,12 +130,18 @@ def load_preset(
     `image_size` default to the preset's; `dtype` (``"bfloat16"``...) to its published dtype.
     A size that does not apply to the preset's input kind (`seq_len` for an image model,
     `image_size` for a text model) is ignored, so one command line fits every preset.
+    A config whose layer count makes the capture absurdly long (``num_hidden_layers=100000``)
+    is refused with the estimate before anything is built, unless `allow_large`.
     """
     preset = read_preset(name)
     transformers = _import_transformers()
     torch_dtype = _resolve_dtype(dtype or preset.dtype)
     size = image_size if image_size is not None else preset.image_size
-    config = _build_config(transformers, preset, parse_overrides(overrides or {}), size)
+    parsed = parse_overrides(overrides or {})
+    _check_override_values(preset, parsed)
+    config = _build_config(transformers, preset, parsed, size)
+    if not allow_large:
+        _check_layer_count(preset, config)
     config.dtype = torch_dtype  # as from_pretrained leaves it: the config names the weights' dtype
     model_cls = _class_from(transformers, preset.model_class, preset.name)
     with torch.device("meta"), _default_dtype(torch_dtype):
@@ -218,6 +225,40 @@ def _build_config(
         config.use_cache = False
     config._attn_implementation = "sdpa"
     return config
+
+
+# Config keys that count layers; their sum × `NODES_PER_LAYER` estimates the graph's size.
+LAYER_KEYS = ("num_hidden_layers", "n_layer", "num_layers", "encoder_layers", "decoder_layers",
+              "num_decoder_layers")
+NODES_PER_LAYER = 60     # NB: llama-2-7b: ~1.9 k nodes for 32 layers; gpt2 ~45 per block
+_COUNT_SUFFIXES = ("_layers", "_layer", "_heads", "_head", "_size", "_dim", "_positions",
+                   "_embd", "_experts", "_per_tok", "_channels", "_mel_bins")
+
+
+def _check_override_values(preset: Preset, overrides: Mapping[str, Any]) -> None:
+    """A negative integer is never a size or a count (ids aside: ``pad_token_id=-1``), and a
+    layer, head or width count of 0 builds a model that computes nothing."""
+    for key, value in overrides.items():
+        if isinstance(value, bool) or not isinstance(value, int):
+            continue
+        is_id = key.endswith(("_id", "_ids", "_index"))
+        is_count = (key.startswith(("num_", "n_")) or key.endswith(_COUNT_SUFFIXES)
+                    or key in ("d_model", "d_ff", "d_kv", "vocab_size"))
+        if (value < 0 and not is_id) or (value == 0 and is_count and "window" not in key):
+            raise LoadError(f"preset {preset.name!r}: --set {key}={value}: a size or count "
+                            f"must be at least 1")
+
+
+def _check_layer_count(preset: Preset, config: Any) -> None:
+    """Refuse, with the estimate, a config whose capture would run for hours."""
+    from fxlens.analyzer.capture.check import MAX_ESTIMATED_NODES, SECONDS_PER_NODE, too_large
+
+    layers = sum(getattr(config, key, 0) or 0 for key in LAYER_KEYS
+                 if isinstance(getattr(config, key, 0), int))
+    nodes = layers * NODES_PER_LAYER
+    if nodes > MAX_ESTIMATED_NODES:
+        raise LoadError(too_large(f"preset {preset.name!r} with {layers:,} layers", nodes,
+                                  nodes * SECONDS_PER_NODE))
 
 
 def _declared_keys(config_cls: type) -> list[str]:

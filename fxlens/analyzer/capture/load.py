@@ -13,7 +13,10 @@ arguments, a dict of keyword arguments, or a single tensor. Sizes from the comma
 those names (or ``**kwargs``); a factory that does not is called without them. A model file
 (or factory module) may define ``calibration()`` yielding input batches for ``--calibrate``.
 
-Every failure is a `LoadError` naming the file (and line, for errors inside user code).
+Every failure is a `LoadError` naming the file (and line, for errors inside user code). User
+code runs under `fxlens.analyzer.capture.guard.user_code`: a model file that calls
+``sys.exit`` or raises a `BaseException` is a `LoadError` too (exit 2), never the process's
+end; example inputs are checked (`check_inputs`) before any capture.
 Loading leaves the process as it found it: a model file is in `sys.modules` (as
 ``fxlens_user_<stem>``) and its folder on `sys.path` only while its code runs.
 """
@@ -32,8 +35,10 @@ from types import ModuleType
 from typing import Any
 
 import torch
+import torch.utils._pytree as pytree
 
 from fxlens.analyzer.capture.fx_convert import user_frame
+from fxlens.analyzer.capture.guard import user_code
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.core.loaded import LoadedModel
 
@@ -45,18 +50,25 @@ def load(
     entry: str | None = None,
     overrides: Mapping[str, str] | None = None,
     sizes: Mapping[str, int | None] | None = None,
+    allow_large: bool = False,
 ) -> LoadedModel:
     given: dict[str, int] = {k: v for k, v in (sizes or {}).items() if v is not None}
+    for key, value in given.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise LoadError(f"--{key.replace('_', '-')} must be at least 1, got {value!r}")
     if target.startswith("hf:"):
         from fxlens.analyzer.capture.hf import load_preset
 
         return load_preset(target[3:], overrides or {}, batch=given.get("batch", 1),
-                           seq_len=given.get("seq_len"), image_size=given.get("image_size"))
+                           seq_len=given.get("seq_len"), image_size=given.get("image_size"),
+                           allow_large=allow_large)
     if overrides:
         raise LoadError("--set overrides config fields of hf: presets only")
     path = Path(target)
-    if target.endswith(".py") or path.exists():
+    if target.endswith(".py"):
         return _from_file(path, entry, given)
+    if path.exists():
+        raise LoadError(_not_a_model_file(path))
     if ":" in target:
         module_name, _, function = target.partition(":")
         return _from_factory(_import(module_name), function, given, module_name)
@@ -65,17 +77,36 @@ def load(
     )
 
 
+def _not_a_model_file(path: Path) -> str:
+    if path.is_dir():
+        return (f"{path} is a folder; expected a model .py file, 'pkg.module:function' or "
+                f"'hf:<preset>'")
+    if path.suffix == ".json":
+        return (f"{path} is a JSON file, not a model: analyze takes a model .py file; to "
+                f"compare reports use `analyze diff OLD.json NEW.json`")
+    return (f"{path} is not a Python file (expected a model .py file, 'pkg.module:function' "
+            f"or 'hf:<preset>')")
+
+
 def _from_file(path: Path, entry: str | None, sizes: Mapping[str, int]) -> LoadedModel:
-    if not path.is_file():
+    if not path.exists():
         raise LoadError(f"model file not found: {path}")
+    if not path.is_file():
+        raise LoadError(f"{path} is not a regular file (a folder, FIFO or device); expected "
+                        f"a model .py file")
     spec = importlib.util.spec_from_file_location(f"fxlens_user_{path.stem}", path)
-    assert spec is not None and spec.loader is not None
+    if spec is None or spec.loader is None:
+        raise LoadError(f"{path} cannot be imported as a Python module")
     code = importlib.util.module_from_spec(spec)
     with _running_user_file(spec.name, code, path.resolve().parent):
         try:
-            spec.loader.exec_module(code)
-        except SyntaxError as error:
-            raise LoadError(f"syntax error in {path}:{error.lineno}: {error.msg}") from error
+            with user_code(f"importing {path}"):
+                spec.loader.exec_module(code)
+        except SyntaxError as error:   # also null bytes and text that is not UTF-8
+            line = f":{error.lineno}" if error.lineno else ""
+            raise LoadError(f"syntax error in {path}{line}: {error.msg}") from error
+        except LoadError:
+            raise
         except Exception as error:
             raise LoadError(_user_error(f"importing {path} failed", error)) from error
         if entry is None and not hasattr(code, DEFAULT_ENTRY) and hasattr(code, "model"):
@@ -109,7 +140,10 @@ def _running_user_file(name: str, code: ModuleType, folder: Path) -> Iterator[No
 
 def _import(module_name: str) -> Any:
     try:
-        return importlib.import_module(module_name)
+        with user_code(f"importing {module_name}"):
+            return importlib.import_module(module_name)
+    except LoadError:
+        raise
     except ImportError as error:
         raise LoadError(f"cannot import {module_name!r}: {error}") from error
     except Exception as error:
@@ -122,7 +156,10 @@ def _from_factory(code: Any, name: str, sizes: Mapping[str, int], where: str) ->
         hint = "" if name != DEFAULT_ENTRY else " (or module-level `model` and `example_inputs`)"
         raise LoadError(f"{where} has no function `{name}()`{hint}; name another with --entry")
     try:
-        result = factory(**_accepted(factory, sizes))
+        with user_code(f"{where}: {name}()"):
+            result = factory(**_accepted(factory, sizes))
+    except LoadError:
+        raise
     except Exception as error:
         raise LoadError(_user_error(f"{where}: {name}() raised", error)) from error
     if not (isinstance(result, (tuple, list)) and len(result) == 2):
@@ -160,6 +197,7 @@ def _loaded(module: Any, inputs: Any, name: str, source: str,
     if not isinstance(inputs, (tuple, dict)):
         raise LoadError(f"{source}: example inputs must be a tuple, a dict or a tensor, "
                         f"got {type(inputs).__name__}")
+    check_inputs(module, inputs, source)
     return LoadedModel(module=module, inputs=inputs, name=name, source=source,
                        calibration=calibration)
 
@@ -168,3 +206,27 @@ def _user_error(what: str, error: BaseException) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     where = user_frame([(f.filename, f.lineno or 0) for f in frames])
     return f"{what}{f' at {where}' if where else ''}: {type(error).__name__}: {error}"
+
+
+def check_inputs(module: torch.nn.Module, inputs: tuple[Any, ...] | dict[str, Any],
+                 source: str) -> None:
+    """What eager PyTorch would refuse before any op runs, refused here, before the capture
+    (fake and meta kernels accept it and report nonsense): an example input with no elements
+    (a 0 in its shape: 0 FLOPs and a training verdict that "fits"), and tensors on two real
+    devices (a CUDA input into a CPU model). Mixed dtypes show only per op, so they are
+    checked on the captured graph (`fxlens.analyzer.capture.check`)."""
+    leaves = pytree.tree_leaves(inputs)
+    named = inputs.items() if isinstance(inputs, dict) else enumerate(inputs)
+    for name, value in named:
+        for leaf in pytree.tree_leaves(value):
+            if isinstance(leaf, torch.Tensor) and leaf.numel() == 0:
+                label = name if isinstance(name, str) else f"#{name}"
+                raise LoadError(f"{source}: example input {label} has shape "
+                                f"{tuple(leaf.shape)}, no elements; every size must be at "
+                                f"least 1 (check --batch / --seq-len / --image-size)")
+    devices = {str(t.device.type) for t in (*module.parameters(), *module.buffers(), *leaves)
+               if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+    if len(devices) > 1:
+        raise LoadError(f"{source}: the model and its example inputs are on different devices "
+                        f"({', '.join(sorted(devices))}); eager PyTorch refuses that: move "
+                        f"them to one device")

@@ -12,6 +12,15 @@ with random values, which is allowed only up to `REAL_RUN_LIMIT_BYTES`.
 NB: tracing keeps module paths in ``nn_module_stack``; an eager run has none, so here (and only
 here) the module path comes from global forward pre/post hooks.
 Ops without a cost rule are decomposed on the fly when PyTorch has a decomposition for them.
+
+Fake kernels stricter than the CPU kernels (`CpuFakeTensorMode`): torch 2.13's meta kernel of
+``aten._grouped_mm`` copies the CUDA checks and accepts only bfloat16, while the CPU kernel
+takes float32 and float16 too. `transformers` sends its MoE experts through
+``torch._grouped_mm`` on CPU outside ``torch.compile``, so a float32 MoE failed on fake
+tensors: torch logged an ERROR traceback ("Expected inputs of BF16 type") and we reran on real
+tensors. Fake runs here (and the make_fx link) use `CpuFakeTensorMode`, which answers such
+calls on CPU or meta tensors as the CPU kernel would (same shapes, the input dtype), so they
+stay on fake tensors and torch stays quiet.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
 from fxlens.analyzer.capture.decompose import decomposition_table
 from fxlens.analyzer.capture.fx_convert import type_name, user_frame
 from fxlens.analyzer.core.aten import bind_args, spec_of
@@ -234,6 +244,34 @@ def real_like(value: Any) -> Any:
     return value
 
 
+class CpuFakeTensorMode(FakeTensorMode):
+    """A `FakeTensorMode` whose fake kernels accept what the CPU kernels accept (see the
+    module docstring); every other op is the parent's."""
+
+    def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.ops.aten._grouped_mm.default and _cpu_not_bf16(args):
+            return self._grouped_mm_any_dtype(func, types, args, kwargs)
+        return super().dispatch(func, types, args, kwargs)
+
+    def _grouped_mm_any_dtype(self, func: Any, types: Any, args: Any, kwargs: Any) -> Any:
+        """The meta kernel's answer for bfloat16 copies, handed back in the CPU kernel's dtype
+        (``out_dtype`` when given, else the inputs')."""
+        dtype = kwargs.get("out_dtype") or args[0].dtype
+        as_bf16 = pytree.tree_map_only(
+            torch.Tensor, lambda t: t.to(torch.bfloat16) if t.is_floating_point() else t,
+            (args, {k: v for k, v in kwargs.items() if k != "out_dtype"}))
+        out = super().dispatch(func, types, *as_bf16)
+        assert isinstance(out, torch.Tensor)
+        return out.to(dtype).contiguous()
+
+
+def _cpu_not_bf16(args: Any) -> bool:
+    a, b = args[0], args[1]
+    return (a.device.type in ("cpu", "meta") and a.dtype in (torch.float32, torch.float16)
+            and b.dtype == a.dtype)
+
+
 Run = Callable[
     [torch.nn.Module, dict[str, torch.Tensor], tuple[Any, ...], dict[str, Any], Any], T
 ]
@@ -246,13 +284,15 @@ def fake_then_real(
     """`run(module, state, args, kwargs, fake_mode)` on fake tensors; if that fails (an op
     needs real values, or a fake kernel refuses what the real one accepts), once more on
     small real tensors. Floating-point weights and inputs are cast to `dtype` when given.
-    Returns the result and which tensors it ran on."""
+    What torch logs about a failing fake run goes to the debug log
+    (`fxlens.analyzer.capture.chatter`). Returns the result and which tensors it ran on."""
     try:
-        with FakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
-            state, fake_args, fake_kwargs = pytree.tree_map_only(
-                torch.Tensor, lambda t: fake_cpu(t, fake_mode, dtype),
-                (module_state(module), args, kwargs))
-        return run(module, state, fake_args, fake_kwargs, fake_mode), "fake tensors"
+        with torch_chatter_to_debug_log():
+            with CpuFakeTensorMode(allow_non_fake_inputs=True) as fake_mode:
+                state, fake_args, fake_kwargs = pytree.tree_map_only(
+                    torch.Tensor, lambda t: fake_cpu(t, fake_mode, dtype),
+                    (module_state(module), args, kwargs))
+            return run(module, state, fake_args, fake_kwargs, fake_mode), "fake tensors"
     except Exception as error:  # the real run below fails the same way if it is the model's
         log.info("recording on fake tensors failed (%s); rerunning on real tensors", error)
     real = materialise(module) if on_meta(module) else module

@@ -21,6 +21,7 @@ in inference capture; the optimizer step is not recorded but accounted from its 
 from __future__ import annotations
 
 import contextlib
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +31,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from fxlens.analyzer.capture.chain import Inputs, param_infos, plain_outputs
-from fxlens.analyzer.capture.fx_convert import type_name
+from fxlens.analyzer.capture.fx_convert import type_name, user_frame
 from fxlens.analyzer.capture.recorder import Recorder, fake_then_real, module_tracking
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.errors import CaptureError
@@ -55,11 +56,17 @@ def capture_training(
     args, kwargs = (tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((), dict(inputs))
     on_step("recording the training step")
     with _train_mode(module):
-        (recorder, saved, state), tensors = fake_then_real(
-            module, args, kwargs,
-            lambda m, state, a, k, fake_mode: _record_step(m, state, a, k, registry, fake_mode),
-            dtype=getattr(torch, dtype) if dtype else None,
-        )
+        try:
+            (recorder, saved, state), tensors = fake_then_real(
+                module, args, kwargs,
+                lambda m, state, a, k, fake_mode: _record_step(m, state, a, k, registry,
+                                                               fake_mode),
+                dtype=getattr(torch, dtype) if dtype else None,
+            )
+        except CaptureError:
+            raise
+        except Exception as error:   # the model's own failure, on fake or real tensors
+            raise CaptureError(_step_error(error, dtype)) from error
     grads = {recorder.ref(t.grad): "gradient" for t in state.values() if t.grad is not None}
     # NB: the recorder decomposed unknown ops as they ran; nothing is left to splice in.
     graph = Graph(
@@ -94,6 +101,15 @@ def _record_step(
         recorder.phase = "backward"
         torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
     return recorder, saved, state
+
+
+def _step_error(error: Exception, dtype: str | None) -> str:
+    frames = traceback.extract_tb(error.__traceback__)
+    where = user_frame([(f.filename, f.lineno or 0) for f in frames])
+    cast = (f" (recorded with every weight cast to {dtype}, the --precision policy's working "
+            f"dtype)" if dtype else "")
+    return (f"could not record the training step{cast}: {type(error).__name__}: {error}"
+            f"{f' at {where}' if where else ''}")
 
 
 @contextlib.contextmanager

@@ -11,7 +11,10 @@ as loaded JSON).
 A field declared with `optional()` is left out of the JSON while it is None, so sections that
 only sometimes carry a part (a training step's fit verdict) keep the shape they always had.
 Decoding never executes anything and fails with `CodecError` naming the dotted path of the
-field that did not match.
+field that did not match. A report may come from anyone, so a float field takes only a finite
+number (``NaN`` would make every comparison, hence every gate, pass) and an integer field at
+most `MAX_INT` in magnitude (a ratio of two figures must stay a finite float); the error
+message quotes at most 60 characters of the offending value.
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def _decode(tp: Any, data: Any, where: str) -> Any:
         try:
             return tp(data)
         except ValueError:
-            raise CodecError(f"{where}: {data!r} is not one of "
+            raise CodecError(f"{where}: {_short(data)} is not one of "
                              f"{', '.join(str(m.value) for m in tp)}") from None
     if origin in (tuple, list) or tp in (tuple, list):
         return _decode_sequence(tp, data, where)
@@ -109,7 +112,7 @@ def _decode_union(tp: Any, data: Any, where: str) -> Any:
             return _decode(option, data, where)
         except CodecError as error:
             errors.append(str(error))
-    raise CodecError(errors[0] if len(errors) == 1 else f"{where}: {data!r} matches no type "
+    raise CodecError(errors[0] if len(errors) == 1 else f"{where}: {_short(data)} matches no type "
                      f"of {tp}")
 
 
@@ -152,12 +155,12 @@ def _decode_mapping(tp: Any, data: Any, where: str) -> Any:
     for key, value in data.items():
         k = _decode_scalar(key_type, int(key) if key_type is int and _is_int(key) else key,
                            f"{where} key")
-        out[k] = _decode(value_type, value, f"{where}[{key!r}]")
+        out[k] = _decode(value_type, value, f"{where}[{_short(key)}]")
     return out
 
 
 def _is_int(text: Any) -> bool:
-    return isinstance(text, str) and text.lstrip("-").isdigit()
+    return isinstance(text, str) and len(text) <= 40 and text.lstrip("-").isdigit()
 
 
 def _decode_scalar(tp: Any, data: Any, where: str) -> Any:

@@ -49,6 +49,7 @@ class Cost:
     flops: int = 0
     bytes_read: int | None = None
     bytes_written: int | None = None
+    note: str = ""      # the convention the rule applied to this call, shown per node
 
 
 class OpCall:
@@ -62,8 +63,19 @@ class OpCall:
     def target(self) -> str:
         return self.node.target
 
+    @property
+    def graph(self) -> Graph:
+        """The whole captured graph, read-only: for rules that look at how an argument was
+        built (an attention mask's producers), never to change it."""
+        return self._graph
+
     def has(self, name: str) -> bool:
         return self.node.args.get(name) is not None
+
+    def ref(self, name: str) -> TensorRef | None:
+        """The producer of a tensor argument (None when absent or not a tensor)."""
+        value = self.node.args.get(name)
+        return value if isinstance(value, TensorRef) else None
 
     def arg(self, name: str, default: Any = None) -> Any:
         """A non-tensor argument (tensors come back as their `TensorSpec`)."""

@@ -5,7 +5,11 @@ and no timestamps, so the same model gives the same bytes; `load_report` reads J
 never executes anything. Sections added by the analysis passes (memory, roofline, findings…)
 are typed (`fxlens.analyzer.core.sections`), found by type (`report.get(Memory)`) and written
 under their key; a reader ignores keys it does not know, and a known section that does not
-match its class fails the load with one `ReportError` naming the field.
+match its class fails the load with one `ReportError` naming the field. A report may come
+from anyone (a pull request's artifact), so the core parts are decoded by type as well, the
+file is read through `fxlens.analyzer.core.files.read_json` (regular file, size cap, strict
+JSON, finite numbers, bounded depth), and `to_json` refuses a non-finite figure rather than
+writing a bare ``NaN`` that would let every gate pass.
 
 Bump `SCHEMA_VERSION` when a field changes meaning or disappears; adding a field does not.
 """
@@ -13,6 +17,7 @@ Bump `SCHEMA_VERSION` when a field changes meaning or disappears; adding a field
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -21,6 +26,7 @@ from typing import Any, TypeVar
 import fxlens.analyzer.core.sections  # noqa: F401  (registers every section type)
 from fxlens.analyzer.core.codec import CodecError, decode
 from fxlens.analyzer.core.errors import ReportError
+from fxlens.analyzer.core.files import read_json, write_atomic
 from fxlens.analyzer.core.section import SECTION_TYPES, Section
 
 S = TypeVar("S", bound=Section)
@@ -153,7 +159,14 @@ class Report:
         return data
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":")) + "\n"
+        """Deterministic JSON; a non-finite figure (a bug upstream) is refused, never
+        written as a bare ``NaN`` that other readers reject and comparisons let pass."""
+        data = self.to_dict()
+        try:
+            return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False) + "\n"
+        except ValueError:
+            raise ValueError(f"the report holds a non-finite figure at {_non_finite(data)}"
+                             ) from None
 
     def by_op(self) -> list[OpTotal]:
         """Totals per op overload, most FLOPs first (then most bytes, then name)."""
@@ -174,46 +187,89 @@ class Report:
 
 
 def write_report(report: Report, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(report.to_json())
+    """Write the report's JSON atomically (`fxlens.analyzer.core.files.write_atomic`)."""
+    write_atomic(path, report.to_json())
 
 
 def load_report(path: Path) -> Report:
-    """Read a report written by `write_report`, checking its schema version. JSON only."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ReportError(f"cannot read report {path}: {error}") from error
+    """Read a report written by `write_report`, checking its schema version. JSON only.
+
+    The file may come from anyone (a pull request's report): it must be a regular file under
+    the size cap, strict UTF-8 JSON with finite numbers, nested at most `MAX_DEPTH` deep
+    (`fxlens.analyzer.core.files.read_json`), and every field must have its declared type
+    (the codec decodes the core parts too, not only the sections). Any failure is one
+    `ReportError` naming the file and the field."""
+    data = read_json(path, "report")
     version = data.get("schema_version") if isinstance(data, dict) else None
-    if version != SCHEMA_VERSION:
+    if type(version) is not int or version != SCHEMA_VERSION:
+        shown = "none" if version is None else _short(version)
         raise ReportError(
-            f"{path} has report schema version {version!r}; this fxlens reads version "
+            f"{path} has report schema version {shown}; this fxlens reads version "
             f"{SCHEMA_VERSION}. Regenerate the report with this fxlens version."
         )
     try:
         return report_from_dict(data)
     except CodecError as error:
-        raise ReportError(f"{path} is not a valid fxlens report: {error}") from error
-    except (KeyError, TypeError, ValueError) as error:
-        raise ReportError(f"{path} is not a valid fxlens report: {error!r}") from error
+        raise ReportError(f"{path} is not a valid fxlens report: {error}") from None
+    except (KeyError, TypeError, ValueError, AttributeError) as error:
+        raise ReportError(f"{path} is not a valid fxlens report: "
+                          f"{type(error).__name__}: {_short(error)}") from None
+
+
+def _short(value: object) -> str:
+    text = repr(value) if not isinstance(value, BaseException) else str(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _non_finite(data: Any, where: str = "$") -> str:
+    """The JSON path of the first non-finite float in `data` (for the error message)."""
+    stack: list[tuple[Any, str]] = [(data, where)]
+    while stack:
+        value, at = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            return at
+        if isinstance(value, dict):
+            stack.extend((v, f"{at}.{k}") for k, v in value.items())
+        elif isinstance(value, (list, tuple)):
+            stack.extend((v, f"{at}[{i}]") for i, v in enumerate(value))
+    return where
 
 
 _CORE_FIELDS = {"schema_version", "model", "totals", "nodes", "modules", "coverage", "meta"}
 
 
 def report_from_dict(data: Mapping[str, Any]) -> Report:
+    """A `Report` from its JSON, every part decoded by its declared type (`CodecError`)."""
+    for key in ("model", "totals", "nodes", "modules", "coverage"):
+        if key not in data:
+            raise CodecError(f"{key}: missing")
+    if not isinstance(data["coverage"], Mapping):
+        raise CodecError("coverage: expected an object")
     coverage = {k: v for k, v in data["coverage"].items() if k != "ratio"}
+    nodes = decode(tuple[NodeReport, ...], data["nodes"], "nodes")
+    for node in nodes:
+        _check_outputs(node)
     return Report(
         model=decode(ModelInfo, data["model"], "model"),
-        totals=Totals(**data["totals"]),
-        nodes=tuple(NodeReport(**dict(n, inputs=tuple(n["inputs"]), outputs=tuple(n["outputs"])))
-                    for n in data["nodes"]),
-        modules=tuple(ModuleReport(**m) for m in data["modules"]),
-        coverage=Coverage(**coverage),
-        meta=data["meta"],
+        totals=decode(Totals, data["totals"], "totals"),
+        nodes=nodes,
+        modules=decode(tuple[ModuleReport, ...], data["modules"], "modules"),
+        coverage=decode(Coverage, coverage, "coverage"),
+        meta=decode(dict[str, str], data.get("meta", {}), "meta"),
         sections=_sections(data),
         schema_version=data["schema_version"],
     )
+
+
+def _check_outputs(node: NodeReport) -> None:
+    """A node's outputs are free-form objects; the parts readers use must have their types:
+    ``shape`` a list of integers, ``dtype`` a string."""
+    for i, output in enumerate(node.outputs):
+        where = f"nodes[id={node.id}].outputs[{i}]"
+        if "shape" in output:
+            decode(tuple[int, ...], output["shape"], f"{where}.shape")
+        if "dtype" in output:
+            decode(str, output["dtype"], f"{where}.dtype")
 
 
 def _sections(data: Mapping[str, Any]) -> dict[str, Section]:

@@ -1,5 +1,20 @@
 """`liveness(graph, registry) -> MemoryProfile`: what is alive at each node of a captured graph.
 
+What it models: a *graph executor* running the captured graph as one stream of ops and freeing
+each storage right after its last use — what ``torch.compile``, an exported program or a
+static-memory planner can achieve, a lower bound for eager PyTorch. Even with
+`Lifetimes.EAGER` (below), which adds the references an eager run provably keeps, Python
+holds more than the graph shows (names alive until ``forward`` returns, temporaries of ops that
+decompose when run eagerly, MoE routing buffers). Measured against real CPU runs
+(`fxlens.analyzer.memory.measure.measure_memory`) on the `transformers` models of
+``tests/models/hf_zoo.py`` (Llama, GPT-2, BERT, Mixtral, Qwen3-MoE, Phi-3, T5, Whisper, ViT):
+`Lifetimes.GRAPH` is 11–55 % below the eager peak, `Lifetimes.EAGER` 0–41 % below, the
+fake-tensor simulation within 1 %. So for "how much memory does ``model(x)`` take", lead with
+the simulated eager peak (``memory.eager.peak_bytes``, `fxlens.analyzer.memory.measure.
+simulate_eager_memory`: the forward on fake tensors, every Python reference included); this
+profile explains *what* is alive at its peak (tensors, modules, categories), which the
+simulation does not.
+
 Two iterative passes over the node order, linear in nodes + references (`plan_storages` maps
 every tensor to a storage and finds its last use; the sweep adds and frees bytes):
 

@@ -9,11 +9,14 @@ A gate is ``METRIC:THRESHOLD`` over one of `fxlens.analyzer.review.diff.TOTAL_ME
 
 ``+0`` therefore allows no growth at all; a negative threshold (``-5%``) demands a decrease.
 A gate over a metric that either report lacks (``step_peak`` without a training section,
-``time`` without a roofline section) is an error, not a pass.
+``time`` without a roofline section) is an error, not a pass; so is a figure that is not a
+finite number (NaN compares false, so it would pass every gate), an empty spec (``""``, which
+would gate nothing) and a threshold no float can hold.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -82,6 +85,8 @@ def parse_gate(item: str) -> Gate:
         raise ReportError(f"--fail-on: unknown unit {unit!r} in {item.strip()!r}; known: %, "
                           f"{', '.join(u for u in _SUFFIXES if u)}")
     value = float(match["number"]) * (-1 if match["sign"] == "-" else 1)
+    if not math.isfinite(value * _SUFFIXES.get(unit, 1.0)) or len(match["number"]) > 30:
+        raise ReportError(f"--fail-on: the threshold of {match['metric']} is out of range")
     if unit == "%":
         return Gate(metric, value, relative=True, text=item.strip())
     return Gate(metric, value * _SUFFIXES[unit], relative=False, text=item.strip())
@@ -96,8 +101,19 @@ def check_gates(diff: ReportDiff, gates: Iterable[Gate]) -> tuple[GateResult, ..
             side = "baseline (old)" if delta.old is None else "new"
             raise ReportError(f"--fail-on {gate.text}: the {side} report has no "
                               f"{gate.metric} figure; {_hint(gate.metric)}")
+        if not all(_finite(x) for x in (delta.old, delta.new)):
+            raise ReportError(f"--fail-on {gate.text}: the {gate.metric} figure is not a "
+                              f"finite number (old {delta.old}, new {delta.new}); a gate "
+                              f"never passes on a figure it cannot compare")
         results.append(GateResult(gate, delta, gate.trips(delta)))
     return tuple(results)
+
+
+def _finite(value: float | None) -> bool:
+    try:
+        return value is not None and math.isfinite(value)
+    except OverflowError:   # an int too large for a float
+        return False
 
 
 def _hint(metric: str) -> str:

@@ -5,6 +5,9 @@ the index changes) into a temporary folder, at the same path relative to the rep
 and yields its location; the folder is removed afterwards. The path is relative to the current
 directory, as ``git show REF:./path`` reads it.
 
+Only regular files are unpacked: a symlink at REF (absolute, or out of the folder) is left
+out, never created or followed; the model file itself being one is an error.
+
 Limitations (stated to the user in the README):
 - Only the file and its sibling ``.py`` files at that ref are taken, so ``import layers`` of a
   module next to it works; sub-packages and modules elsewhere in the repository are imported
@@ -59,10 +62,26 @@ def git_checkout(target: GitTarget, cwd: Path | None = None) -> Iterator[Path]:
     files = _siblings(root, target.ref, relative)
     with tempfile.TemporaryDirectory(prefix="fxlens-git-") as folder:
         archive = _git_bytes(root, "archive", "--format=tar", target.ref, "--", *files)
-        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
-            tar.extractall(folder, filter="data")
+        _extract_files(archive, folder, relative, target.ref)
         with _isolated_modules(PurePosixPath(f).stem for f in files):
             yield Path(folder) / relative
+
+
+def _extract_files(archive: bytes, folder: str, relative: str, ref: str) -> None:
+    """Extract the regular files of `archive` into `folder`. A symlink (which may point
+    anywhere, absolute or out of the folder) is never followed nor created: a sibling that is
+    one is left out, and the model file itself being one is a `LoadError`."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            members = tar.getmembers()
+            for member in members:
+                if member.name == relative and not member.isfile():
+                    raise LoadError(f"{relative} at {ref} is a symlink or not a regular file; "
+                                    f"git: targets must be regular files")
+            regular = [m for m in members if m.isfile() or m.isdir()]
+            tar.extractall(folder, members=regular, filter="data")
+    except tarfile.TarError as error:
+        raise LoadError(f"cannot unpack {relative} at {ref}: {error}") from None
 
 
 def _relative_to_root(root: Path, cwd: Path, path: str) -> str:

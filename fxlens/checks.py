@@ -1,0 +1,107 @@
+"""Options checked before anything is loaded or captured: one clear error in a second, never
+after a long analysis, and never a nonsense report from a nonsense option.
+
+`check_options(options)` takes an `fxlens.pipeline.AnalysisOptions` or anything with its
+attribute names (the CLI checks its arguments before it imports torch, which the pipeline
+needs). It joins engine and hardware knowledge like `fxlens.pipeline`, and imports neither
+torch nor the capture chain: only ``--quant-plan`` loads the quantization rules (torch).
+
+Checked: sizes (``--batch``, ``--seq-len``, ``--image-size``), ``--context`` and
+``--group-size`` at least 1; ``--precision`` and ``--optimizer`` known; ``--device-mem`` a
+size above 0 or a known GPU; ``--budget`` a size above 0 and the plan it goes with; the
+``--device`` with its ``--devices`` file and ``--profile`` (each file read and validated:
+finite, non-negative figures), and those files even without ``--device``, so a broken one is
+never silently ignored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fxlens.analyzer.core.errors import LoadError
+from fxlens.analyzer.memory.training_state import parse_bytes
+from fxlens.rules.hardware import DeviceSpec, device, device_spec
+from fxlens.rules.training import Optimizer, Precision
+
+
+def check_options(options: Any) -> None:
+    """`LoadError` for the first option that cannot work, before any model code runs."""
+    for key, value in dict(options.sizes).items():
+        at_least_one(f"--{key.replace('_', '-')}", value)
+    at_least_one("--context", options.context)
+    at_least_one("--group-size", options.group_size)
+    if options.precision is not None:
+        precision(options.precision)
+    optimizer(options.optimizer)
+    device_memory(options.device_memory)
+    if options.budget is not None or options.quant_plan:
+        _plan(options.quant_plan, options.budget, options.group_size)
+    if options.device is not None:
+        resolve_device(options.device, options.devices_file, options.profile)
+    elif options.profile is not None or options.devices_file is not None:
+        resolve_device("cpu", options.devices_file, options.profile)
+
+
+def at_least_one(flag: str, value: int | None) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise LoadError(f"{flag} must be at least 1, got {value!r}")
+
+
+def precision(name: str) -> Precision:
+    try:
+        return Precision(name)
+    except ValueError:
+        known = ", ".join(p.value for p in Precision)
+        raise LoadError(f"unknown precision {name!r}; known: {known}") from None
+
+
+def optimizer(name: str) -> Optimizer:
+    try:
+        return Optimizer(name)
+    except ValueError:
+        known = ", ".join(o.value for o in Optimizer)
+        raise LoadError(f"unknown optimizer {name!r}; known: {known}") from None
+
+
+def device_memory(text: str | None) -> tuple[str, int | None]:
+    """``"80GiB"`` → ("80GiB", bytes); ``"h100"`` → its memory; None → no fit check."""
+    if text is None:
+        return "", None
+    try:
+        size = parse_bytes(text)
+    except ValueError:
+        pass
+    else:
+        if size <= 0:
+            raise LoadError(f"--device-mem: {text!r} is no memory; give a size above 0 "
+                            f"(80GiB) or a GPU name (h100)")
+        return text, size
+    try:
+        spec = device(text)
+    except ValueError as error:
+        raise LoadError(f"--device-mem: {error}") from None
+    return spec.name, spec.memory_bytes
+
+
+def resolve_device(name: str, devices_file: str | None = None, profile: str | None = None
+                   ) -> DeviceSpec:
+    """`fxlens.rules.hardware.device_spec`, its errors as one-line `LoadError`s."""
+    try:
+        return device_spec(name, devices_file, profile)
+    except ValueError as error:
+        raise LoadError(f"--device: {error}") from None
+
+
+def _plan(quant_plan: str | None, budget_text: str | None, group_size: int) -> None:
+    try:
+        budget = parse_bytes(budget_text) if budget_text is not None else None
+        if budget is not None and budget <= 0:
+            raise ValueError(f"the budget must be more than 0 bytes, got {budget_text}")
+        if quant_plan:
+            from fxlens.rules.quant import plan_request
+
+            plan_request(quant_plan, budget, group_size)
+    except ValueError as error:
+        raise LoadError(f"--quant-plan/--budget: {error}") from None

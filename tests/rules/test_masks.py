@@ -1,0 +1,169 @@
+"""Attention masks built in the graph: counted causal exactly when their values are causal.
+
+Each case is a tiny module that builds a mask and calls SDPA with it (``is_causal=False``), as
+`transformers` does under tracing; it is captured with make_fx (fast) and the SDPA rule's
+verdict, FLOPs and note are checked. Expected FLOPs are the derivation: B·H·scores·(4·d + 8).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.core.costs import Cost, OpCall
+from fxlens.rules import load_rules, masks
+from fxlens.rules.attention import causal_scores
+from fxlens.rules.conventions import SOFTMAX_FLOPS_PER_ELEMENT as SOFTMAX
+
+B, H, T, D = 2, 2, 8, 4
+MaskFn = Callable[[torch.Tensor], torch.Tensor]   # query (B, H, T_q, d) -> mask
+
+
+def positions(t: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(query, key) positions broadcast to (T, 1) and (1, T), as transformers builds them."""
+    return torch.arange(t)[:, None], torch.arange(t)[None, :]
+
+
+def kv_le_q(q: torch.Tensor) -> torch.Tensor:
+    qi, kj = positions(q.shape[-2])
+    return (kj <= qi)[None, None].expand(q.shape[0], 1, -1, -1)
+
+
+def window(size: int) -> MaskFn:
+    def build(q: torch.Tensor) -> torch.Tensor:
+        qi, kj = positions(q.shape[-2])
+        return (kj <= qi) & (kj > qi - size)
+    return build
+
+
+def additive_causal(q: torch.Tensor) -> torch.Tensor:
+    return torch.full((q.shape[-2], q.shape[-2]), float("-inf")).triu(1)
+
+
+def finfo_min_causal(q: torch.Tensor) -> torch.Tensor:
+    t = q.shape[-2]
+    keep = torch.ones(t, t, dtype=torch.bool).tril()
+    return torch.zeros(t, t).masked_fill(~keep, torch.finfo(torch.float32).min)
+
+
+def alibi_causal(q: torch.Tensor) -> torch.Tensor:
+    qi, kj = positions(q.shape[-2])
+    return (kj - qi).float().masked_fill(kj > qi, float("-inf"))
+
+
+class Masked(torch.nn.Module):
+    def __init__(self, build: MaskFn | None, is_causal: bool = False) -> None:
+        super().__init__()
+        self.build, self.is_causal = build, is_causal
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        mask = self.build(q) if self.build is not None else None
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=mask, is_causal=self.is_causal)
+
+
+class FromInput(torch.nn.Module):
+    def forward(self, q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+
+class FromBuffer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("mask", torch.ones(T, T, dtype=torch.bool).tril())
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=self.mask)
+
+
+def sdpa_cost(module: torch.nn.Module, *inputs: torch.Tensor) -> Cost:
+    registry = load_rules()
+    graph = capture(module, inputs, registry, methods=("make_fx",))
+    (node,) = [n for n in graph.calls() if n.packet == "aten.scaled_dot_product_attention"]
+    rule = registry.lookup(node)
+    assert callable(rule)
+    return rule(OpCall(node, graph))
+
+
+def flops(scores: int) -> int:
+    return B * H * scores * (4 * D + SOFTMAX)
+
+
+CAUSAL, DENSE = causal_scores(T, T), T * T
+q = torch.randn(B, H, T, D)
+
+CASES: list[tuple[str, torch.nn.Module, int, str]] = [
+    ("is_causal", Masked(None, is_causal=True), CAUSAL, "causal: is_causal=True"),
+    ("no mask", Masked(None), DENSE, "dense: no mask"),
+    ("kv <= q, batch-expanded", Masked(kv_le_q), CAUSAL, "causal: the mask built"),
+    ("tril of ones", Masked(lambda q: torch.ones(T, T, dtype=torch.bool).tril()), CAUSAL,
+     "causal: the mask built"),
+    ("-inf above the diagonal", Masked(additive_causal), CAUSAL, "causal: the mask built"),
+    ("finfo.min above the diagonal", Masked(finfo_min_causal), CAUSAL, "causal: the mask built"),
+    ("window wider than T", Masked(window(T)), CAUSAL, "causal: the mask built"),
+    ("window narrower than T", Masked(window(3)), DENSE, "dense: the mask is not causal"),
+    ("all allowed", Masked(lambda q: torch.ones(T, T, dtype=torch.bool)), DENSE,
+     "dense: the mask allows every score"),
+    ("ALiBi bias + causal", Masked(alibi_causal), DENSE, "dense: the mask adds a bias"),
+    ("anti-causal", Masked(lambda q: torch.ones(T, T, dtype=torch.bool).triu()), DENSE,
+     "dense: the mask is not causal"),
+    ("from a buffer", FromBuffer(), DENSE, "dense: the mask depends on a buffer"),
+]
+
+
+@pytest.mark.parametrize(("label", "module", "scores", "note"), CASES, ids=[c[0] for c in CASES])
+def test_mask_verdicts(label: str, module: torch.nn.Module, scores: int, note: str) -> None:
+    cost = sdpa_cost(module, q)
+    assert cost.note.startswith(note)
+    assert cost.flops == flops(scores)
+
+
+def test_a_mask_from_the_inputs_counts_dense() -> None:
+    cost = sdpa_cost(FromInput(), q, torch.ones(T, T, dtype=torch.bool).tril())
+    assert cost.note.startswith("dense: the mask depends on an input")
+    assert cost.flops == flops(DENSE)
+
+
+def test_bottom_right_causal_with_fewer_queries_than_keys() -> None:
+    """New tokens after a cache: query i sees keys j ≤ i + T_k − T_q."""
+    t_q, t_k = 3, T
+
+    class Cached(torch.nn.Module):
+        def forward(self, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+            qi = torch.arange(t_q)[:, None] + (t_k - t_q)
+            mask = torch.arange(t_k)[None, :] <= qi
+            return F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask)
+
+    cost = sdpa_cost(Cached(), torch.randn(B, H, t_q, D), torch.randn(B, H, t_k, D))
+    assert "aligned to the last key" in cost.note
+    assert cost.flops == B * H * causal_scores(t_q, t_k, t_k - t_q) * (4 * D + SOFTMAX)
+
+
+def test_a_mask_too_large_to_evaluate_counts_dense(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(masks, "MAX_MASK_ELEMENTS", T * T - 1)
+    cost = sdpa_cost(Masked(kv_le_q), q)
+    assert cost.note.startswith("dense: the mask needs a tensor of 64 elements")
+    assert cost.flops == flops(DENSE)
+
+
+def test_one_mask_is_evaluated_once_per_graph(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layers of a model share one mask: its verdict is cached per graph."""
+    calls = []
+    real = masks.classify
+    monkeypatch.setattr(masks, "classify", lambda g, r: calls.append(r) or real(g, r))
+
+    class TwoLayers(torch.nn.Module):
+        def forward(self, q: torch.Tensor) -> torch.Tensor:
+            mask = kv_le_q(q)
+            return F.scaled_dot_product_attention(
+                F.scaled_dot_product_attention(q, q, q, attn_mask=mask), q, q, attn_mask=mask)
+
+    registry = load_rules()
+    graph = capture(TwoLayers(), (q,), registry, methods=("make_fx",))
+    nodes = [n for n in graph.calls() if n.packet == "aten.scaled_dot_product_attention"]
+    costs = [registry.lookup(n)(OpCall(n, graph)) for n in nodes]  # type: ignore[operator]
+    assert len(nodes) == 2 and len(calls) == 1
+    assert all(c.flops == flops(CAUSAL) for c in costs)
