@@ -99,3 +99,10 @@ def test_one_token_inputs_cut_only_the_sequence() -> None:
     cut = one_token_inputs({"input_ids": ids, "pixels": image}, seq_len=7)
     assert isinstance(cut, dict)
     assert cut["input_ids"].shape == (2, 1) and cut["pixels"].shape == (2, 3, 7, 7)
+
+
+def test_each_attention_node_says_which_convention_counted_it() -> None:
+    report = analyze_loaded(loaded(), AnalysisOptions(fusion=False))
+    attention = [n for n in report.nodes if "scaled_dot_product_attention" in n.target]
+    assert attention and all(n.note.startswith("causal") for n in attention)
+    assert all(n.note == "" for n in report.nodes if n not in attention and n.flops == 0)

@@ -71,33 +71,38 @@ def mask_convention(call: OpCall) -> MaskVerdict:
         return MaskVerdict(True, "causal: is_causal=True")
     if ref is None:
         return MaskVerdict(False, "dense: no mask, is_causal=False")
-    return _cached(call.graph, ref)
+    return _cached(call.graph, ref, call.shape("query")[-2], call.shape("key")[-2])
 
 
-_CACHE: dict[int, tuple[weakref.ref[Graph], dict[TensorRef, MaskVerdict]]] = {}
+Key = tuple[TensorRef, int, int]
+_CACHE: dict[int, tuple[weakref.ref[Graph], dict[Key, MaskVerdict]]] = {}
 
 
-def _cached(graph: Graph, ref: TensorRef) -> MaskVerdict:
+def _cached(graph: Graph, ref: TensorRef, t_q: int, t_k: int) -> MaskVerdict:
     """`classify` once per mask of a graph: the layers of a model share one mask."""
     entry = _CACHE.get(id(graph))
     if entry is None or entry[0]() is not graph:
         entry = (weakref.ref(graph, lambda _: _CACHE.pop(id(graph), None)), {})
         _CACHE[id(graph)] = entry
     verdicts = entry[1]
-    if ref not in verdicts:
-        verdicts[ref] = classify(graph, ref)
-    return verdicts[ref]
+    if (ref, t_q, t_k) not in verdicts:
+        verdicts[(ref, t_q, t_k)] = classify(graph, ref, t_q, t_k)
+    return verdicts[(ref, t_q, t_k)]
 
 
-def classify(graph: Graph, ref: TensorRef) -> MaskVerdict:
-    """The verdict for the mask `ref` of `graph` (see the module docstring)."""
+def classify(graph: Graph, ref: TensorRef, t_q: int, t_k: int) -> MaskVerdict:
+    """The verdict for the mask `ref` of `graph` on `t_q` queries and `t_k` keys (see the
+    module docstring)."""
     nodes, reason = _constant_subgraph(graph, ref)
     if reason:
         return MaskVerdict(False, f"dense: the mask {reason}")
     value = _evaluate(graph, nodes, ref)
     if isinstance(value, str):
         return MaskVerdict(False, f"dense: the mask {value}")
-    return _judge(value, *_query_key_lengths(graph, ref))
+    try:
+        return _judge(value, t_q, t_k)
+    except RuntimeError as error:  # a mask that does not broadcast to (T_q, T_k): say so
+        return MaskVerdict(False, f"dense: the mask could not be compared ({error})"[:200])
 
 
 def _constant_subgraph(graph: Graph, ref: TensorRef) -> tuple[list[Node], str]:
@@ -219,13 +224,6 @@ def _fold_repeats(t: torch.Tensor) -> torch.Tensor:
             if bool((t == first).all()):
                 t = first.expand(t.shape)
     return t
-
-
-def _query_key_lengths(graph: Graph, ref: TensorRef) -> tuple[int, int]:
-    spec = graph.spec(ref)
-    assert spec is not None
-    shape = (1, 1, *spec.shape)
-    return shape[-2], shape[-1]
 
 
 def _judge(mask: torch.Tensor, t_q: int, t_k: int) -> MaskVerdict:

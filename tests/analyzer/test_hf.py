@@ -189,7 +189,9 @@ def test_errors_share_one_base() -> None:
 
 # Presets whose full depth takes long to capture: a few layers show the same structure.
 SHALLOW = {"llama-3.1-405b": {"num_hidden_layers": "4"},
-           "deepseek-v3": {"num_hidden_layers": "5"}, "qwen3-30b-a3b": {"num_hidden_layers": "4"}}
+           "deepseek-v3": {"num_hidden_layers": "5"},
+           "qwen3-30b-a3b": {"num_hidden_layers": "4"},
+           "gemma-3-1b": {"num_hidden_layers": "6"}}   # five sliding layers, one global
 
 
 @pytest.mark.slow

@@ -177,3 +177,16 @@ def test_free_ops_are_hidden_until_asked_for(browser: Any, gpt_report: Report,
     assert count.text == f"{costed} of {total} ops"
     click(browser, "#op-free")
     WebDriverWait(browser, 5).until(lambda d: count.text == f"{total} of {total} ops")
+
+
+def test_module_tree_groups_runs_of_identical_blocks(browser: Any, gpt_report: Report,
+                                                     tmp_path: Path) -> None:
+    open_page(browser, gpt_report, tmp_path, "runs")
+    labels = ("return Array.from(document.querySelectorAll("
+              "'#module-table tbody tr td:first-child'))"
+              ".map(td => td.textContent.replace(/^[▾▸]/, '').trim())")
+    shown = browser.execute_script(labels)
+    assert "0–1 ×2" in shown and "0" not in shown
+    click(browser, "#module-table tbody tr[data-path='blocks.0–1'] .toggle")
+    shown = browser.execute_script(labels)
+    assert "0" in shown and "1" in shown

@@ -153,7 +153,7 @@ def test_one_mask_is_evaluated_once_per_graph(monkeypatch: pytest.MonkeyPatch) -
     """The layers of a model share one mask: its verdict is cached per graph."""
     calls = []
     real = masks.classify
-    monkeypatch.setattr(masks, "classify", lambda g, r: calls.append(r) or real(g, r))
+    monkeypatch.setattr(masks, "classify", lambda g, r, *t: calls.append(r) or real(g, r, *t))
 
     class TwoLayers(torch.nn.Module):
         def forward(self, q: torch.Tensor) -> torch.Tensor:

@@ -79,6 +79,7 @@ class NodeReport:
     bytes_read: int
     bytes_written: int
     phase: str = "forward"
+    note: str = ""              # the convention its rule applied (e.g. causal attention)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ class NodeCost:
     bytes_read: int
     bytes_written: int
     error: str = ""
+    note: str = ""          # the convention the rule applied (causal attention…)
 
 
 def cost_node(node: Node, graph: Graph, registry: CostRegistry, strict: bool = False) -> NodeCost:
@@ -67,7 +68,7 @@ def cost_node(node: Node, graph: Graph, registry: CostRegistry, strict: bool = F
     written = cost.bytes_written
     if written is None:
         written = sum(spec.nbytes for spec in call.outputs)
-    return NodeCost("costed", int(cost.flops), int(read), int(written))
+    return NodeCost("costed", int(cost.flops), int(read), int(written), note=cost.note)
 
 
 def analyze(
@@ -102,7 +103,7 @@ def _node_report(node: Node, cost: NodeCost) -> NodeReport:
         inputs=tuple(dict.fromkeys(r.node for r in node.input_refs())),
         outputs=tuple(o.to_json() for o in node.outputs if o is not None),
         flops=cost.flops, bytes_read=cost.bytes_read, bytes_written=cost.bytes_written,
-        phase=node.phase,
+        phase=node.phase, note=cost.note,
     )
 
 

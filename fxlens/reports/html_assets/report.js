@@ -116,14 +116,46 @@
       {key: "nodes", label: "ops", num: true, get: function (m) { return m.nodes; },
        fmt: String}
     ];
+    function summed(m, byPath) {    // a run of blocks: the sum over its members
+      return m.run ? m.run.reduce(function (s, x) { return s + (byPath[x.path] || 0); }, 0)
+                   : byPath[m.path] || 0;
+    }
     var mtimes = VIEW.module_times || {};
     if (Object.keys(mtimes).length) {
       columns.push({key: "time", label: "est. time", num: true,
-                    get: function (m) { return mtimes[m.path] || 0; }, fmt: secs});
+                    get: function (m) { return summed(m, mtimes); }, fmt: secs});
     }
     if (alloc) {
       columns.push({key: "alloc", label: "allocated (own ops)", num: true,
-                    get: function (m) { return alloc[m.path] || 0; }, fmt: bytes});
+                    get: function (m) { return summed(m, alloc); }, fmt: bytes});
+    }
+    // Runs of identical numbered siblings (layers.0 … layers.31: one type, same params and
+    // FLOPs) are one row "0–31 ×32" holding their sums; expanding it lists the members.
+    function same(a, b) {
+      return a.type === b.type && a.params === b.params && a.flops === b.flops &&
+        /^\d+$/.test(lastPart(a.path)) && /^\d+$/.test(lastPart(b.path));
+    }
+    function runs(children) {
+      var out = [], i = 0;
+      while (i < children.length) {
+        var j = i + 1;
+        while (j < children.length && same(children[i], children[j])) j++;
+        if (j - i < 2) { out.push(children[i]); i = j; continue; }
+        var members = children.slice(i, j), first = members[0];
+        var path = parentOf(first.path) + (parentOf(first.path) ? "." : "") +
+          lastPart(first.path) + "–" + lastPart(members[members.length - 1].path);
+        var sum = function (k) {
+          return members.reduce(function (s, m) { return s + (m[k] || 0); }, 0);
+        };
+        var run = {path: path, type: first.type, depth: first.depth, params: sum("params"),
+                   flops: sum("flops"), bytes_read: sum("bytes_read"),
+                   bytes_written: sum("bytes_written"), nodes: sum("nodes"),
+                   label: lastPart(path) + " ×" + members.length, run: members};
+        kids.set(path, members);
+        out.push(run);
+        i = j;
+      }
+      return out;
     }
     var state = {key: null, dir: 1};
     var expanded = new Set([""]);
@@ -144,7 +176,7 @@
         var toggle = el("span", children.length ? (expanded.has(m.path) ? "▾" : "▸") : "",
                         "toggle");
         first.appendChild(toggle);
-        first.appendChild(document.createTextNode(lastPart(m.path)));
+        first.appendChild(document.createTextNode(m.label || lastPart(m.path)));
         first.title = m.path || "(root)";
         tr.appendChild(first);
         columns.slice(1).forEach(function (c) {
@@ -153,7 +185,8 @@
         });
         frag.appendChild(tr);
         if (children.length && expanded.has(m.path)) {
-          var ordered = col ? children.slice().sort(comparator(col, state.dir)) : children;
+          var ordered = col ? children.slice().sort(comparator(col, state.dir))
+                            : m.run ? children : runs(children);   // a run lists its members
           for (var i = ordered.length - 1; i >= 0; i--) stack.push([ordered[i], level + 1]);
         }
       }
