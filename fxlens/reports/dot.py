@@ -24,6 +24,7 @@ seconds; the collapsed default stays small.
 
 from __future__ import annotations
 
+import logging
 import math
 import shutil
 import subprocess
@@ -41,6 +42,7 @@ COLORS = ("flops", "bytes", "time", "memory")
 PALETTE = ("#ffffcc", "#ffeda0", "#fed976", "#feb24c", "#fd8d3c", "#fc4e2a", "#e31a1c",
            "#bd0026", "#800026")
 ZERO_COLOR = "#eeeeee"
+log = logging.getLogger(__name__)
 SHARED_FANOUT = 3        # a tensor feeding this many blocks is drawn as shared
 DOT_TIMEOUT_S = 300
 
@@ -53,7 +55,7 @@ def render_dot(report: Report, color: str = "flops", expand: bool = False) -> st
     item_values = _item_values(report, layout, values, color)
     scale = _Scale(item_values.values())
     lines = [f'digraph "{dot_escape(report.model.name)}" {{',
-             '  graph [rankdir=TB, fontname="Helvetica", fontsize=11, nodesep=0.25, '
+             '  graph [newrank=true, rankdir=TB, fontname="Helvetica", fontsize=11, nodesep=0.25, '
              'ranksep=0.35, labeljust=l, '
              f'label="{dot_escape(_title(report, color))}", labelloc=t];',
              '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=9, '
@@ -347,5 +349,8 @@ def graphviz_render(dot_source: str, fmt: str = "svg", timeout_s: float = DOT_TI
     except subprocess.TimeoutExpired as error:
         raise ReportError(f"dot -T{fmt} took over {timeout_s:g} s on this graph") from error
     if result.returncode != 0:
-        raise ReportError(f"dot -T{fmt} failed: {result.stderr.decode(errors='replace')[:500]}")
+        stderr = result.stderr.decode(errors="replace").strip()
+        log.debug("dot -T%s stderr:\n%s", fmt, stderr)
+        first = (stderr.splitlines() or ["no message"])[0]
+        raise ReportError(f"dot -T{fmt} failed: {first[:120]} (--debug for graphviz's output)")
     return result.stdout

@@ -12,7 +12,7 @@ from fxlens.analyzer.core.errors import ReportError
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.report import Report
 from fxlens.api import AnalysisOptions, analyze_loaded
-from fxlens.reports.dot import PALETTE, collapsed_blocks, graphviz_render, render_dot
+from fxlens.reports.dot import PALETTE, collapsed_blocks, dot_binary, graphviz_render, render_dot
 from tests.models import evil_names, tiny_gpt
 from tests.test_goldens import GOLDENS, MODELS, check, report_of
 
@@ -103,3 +103,15 @@ def test_shared_inputs_are_drawn_once_not_to_every_block() -> None:
     for line in shared:
         source = line.split("->")[0].strip()
         assert sum(ln.strip().startswith(f"{source} ->") for ln in text.splitlines()) == 1
+
+
+@pytest.mark.skipif(dot_binary() is None, reason="graphviz's dot is not installed")
+def test_a_training_graph_with_clusters_lays_out() -> None:
+    """graphviz's old ranking failed on the conv net's training step ("trouble in init_rank");
+    newrank lays it out."""
+    from tests.models import convnet
+
+    module, inputs = convnet.build()
+    report = analyze_loaded(LoadedModel(module, inputs, "convnet", "convnet.py"),
+                            AnalysisOptions(train=True, fusion=False))
+    assert graphviz_render(render_dot(report)).startswith(b"<?xml")
