@@ -16,7 +16,8 @@ never silently ignored.
 
 from __future__ import annotations
 
-from typing import Any
+from enum import Enum
+from typing import Any, TypeVar
 
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.memory.training_state import parse_bytes
@@ -50,19 +51,22 @@ def at_least_one(flag: str, value: int | None) -> None:
 
 
 def precision(name: str) -> Precision:
-    try:
-        return Precision(name)
-    except ValueError:
-        known = ", ".join(p.value for p in Precision)
-        raise LoadError(f"unknown precision {name!r}; known: {known}") from None
+    return _member(Precision, "precision", name)
 
 
 def optimizer(name: str) -> Optimizer:
+    return _member(Optimizer, "optimizer", name)
+
+
+E = TypeVar("E", bound=Enum)
+
+
+def _member(kind: type[E], what: str, name: str) -> E:
     try:
-        return Optimizer(name)
+        return kind(name)
     except ValueError:
-        known = ", ".join(o.value for o in Optimizer)
-        raise LoadError(f"unknown optimizer {name!r}; known: {known}") from None
+        known = ", ".join(str(m.value) for m in kind)
+        raise LoadError(f"unknown {what} {name!r}; known: {known}") from None
 
 
 def device_memory(text: str | None) -> tuple[str, int | None]:

@@ -170,13 +170,13 @@ class TrainingStep:
         options = ctx.options
         memory = liveness(ctx.step.graph, ctx.registry)
         precision = _precision(options.precision, ctx.loaded.module)
-        device_name, device_bytes = _device_memory(options.device_memory)
+        device_name, device_bytes = checks.device_memory(options.device_memory)
         spec = ctx.device_spec()
         if device_bytes is None and spec is not None:     # --device h100 implies its memory
             device_name, device_bytes = spec.name, spec.memory_bytes
         settings = StepSettings(
             precision_name=precision.value, precision=precision.spec,
-            optimizer_name=options.optimizer, optimizer=_optimizer(options.optimizer).spec,
+            optimizer_name=options.optimizer, optimizer=checks.optimizer(options.optimizer).spec,
             batch=throughput_basis(ctx.step.graph).samples, device_name=device_name,
             device_bytes=device_bytes, checkpoint=options.checkpoint,
         )
@@ -397,14 +397,6 @@ def _precision(name: str | None, module: torch.nn.Module) -> Precision:
                       if p.is_floating_point()), "float32")
         name = DEFAULT_PRECISION.get(dtype, "fp32")
     return checks.precision(name)
-
-
-def _optimizer(name: str) -> Optimizer:
-    return checks.optimizer(name)
-
-
-def _device_memory(text: str | None) -> tuple[str, int | None]:
-    return checks.device_memory(text)
 
 
 def resolve_device(name: str, devices_file: str | None = None, profile: str | None = None

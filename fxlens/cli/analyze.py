@@ -24,7 +24,7 @@ from fxlens.cli.args import (
     OPTIMIZERS,
     PRECISIONS,
     Parser,
-    key_value,
+    add_loading_options,
     non_negative_int,
     positive_int,
 )
@@ -50,14 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fxlens {__version__}")
     parser.add_argument("target", help="model.py, pkg.module:function or hf:<preset>")
-    parser.add_argument("--entry", help="factory function in the model file (default: build)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], type=key_value,
-                        metavar="KEY=VALUE", help="override a config field of an hf: preset")
-    parser.add_argument("--batch", type=positive_int, help="batch size of the example inputs")
-    parser.add_argument("--seq-len", type=positive_int,
-                        help="sequence length of the example inputs")
-    parser.add_argument("--image-size", type=positive_int,
-                        help="image side of the example inputs")
+    add_loading_options(parser)
     parser.add_argument("--allow-large", action="store_true",
                         help="analyze a model however long its estimated capture (default: "
                              "refuse one estimated at over ~20 minutes)")

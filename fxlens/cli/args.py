@@ -2,14 +2,14 @@
 
 The choices of ``--method``, ``--precision`` and ``--optimizer`` are repeated here rather than
 imported from the capture chain and the pipeline, so that building a parser (``--help``, a bad
-option) never imports torch; `tests/cli/test_conventions.py` pins them to the engine's own.
+option) never imports torch; `tests/test_hostile.py` pins them to the engine's own.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 METHODS = ("export", "make_fx", "record")       # fxlens.analyzer.capture.chain.METHODS
 PRECISIONS = ("fp32", "bf16", "amp-bf16", "amp-fp16", "fp8")      # fxlens.pipeline.PRECISIONS
@@ -35,22 +35,36 @@ def key_value(item: str) -> tuple[str, str]:
     return key.strip(), value.strip()
 
 
-def positive_int(text: str) -> int:
-    """An integer ≥ 1 (sizes, counts): 0 or less is refused before any work starts."""
+def _whole_number(text: str, minimum: int, rule: str) -> int:
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"{rule}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An integer ≥ 1 (sizes, counts): 0 or less is refused before any work starts."""
+    return _whole_number(text, 1, "must be at least 1")
 
 
 def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
-    return value
+    """An integer ≥ 0 (table depths and row counts)."""
+    return _whole_number(text, 0, "must be 0 or more")
+
+
+def add_loading_options(parser: Any, overrides: bool = True) -> None:
+    """How a model target is loaded: ``--entry``, ``--set`` (with `overrides`), ``--batch``,
+    ``--seq-len``, ``--image-size`` — one spelling for every subcommand that loads a model."""
+    parser.add_argument("--entry", help="factory function in the model file (default: build)")
+    if overrides:
+        parser.add_argument("--set", dest="overrides", action="append", default=[],
+                            type=key_value, metavar="KEY=VALUE",
+                            help="override a config field of an hf: preset")
+    parser.add_argument("--batch", type=positive_int, help="batch size of the example inputs")
+    parser.add_argument("--seq-len", type=positive_int,
+                        help="sequence length of the example inputs")
+    parser.add_argument("--image-size", type=positive_int,
+                        help="image side of the example inputs")

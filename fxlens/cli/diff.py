@@ -28,7 +28,7 @@ from typing import Any
 
 from rich.console import Console
 
-from fxlens.cli.args import Parser, positive_int
+from fxlens.cli.args import Parser, add_loading_options, positive_int
 from fxlens.cli.console import EXIT_GATE, EXIT_OK, err, out, say
 
 GATE_HELP = ('fail (exit 1) when a metric grows past a threshold: "flops:+2%%,peak_memory:+5%%,'
@@ -61,11 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top", type=positive_int, default=20,
                         help="module rows in the terminal table")
     model = parser.add_argument_group("when a side is a model, analyze it with")
-    model.add_argument("--entry", help="factory function in the model file (default: build)")
-    model.add_argument("--batch", type=positive_int, help="batch size of the example inputs")
-    model.add_argument("--seq-len", type=positive_int,
-                       help="sequence length of the example inputs")
-    model.add_argument("--image-size", type=positive_int, help="image side of the example inputs")
+    add_loading_options(model, overrides=False)
     model.add_argument("--train", action="store_true", help="one training step")
     model.add_argument("--strict", action="store_true", help="a failing cost rule is fatal")
     model.add_argument("--allow-large", action="store_true",

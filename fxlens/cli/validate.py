@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from fxlens.cli.args import Parser, key_value, non_negative_int, positive_int
+from fxlens.cli.args import Parser, add_loading_options, non_negative_int, positive_int
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16")     # fxlens.devices.DTYPES
 
@@ -29,13 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="analyze validate",
         description="Run the captured graph for real; print predicted vs measured time.")
     parser.add_argument("target", help="model.py, pkg.module:function or hf:<preset>")
-    parser.add_argument("--entry", help="factory function in the model file (default: build)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], type=key_value,
-                        metavar="KEY=VALUE", help="override a config field of an hf: preset")
-    parser.add_argument("--batch", type=positive_int, help="batch size of the example inputs")
-    parser.add_argument("--seq-len", type=positive_int,
-                        help="sequence length of the example inputs")
-    parser.add_argument("--image-size", type=positive_int, help="image side of the example inputs")
+    add_loading_options(parser)
     parser.add_argument("--on", choices=("cpu", "cuda"), help="where to run (default cpu)")
     parser.add_argument("--device", dest="device_deprecated", choices=("cpu", "cuda"),
                         help=argparse.SUPPRESS)

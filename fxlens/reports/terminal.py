@@ -64,7 +64,7 @@ def render_table(table: Table) -> RenderableType:
     for column in table.columns:
         out.add_column(plain(column.name), justify="right" if column.right else "left",
                        style="bold" if column.strong else None,
-                       overflow="fold" if column.fold else "ellipsis", no_wrap=column.no_wrap)
+                       overflow="ellipsis", no_wrap=column.no_wrap)
     for row in table.rows:
         out.add_row(*(text(c) for c in row))
     title = Text(terminal_escape(table.title), style="bold", no_wrap=True, overflow="ellipsis")

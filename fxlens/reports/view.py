@@ -49,7 +49,6 @@ class Column:
     name: str
     right: bool = False          # figures align right
     strong: bool = False         # a label column (bold)
-    fold: bool = False           # long text folds rather than wrapping at words
     no_wrap: bool = False
 
 
