@@ -27,4 +27,4 @@ pip_install() {  # pip's notes about absent local mirrors are noise; its failure
 # The CPU build of torch first (an unpinned torch would pull a multi-GB CUDA build).
 pip_install "torch==2.13.0"
 pip_install -e ".[dev]"
-.venv/bin/python -c "import torch, fxlens, transformers" || { echo "setup: import check failed" >&2; exit 1; }
+.venv/bin/python -c "import torch, fxlens, transformers, diffusers" || { echo "setup: import check failed" >&2; exit 1; }

@@ -35,9 +35,13 @@ from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.cost.engine import analyze
 from fxlens.rules import load_rules
 from tests.models import OWN_ZOO, tiny_gpt
+from tests.models.diffusers_zoo import ZOO as DIFFUSERS_ZOO
 from tests.models.hf_zoo import ZOO as HF_ZOO
 
-ZOO: dict[str, Callable[[], Any]] = {**OWN_ZOO, **{f"hf-{k}": v for k, v in HF_ZOO.items()}}
+ZOO: dict[str, Callable[[], Any]] = {
+    **OWN_ZOO, **{f"hf-{k}": v for k, v in HF_ZOO.items()},
+    **{f"diffusers-{k}": v for k, v in DIFFUSERS_ZOO.items()},
+}
 
 # Packets FlopCounterMode has formulas for, or that decompose into those when replayed.
 REPLAYED = {

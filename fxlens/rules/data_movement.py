@@ -21,7 +21,9 @@ Conventions:
 - Dropout in training: the mask is a draw (free) written as one byte per element (``bool``),
   plus 1 FLOP per element: ``mask ? x · 1/(1-p) : 0``, a multiply with the select folded.
   Alpha dropout adds a shift: 2. Not training (or ``p == 0``): the composite ``dropout``
-  returns its input (free), ``native_dropout`` returns a copy and an all-true mask.
+  returns its input (free), ``native_dropout`` returns a copy and an all-true mask. In place
+  (``dropout_``..., ``nn.Dropout(inplace=True)``): the same FLOPs and mask, the result
+  written over the input; not training, nothing at all.
 - Concatenation, padding, repeats, rolls, flips, ``tril``/``triu``, ``complex``,
   ``slice_backward``/``select_backward``/``diagonal_backward`` and the functional writes into
   a view (``slice_scatter``, ``select_scatter``, ``diagonal_scatter``, ``as_strided_scatter``:
@@ -243,3 +245,25 @@ def alpha_dropout(call: OpCall) -> Cost:
 def feature_alpha_dropout(call: OpCall) -> Cost:
     x = call.tensor("input")
     return _dropout(call, ALPHA_DROPOUT_FLOPS_PER_ELEMENT, _feature_mask(x))
+
+
+_IN_PLACE_DROPOUT = {  # op: (FLOPs per element, one mask element per (N, C) pair)
+    "aten.dropout_": (DROPOUT_FLOPS_PER_ELEMENT, False),
+    "aten.feature_dropout_": (DROPOUT_FLOPS_PER_ELEMENT, True),
+    "aten.alpha_dropout_": (ALPHA_DROPOUT_FLOPS_PER_ELEMENT, False),
+    "aten.feature_alpha_dropout_": (ALPHA_DROPOUT_FLOPS_PER_ELEMENT, True),
+}
+
+
+@cost_rule(aten.dropout_, aten.feature_dropout_, aten.alpha_dropout_,
+           aten.feature_alpha_dropout_)
+def dropout_in_place(call: OpCall) -> Cost:
+    """In place (``nn.Dropout(inplace=True)``): free when not training (the input is left as
+    it is); training, the out-of-place work with the result written over the input."""
+    if not _training(call):
+        return FREE
+    x = call.tensor("self")
+    per_element, per_channel = _IN_PLACE_DROPOUT[call.node.packet]
+    mask = _feature_mask(x) if per_channel else x.numel
+    return Cost(flops=per_element * x.numel, bytes_read=x.storage_bytes,
+                bytes_written=x.nbytes + MASK_BYTES_PER_ELEMENT * mask)

@@ -6,10 +6,15 @@ file's ``build()``: hidden sizes 32–64, two layers, vocabularies of 100–256 
 has it, no KV cache and eval mode. `ZOO` lists them by name.
 
 The families: decoder-only with GQA (Llama, Qwen2, Phi-3), GPT-2, GPT-NeoX, OPT, Falcon (the
-new decoder architecture: grouped KV heads, parallel attention), MoE (Mixtral, Qwen3-MoE),
-MLA + MoE (DeepSeek-V3), attention + Mamba + MoE (Jamba), state-space (Mamba), a vision-
-language model (Llava: CLIP vision tower + Llama), encoder-only (BERT), encoder-decoder (T5,
-Whisper), ViT, a convnet (ResNet) and a conv + transformer speech model (Wav2Vec2).
+new decoder architecture: grouped KV heads, parallel attention), sliding windows narrower than
+the sequence (Mistral; Gemma-3 alternating local and global layers), ALiBi (Bloom, eager
+attention), MoE (Mixtral, Qwen3-MoE), MLA + MoE (DeepSeek-V3), attention + Mamba + MoE
+(Jamba), state-space and recurrent (Mamba, RWKV), a vision-language model (Llava: CLIP vision
+tower + Llama), encoder-only (BERT, DistilBERT, ModernBERT with local attention),
+encoder-decoder (T5, Whisper), ViT, convnets (ResNet; ConvNeXt and MobileNetV2, depthwise),
+detection (DETR on a transformers ResNet backbone), segmentation (SegFormer), and audio (a
+conv + transformer speech model, Wav2Vec2; the Audio Spectrogram Transformer). Diffusion
+models are in `tests.models.diffusers_zoo`.
 
 Nothing is downloaded: configs are plain keyword arguments. Importing this module imports
 transformers (a few seconds), so `tests.models` does not import it.
@@ -276,6 +281,136 @@ def build_llava() -> Built:
     return model, {"input_ids": ids, "pixel_values": _floats(BATCH, 3, LLAVA_IMAGE, LLAVA_IMAGE)}
 
 
+def build_distilbert() -> Built:
+    """DistilBERT: six-layer BERT without token types, here two layers."""
+    config = transformers.DistilBertConfig(
+        vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
+        max_position_embeddings=32, dropout=0.0, attention_dropout=0.0,
+    )
+    model = _instantiate(transformers.DistilBertForMaskedLM, config)
+    return model, {"input_ids": _tokens()}
+
+
+def build_modernbert() -> Built:
+    """ModernBERT: rotary encoder alternating global and local (sliding-window) attention,
+    gated GELU MLP, no biases; the local window (4) is narrower than the sequence."""
+    config = transformers.ModernBertConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, max_position_embeddings=64, global_attn_every_n_layers=2,
+        local_attention=4, pad_token_id=0, bos_token_id=1, eos_token_id=2, sep_token_id=2,
+        cls_token_id=1,
+    )
+    model = _instantiate(transformers.ModernBertForMaskedLM, config)
+    return model, {"input_ids": _tokens()}
+
+
+def build_mistral() -> Built:
+    """Mistral with a sliding window (8) narrower than the sequence: a banded mask."""
+    config = transformers.MistralConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        sliding_window=8,
+    )
+    return _instantiate(transformers.MistralForCausalLM, config), {"input_ids": _tokens()}
+
+
+def build_gemma3() -> Built:
+    """Gemma-3 text: one sliding-window layer (window 4) then one global layer, QK-norm,
+    GQA with head_dim 16, tied embeddings."""
+    config = transformers.Gemma3TextConfig(
+        vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=16,
+        sliding_window=4, layer_types=["sliding_attention", "full_attention"],
+        max_position_embeddings=64,
+    )
+    return _instantiate(transformers.Gemma3ForCausalLM, config), {"input_ids": _tokens()}
+
+
+def build_bloom() -> Built:
+    """Bloom: ALiBi position biases added to the scores (baddbmm, no SDPA)."""
+    config = transformers.BloomConfig(
+        vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, hidden_dropout=0.0,
+        attention_dropout=0.0,
+    )
+    model = _instantiate(transformers.BloomForCausalLM, config, attention="eager")
+    return model, {"input_ids": _tokens()}
+
+
+def build_rwkv() -> Built:
+    """RWKV (v4): linear-attention recurrence over time, token shift, channel mixing."""
+    config = transformers.RwkvConfig(
+        vocab_size=VOCAB, context_length=32, hidden_size=32, num_hidden_layers=2,
+        attention_hidden_size=32, intermediate_size=64, rescale_every=0,
+    )
+    model = _instantiate(transformers.RwkvForCausalLM, config, attention=None)
+    return model, {"input_ids": _tokens()}
+
+
+def build_ast() -> Built:
+    """Audio Spectrogram Transformer: a ViT over 16 × 16 patches of a 32-frame,
+    16-bin spectrogram (strides 10), for audio classification."""
+    config = transformers.ASTConfig(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+        patch_size=16, frequency_stride=10, time_stride=10, max_length=32, num_mel_bins=16,
+        num_labels=5, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+    )
+    model = _instantiate(transformers.ASTForAudioClassification, config)
+    return model, {"input_values": _floats(BATCH, config.max_length, config.num_mel_bins)}
+
+
+def build_convnext() -> Built:
+    """ConvNeXt: 4 × 4 patchify stem, depthwise 7 × 7 convs, layer norm, inverted MLP."""
+    config = transformers.ConvNextConfig(
+        num_channels=3, hidden_sizes=[16, 32], depths=[1, 1], patch_size=4, num_stages=2,
+        num_labels=10, drop_path_rate=0.0,
+    )
+    model = _instantiate(transformers.ConvNextForImageClassification, config, attention=None)
+    return model, {"pixel_values": _floats(BATCH, 3, 32, 32)}
+
+
+def build_mobilenet_v2() -> Built:
+    """MobileNetV2: inverted residuals with depthwise 3 × 3 convs, ReLU6, width 0.25."""
+    config = transformers.MobileNetV2Config(
+        num_channels=3, image_size=32, depth_multiplier=0.25, num_labels=10,
+        classifier_dropout_prob=0.0,
+    )
+    model = _instantiate(transformers.MobileNetV2ForImageClassification, config,
+                         attention=None)
+    return model, {"pixel_values": _floats(BATCH, 3, 32, 32)}
+
+
+def build_detr() -> Built:
+    """DETR: a transformers ResNet backbone (no timm, no pretrained weights), a one-layer
+    encoder and decoder over 8 object queries, class and box heads."""
+    backbone = transformers.ResNetConfig(
+        num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
+        layer_type="basic", out_features=["stage2"],
+    )
+    config = transformers.DetrConfig(
+        use_timm_backbone=False, backbone_config=backbone, use_pretrained_backbone=False,
+        d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, num_queries=8,
+        num_labels=5, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+    )
+    config._attn_implementation = {"": "sdpa", "backbone_config": "eager"}  # ResNet: no SDPA
+    model = _instantiate(transformers.DetrForObjectDetection, config, attention=None)
+    return model, {"pixel_values": _floats(BATCH, 3, 64, 64),
+                   "pixel_mask": torch.ones(BATCH, 64, 64, dtype=torch.int64)}
+
+
+def build_segformer() -> Built:
+    """SegFormer: a two-stage Mix Transformer (overlapping patch embeddings, attention over
+    spatially reduced keys, depthwise-conv MLPs) and an all-MLP decode head."""
+    config = transformers.SegformerConfig(
+        num_channels=3, num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1],
+        hidden_sizes=[16, 32], patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2],
+        mlp_ratios=[2, 2], decoder_hidden_size=32, num_labels=5, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0, drop_path_rate=0.0,
+    )
+    model = _instantiate(transformers.SegformerForSemanticSegmentation, config)
+    return model, {"pixel_values": _floats(BATCH, 3, 32, 32)}
+
+
 ZOO: dict[str, Callable[[], Built]] = {
     "gpt2": build_gpt2,
     "bert": build_bert,
@@ -296,4 +431,15 @@ ZOO: dict[str, Callable[[], Built]] = {
     "mamba": build_mamba,
     "resnet": build_resnet,
     "llava": build_llava,
+    "distilbert": build_distilbert,
+    "modernbert": build_modernbert,
+    "mistral": build_mistral,
+    "gemma3": build_gemma3,
+    "bloom": build_bloom,
+    "rwkv": build_rwkv,
+    "ast": build_ast,
+    "convnext": build_convnext,
+    "mobilenet_v2": build_mobilenet_v2,
+    "detr": build_detr,
+    "segformer": build_segformer,
 }

@@ -17,6 +17,10 @@ try:
     from tests.models.hf_zoo import ZOO as HF_ZOO
 except ImportError:  # transformers is an optional extra: our own zoo is tested without it
     HF_ZOO = {}
+try:
+    from tests.models.diffusers_zoo import ZOO as DIFFUSERS_ZOO
+except ImportError:  # so is diffusers
+    DIFFUSERS_ZOO = {}
 
 
 def run(build: Callable[[], tuple[Any, Any]]) -> Any:
@@ -38,7 +42,8 @@ def tensors(value: Any) -> Iterator[torch.Tensor]:
             stack.extend(item)
 
 
-ALL_BUILDS = {**OWN_ZOO, **{f"hf_{name}": build for name, build in HF_ZOO.items()}}
+ALL_BUILDS = {**OWN_ZOO, **{f"hf_{name}": build for name, build in HF_ZOO.items()},
+              **{f"diffusers_{name}": build for name, build in DIFFUSERS_ZOO.items()}}
 
 
 @pytest.mark.parametrize("name", sorted(ALL_BUILDS))
@@ -101,3 +106,10 @@ def test_tiny_gpt_closed_form_matches_flop_counter_on_matmuls() -> None:
     counts = counter.get_flop_counts()["Global"]
     gemm = sum(v for op, v in counts.items() if str(op) in {"aten.mm", "aten.addmm"})
     assert gemm == tiny_gpt.closed_form_flops(**cfg).linear_flops
+
+
+@pytest.mark.skipif(not HF_ZOO or not DIFFUSERS_ZOO, reason="needs transformers and diffusers")
+def test_zoo_of_architectures_by_others_spans_thirty() -> None:
+    """Issue 19: at least 30 architectures written by others, each with a distinct build."""
+    builds = [*HF_ZOO.values(), *DIFFUSERS_ZOO.values()]
+    assert len(set(builds)) == len(builds) >= 30

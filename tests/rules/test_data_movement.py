@@ -107,6 +107,19 @@ CASES: list[tuple[str, tuple[Any, ...], dict[str, Any], Cost]] = [
      Cost(flops=nchw.numel, bytes_read=nchw.nbytes, bytes_written=nchw.nbytes + 2 * c * BOOL)),
     ("aten.alpha_dropout.default", (x, 0.1, True), {},
      Cost(flops=N * 2, bytes_read=N * F32, bytes_written=N * F32 + N * BOOL)),
+    # in place: nothing when not training, else the same work written over the input
+    ("aten.dropout_.default", (x, 0.1, False), {}, FREE),
+    ("aten.dropout_.default", (x, 0.0, True), {}, FREE),
+    ("aten.dropout_.default", (x, 0.1, True), {},
+     Cost(flops=N * 1, bytes_read=N * F32, bytes_written=N * F32 + N * BOOL)),
+    ("aten.feature_dropout_.default", (nchw, 0.1, True), {},
+     Cost(flops=nchw.numel, bytes_read=nchw.nbytes, bytes_written=nchw.nbytes + 2 * c * BOOL)),
+    ("aten.alpha_dropout_.default", (x, 0.1, True), {},
+     Cost(flops=N * 2, bytes_read=N * F32, bytes_written=N * F32 + N * BOOL)),
+    ("aten.feature_alpha_dropout_.default", (nchw, 0.1, True), {},
+     Cost(flops=2 * nchw.numel, bytes_read=nchw.nbytes,
+          bytes_written=nchw.nbytes + 2 * c * BOOL)),
+    ("aten.feature_alpha_dropout_.default", (nchw, 0.1, False), {}, FREE),
 ]
 
 
