@@ -11,7 +11,8 @@ Checked: sizes (``--batch``, ``--seq-len``, ``--image-size``), ``--context`` and
 size above 0 or a known GPU; ``--budget`` a size above 0 and the plan it goes with; the
 ``--device`` with its ``--devices`` file and ``--profile`` (each file read and validated:
 finite, non-negative figures), and those files even without ``--device``, so a broken one is
-never silently ignored.
+never silently ignored. ``--plan``: a training step, a readable ``--strategy`` that agrees
+with ``--gpus``, GPU counts, micro-batches, batch and tokens at least 1, a price of 0 or more.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any, TypeVar
 
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.memory.training_state import parse_bytes
+from fxlens.analyzer.plan.strategy import parse as parse_strategy
 from fxlens.rules.hardware import DeviceSpec, device, device_spec
 from fxlens.rules.training import Optimizer, Precision
 
@@ -41,6 +43,29 @@ def check_options(options: Any) -> None:
         resolve_device(options.device, options.devices_file, options.profile)
     elif options.profile is not None or options.devices_file is not None:
         resolve_device("cpu", options.devices_file, options.profile)
+    _parallel_plan(options)
+
+
+def _parallel_plan(options: Any) -> None:
+    for flag in ("gpus", "max_gpus", "micro_batches", "global_batch", "tokens"):
+        at_least_one(f"--{flag.replace('_', '-')}", getattr(options, flag))
+    asked = [f"--{flag.replace('_', '-')}" for flag in
+             ("strategy", "gpus", "search", "max_gpus", "global_batch", "tokens", "price")
+             if getattr(options, flag) not in (None, False)]
+    if asked and not options.plan:
+        raise LoadError(f"{', '.join(asked)} shape a parallel plan: add --plan")
+    if options.plan and not options.train:
+        raise LoadError("--plan lays out a training step: add --train")
+    if options.price is not None and not options.price >= 0:
+        raise LoadError(f"--price must be 0 or more per GPU-hour, got {options.price!r}")
+    if options.strategy is not None and options.search:
+        raise LoadError("--strategy names one layout and --search looks for the best: "
+                        "give one of them")
+    if options.strategy is not None:
+        try:
+            parse_strategy(options.strategy, options.gpus, options.micro_batches)
+        except ValueError as error:
+            raise LoadError(f"--strategy: {error}") from None
 
 
 def at_least_one(flag: str, value: int | None) -> None:

@@ -10,6 +10,7 @@ specs are handed to the rooms here. Inference and training run the same passes:
     fusion              Findings, Fusion over the analysed graph (forward or whole step)
     quantization        Quant            over the inference forward (weights as loaded)
     roofline            Roofline         needs the graph's costs; `--fused` reads the fusion plan
+    plan                Plan             layouts over many GPUs from the training step's units
 
 `Context` holds what passes share: the loaded model, the options, the rule registry, the
 device spec (built once), and the graphs (the analysed one, the inference forward, the
@@ -43,6 +44,7 @@ from fxlens.analyzer.core.sections import (
     Fusion,
     KVCache,
     Memory,
+    Plan,
     Quant,
     Roofline,
     Training,
@@ -57,16 +59,26 @@ from fxlens.analyzer.memory.kv_cache import (
 )
 from fxlens.analyzer.memory.liveness import liveness
 from fxlens.analyzer.memory.measure import simulate_eager_memory
-from fxlens.analyzer.memory.training_state import parse_bytes
+from fxlens.analyzer.memory.training_state import param_state, parse_bytes
 from fxlens.analyzer.memory.training_step import StepSettings, training_section
 from fxlens.analyzer.memory.types import KVLayout
+from fxlens.analyzer.plan.search import PlanRequest, plan_section
+from fxlens.analyzer.plan.strategy import parse as parse_strategy
+from fxlens.analyzer.plan.structure import ModelFacts, WholeStep, read_facts
 from fxlens.analyzer.quant.section import QuantSettings, quant_section
-from fxlens.analyzer.time.roofline import roofline_section, throughput_basis
+from fxlens.analyzer.time.roofline import (
+    dominant_key,
+    node_times,
+    optimizer_time,
+    roofline_section,
+    throughput_basis,
+)
 from fxlens.rules import load_rules
 from fxlens.rules.eager import SAME_DTYPE_OPERANDS
 from fxlens.rules.fusion import fusion_rules, kinds_of
-from fxlens.rules.hardware import DeviceSpec
+from fxlens.rules.hardware import LINK_EFFICIENCY, DeviceSpec
 from fxlens.rules.kv_layouts import TOKEN_MAJOR_KERNELS, has_config, layers_from_config
+from fxlens.rules.parallel import PARALLEL
 from fxlens.rules.training import CASTABLE_DTYPES, Optimizer, Precision
 
 log = logging.getLogger(__name__)
@@ -104,6 +116,15 @@ class AnalysisOptions:
     budget: str | None = None           # weight memory budget of the plan ("4GiB")
     group_size: int = 128               # int4 group size
     allow_large: bool = False           # capture a model however long the estimate says
+    plan: bool = False                  # layouts over many GPUs (implies train)
+    strategy: str | None = None         # "fsdp", "dp=2,tp=4,pp=2,zero=1,sp"; None: search
+    gpus: int | None = None             # GPUs of the layout (or of the search)
+    search: bool = False                # search layouts up to max_gpus
+    max_gpus: int | None = None
+    micro_batches: int = 1
+    global_batch: int | None = None     # samples per step a search holds fixed
+    tokens: int | None = None           # a whole run: GPU-hours, days, cost
+    price: float | None = None          # per GPU-hour
 
 
 
@@ -259,7 +280,8 @@ class QuantPass:
             batches = _calibration_batches(loaded)
         settings = QuantSettings(calibration=batches, calibration_source=source,
                                  activations=options.activations,
-                                 metric=options.calibrate_metric, plan=plan)
+                                 metric=options.calibrate_metric, plan=plan,
+                                 example_inputs=loaded.inputs)   # data-free Fisher
         return (quant_section(loaded.module, ctx.forward(),
                               knowledge(options.group_size, ctx.registry), settings,
                               ctx.on_step),)
@@ -284,8 +306,88 @@ class RooflinePass:
         return (roofline_section(basis, ctx.analysed(), spec, ctx.options.tf32),)
 
 
+class PlanPass:
+    """Layouts over many GPUs, from the training step cut into units (`read_facts`)."""
+
+    name = "plan"
+    provides: tuple[type[Section], ...] = (Plan,)
+    needs: tuple[type[Section], ...] = (Training,)
+
+    def wanted(self, options: Any) -> bool:
+        return bool(options.plan)
+
+    def run(self, ctx: Context, report: Report) -> Sequence[Section]:
+        assert ctx.step is not None, "a plan is made from the training step"
+        ctx.on_step("laying the step out over GPUs")
+        options = ctx.options
+        spec = ctx.device_spec() or resolve_device(DEFAULT_PLAN_DEVICE, options.devices_file,
+                                                   None)
+        facts = plan_facts(ctx, report, spec)
+        try:
+            strategy = (parse_strategy(options.strategy, options.gpus, options.micro_batches)
+                        if options.strategy else None)
+        except ValueError as error:
+            raise LoadError(f"--strategy: {error}") from None
+        request = PlanRequest(strategy=strategy, gpus=None if options.search else options.gpus,
+                              max_gpus=options.max_gpus or options.gpus,
+                              global_batch=options.global_batch, tokens=options.tokens,
+                              price_per_gpu_hour=options.price)
+        assumptions = _plan_assumptions(options, spec, facts)
+        return (plan_section(facts, request, spec, assumptions, LINK_EFFICIENCY,
+                             spec.link_source, spec.intra_node_bytes_per_s,
+                             spec.inter_node_bytes_per_s),)
+
+
+DEFAULT_PLAN_DEVICE = "h100"
+
+
+def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
+    """The training step as units a layout partitions (`fxlens.analyzer.plan.structure`)."""
+    assert ctx.step is not None
+    options, graph = ctx.options, ctx.step.graph
+    training = report.require(Training)
+    precision = _precision(options.precision, ctx.loaded.module)
+    optimizer = checks.optimizer(options.optimizer)
+    state_of = {p.name: param_state(p, precision.spec, optimizer.spec) for p in graph.params}
+    times = node_times(report, graph, spec, options.tf32)
+    by_id = {t.id: t for t in times}
+    key = dominant_key(report, by_id)
+    basis = throughput_basis(graph)
+    breakdown = training.peak_breakdown
+    whole = WholeStep(
+        transient_bytes=max(breakdown.fwd_bwd_peak_bytes - training.saved_activation_bytes
+                            - breakdown.gradients_at_peak_bytes, 0),
+        gradients_at_peak_bytes=breakdown.gradients_at_peak_bytes,
+        optimizer_temporaries_bytes=max(breakdown.optimizer_phase_bytes
+                                        - training.states.grad_bytes, 0),
+        optimizer_s=optimizer_time(training, graph, spec),
+        samples=basis.samples, tokens=basis.tokens, dtype_key=key,
+        peak_flops=spec.peak(key)[0],
+    )
+    return read_facts(ctx.step, report, ctx.registry, state_of,
+                      {t.id: t.time_s for t in times}, PARALLEL, whole)
+
+
+def _plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFacts
+                      ) -> tuple[str, ...]:
+    device = (f"device {spec.name}" + ("" if options.device else
+                                        " (the default; --device to choose)"))
+    batch = (f"the captured batch ({facts.samples} samples"
+             + (f", {facts.tokens} tokens" if facts.tokens else "") + ") is one micro-batch")
+    return (
+        device, batch,
+        f"collectives: ring algorithms at {LINK_EFFICIENCY:.0%} of the link bandwidth; "
+        "latency and congestion not modelled",
+        "gradient and ZeRO transfers overlap compute (DDP/ZeRO-1/2: the last micro-batch's "
+        "backward; ZeRO-3: all of it); tensor-, expert- and pipeline-parallel transfers do not",
+        "1F1B pipeline: bubble (p − 1)/v micro-batch times; stage i holds min(m, p − i) "
+        "micro-batches of activations",
+        "ranks laid out tp innermost, then dp (ep inside it), pp outermost",
+    )
+
+
 PASSES: tuple[Pass[Context], ...] = (InferenceMemory(), TrainingStep(), KVCachePass(),
-                                     FusionPass(), QuantPass(), RooflinePass())
+                                     FusionPass(), QuantPass(), RooflinePass(), PlanPass())
 
 
 def run_pipeline(loaded: LoadedModel, options: AnalysisOptions,

@@ -43,6 +43,8 @@ def loaded(build: object = tiny_gpt.build, name: str = "tiny_gpt") -> LoadedMode
     (AnalysisOptions(train=True, kv_cache=True), CORE | {"training", "kv_cache"}),
     (AnalysisOptions(kv_cache=True, device="h100", fused=True), CORE | {"kv_cache", "roofline"}),
     (AnalysisOptions(quant=True, fusion=False), {"memory", "quant"}),
+    (AnalysisOptions(train=True, plan=True, strategy="fsdp", gpus=2, fusion=False),
+     {"memory", "training", "plan"}),
 ])
 def test_exactly_the_sections_asked_for(options: AnalysisOptions, expected: set[str]) -> None:
     assert keys(analyze_loaded(loaded(), options)) == expected

@@ -25,6 +25,8 @@ from fxlens.cli.args import (
     PRECISIONS,
     Parser,
     add_loading_options,
+    count,
+    non_negative_float,
     non_negative_int,
     positive_int,
 )
@@ -68,6 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="capture method(s) to try, in order (default: all)")
     parser.add_argument("--strict", action="store_true", help="a failing cost rule is fatal")
     _training_options(parser)
+    _plan_options(parser)
     _roofline_options(parser)
     _quant_options(parser)
     review = parser.add_argument_group("pre-merge review (see analyze diff)")
@@ -101,6 +104,33 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
                            help="KV cache bytes per layer and the memory of one decode step")
     inference.add_argument("--context", type=positive_int,
                            help="KV cache context in tokens (default: the sequence length)")
+
+
+def _plan_options(parser: argparse.ArgumentParser) -> None:
+    plan = parser.add_argument_group(
+        "many GPUs (a parallel plan of the training step; --device picks the GPU, h100 "
+        "by default)")
+    plan.add_argument("--plan", action="store_true",
+                      help="lay the training step out over GPUs (implies --train)")
+    plan.add_argument("--strategy", metavar="TEXT",
+                      help="one layout: ddp, zero1|zero2|zero3, fsdp, hsdp, or degrees "
+                           "dp=2,tp=4,pp=2,ep=2,zero=1,v=2 with sp, ckpt, offload "
+                           "(default: search the layouts of --gpus)")
+    plan.add_argument("--gpus", type=positive_int, metavar="N",
+                      help="GPUs of the layout (dp fills what tp·pp leave)")
+    plan.add_argument("--search", action="store_true",
+                      help="search layouts on 1 … --max-gpus GPUs, ranked")
+    plan.add_argument("--max-gpus", type=positive_int, metavar="N",
+                      help="the most GPUs a search considers (default --gpus, else 8)")
+    plan.add_argument("--micro-batches", type=positive_int, default=1, metavar="M",
+                      help="micro-batches per step of --strategy (pipeline, accumulation)")
+    plan.add_argument("--global-batch", type=positive_int, metavar="SAMPLES",
+                      help="samples per step a search holds fixed (default: the captured "
+                           "batch on every GPU)")
+    plan.add_argument("--tokens", type=count, metavar="N",
+                      help="a whole run of N tokens (1e12 works): GPU-hours and days")
+    plan.add_argument("--price", type=non_negative_float, metavar="USD",
+                      help="price per GPU-hour: the run's cost, and a search ranks by cost")
 
 
 def _roofline_options(parser: argparse.ArgumentParser) -> None:
@@ -174,7 +204,12 @@ def run(args: argparse.Namespace) -> int:
         activations=args.activations, calibrate_metric=args.calibrate_metric,
         quant_plan=args.quant_plan, budget=args.budget,
         group_size=args.group_size, allow_large=args.allow_large,
+        plan=args.plan, strategy=args.strategy, gpus=args.gpus, search=args.search,
+        max_gpus=args.max_gpus, micro_batches=args.micro_batches,
+        global_batch=args.global_batch, tokens=args.tokens, price=args.price,
     )
+    if args.plan:
+        settings["train"] = True
     review = _check_before(args, settings)
     from fxlens.api import AnalysisOptions, analyze_target
     from fxlens.reports.terminal import render_terminal

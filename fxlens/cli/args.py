@@ -55,6 +55,28 @@ def non_negative_int(text: str) -> int:
     return _whole_number(text, 0, "must be 0 or more")
 
 
+def count(text: str) -> int:
+    """A count ≥ 1 written as an integer or in scientific notation (``1e12``, ``2.5e9``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number like 1e12, got {text!r}") from None
+    if not value >= 1 or value != int(value) or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a whole number ≥ 1, got {text!r}")
+    return int(value)
+
+
+def non_negative_float(text: str) -> float:
+    """A finite number ≥ 0 (prices)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number ≥ 0, got {text!r}")
+    return value
+
+
 def add_loading_options(parser: Any, overrides: bool = True) -> None:
     """How a model target is loaded: ``--entry``, ``--set`` (with `overrides`), ``--batch``,
     ``--seq-len``, ``--image-size`` — one spelling for every subcommand that loads a model."""

@@ -31,6 +31,14 @@ figures of one machine and a profile replaces both peaks and factors (factors 1.
 NB: launch cost: a CUDA kernel launch costs ≈ 2–5 µs of CPU time and PyTorch's eager
 dispatch ≈ 5–10 µs per op on top for tiny kernels; `GPU_LAUNCH_S` = 5 µs. Calibrate to measure.
 
+Links (for plans across GPUs): `intra_node_bytes_per_s` is one GPU's bandwidth to its node's
+peers in one direction (NVLink, Infinity Fabric, or PCIe where there is none: the datasheets'
+bidirectional totals halved); `inter_node_bytes_per_s` one GPU's share of its node's network
+in one direction (one 400 Gb/s NIC per GPU on DGX H100/H200 and MI300X platforms, 200 Gb/s on
+DGX A100; cloud instances share one NIC between all GPUs). Gigabits are divided by 8.
+NB: `LINK_EFFICIENCY` = 0.8: NCCL's bus bandwidth in nccl-tests reaches ≈ 75–90 % of the link
+rate for large messages; small messages reach far less (latency is not modelled).
+
 The host CPU (``cpu``) has conservative defaults — a few-core laptop-class x86 — since no
 datasheet describes "this machine"; `analyze calibrate --device cpu` writes a profile that
 replaces them (and is used automatically when it exists, see `cached_profile`).
@@ -58,6 +66,8 @@ GEMM_EFFICIENCY = 0.7
 BANDWIDTH_EFFICIENCY = 0.8
 GPU_LAUNCH_S = 5e-6
 CPU_LAUNCH_S = 5e-6
+LINK_EFFICIENCY = 0.8
+GB = 1e9
 
 
 @dataclass(frozen=True)
@@ -80,6 +90,10 @@ class DeviceSpec:
     bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
     launch_s: float = GPU_LAUNCH_S
     calibrated: bool = False
+    gpus_per_node: int = 8
+    intra_node_bytes_per_s: float = 0.0          # per GPU, one direction (NVLink, PCIe)
+    inter_node_bytes_per_s: float = 0.0          # per GPU, one direction (the node's network)
+    link_source: str = ""
 
     def peak(self, key: str) -> tuple[float, str]:
         """Datasheet dense FLOP/s for dtype `key` and the key whose figure it is (after
@@ -96,56 +110,95 @@ class DeviceSpec:
     def achievable_bandwidth(self) -> float:
         return self.bandwidth_bytes_per_s * self.bandwidth_efficiency
 
+    def link_bytes_per_s(self, within_node: bool) -> float:
+        """Achievable bandwidth per GPU of a collective inside one node or across nodes."""
+        raw = self.intra_node_bytes_per_s if within_node else self.inter_node_bytes_per_s
+        return raw * LINK_EFFICIENCY
+
     def figures(self) -> DeviceFigures:
-        """The figures as a report records them."""
-        return DeviceFigures(**self.to_json())
+        """The figures a roofline records (the link figures go with a plan instead)."""
+        known = {f.name for f in fields(DeviceFigures)}
+        return DeviceFigures(**{k: v for k, v in self.to_json().items() if k in known})
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: (dict(getattr(self, f.name)) if f.name == "peak_flops"
                          else getattr(self, f.name)) for f in fields(self)}
 
 
+@dataclass(frozen=True)
+class Links:
+    """A GPU's links: GPUs per node, GB/s per GPU in one direction inside and across nodes."""
+
+    gpus_per_node: int
+    intra_gb_s: float
+    inter_gb_s: float
+    source: str
+
+
 def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: float,
-         source: str) -> DeviceSpec:
+         source: str, links: Links) -> DeviceSpec:
     """`tflops`: dense TFLOP/s in `DTYPE_KEYS` order (fp32, tf32, bf16, fp16, fp8, int8)."""
     assert len(tflops) == len(DTYPE_KEYS)
     peaks = {k: v * T for k, v in zip(DTYPE_KEYS, tflops, strict=True)}
-    return DeviceSpec(name, memory_gib * GIB, source, peaks, bandwidth_tb_s * T)
+    return DeviceSpec(name, memory_gib * GIB, source, peaks, bandwidth_tb_s * T,
+                      gpus_per_node=links.gpus_per_node,
+                      intra_node_bytes_per_s=links.intra_gb_s * GB,
+                      inter_node_bytes_per_s=links.inter_gb_s * GB, link_source=links.source)
+
+
+# NVLink totals on the datasheets are bidirectional: halved. PCIe Gen4 x16 ≈ 32 GB/s and Gen5
+# x16 ≈ 64 GB/s per direction; Gen3 x16 ≈ 16.
+DGX_H100 = Links(8, 450, 50, "NVLink 4: 900 GB/s bidirectional per GPU (H100/H200 SXM "
+                 "datasheets); DGX H100: one 400 Gb/s ConnectX-7 per GPU")
+DGX_A100 = Links(8, 300, 25, "NVLink 3: 600 GB/s bidirectional per GPU (A100 datasheet); "
+                 "DGX A100: one 200 Gb/s HDR InfiniBand per GPU")
+PCIE5_NODE = Links(8, 64, 50, "PCIe Gen5 x16 (the NVLink bridge joins pairs only); one "
+                   "400 Gb/s NIC per GPU")
+CLOUD_G2 = Links(8, 32, 100 / 8 / 8, "PCIe Gen4 x16; 8 GPUs sharing 100 Gb/s (GCP g2-standard-96)")
+CLOUD_G5 = Links(8, 32, 100 / 8 / 8, "PCIe Gen4 x16; 8 GPUs sharing 100 Gb/s (AWS g5.48xlarge)")
+CLOUD_G4DN = Links(4, 16, 50 / 8 / 4, "PCIe Gen3 x16; 4 GPUs sharing 50 Gb/s (AWS g4dn.12xlarge)")
+WORKSTATION = Links(4, 32, 10 / 8, "PCIe Gen4 x16, no NVLink; 10 Gb Ethernet between machines")
+MI300X_PLATFORM = Links(8, 448, 50, "Infinity Fabric: 7 links × 128 GB/s bidirectional per GPU "
+                        "(MI300X data sheet); one 400 Gb/s NIC per GPU")
 
 
 DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
     # Tensor-core figures on NVIDIA datasheets are "with sparsity": halved here.
     #               fp32   tf32    bf16    fp16    fp8     int8     TB/s
     _gpu("h100", 80, (67, 494.5, 989.5, 989.5, 1979, 1979), 3.35,
-         "NVIDIA H100 Tensor Core GPU Datasheet (H100 SXM5, 80 GB HBM3; dense = sparse / 2)"),
+         "NVIDIA H100 Tensor Core GPU Datasheet (H100 SXM5, 80 GB HBM3; dense = sparse / 2)",
+         DGX_H100),
     _gpu("h100-pcie", 80, (51, 378, 756.5, 756.5, 1513, 1513), 2.0,
-         "NVIDIA H100 Tensor Core GPU Datasheet (H100 PCIe, 80 GB HBM2e; dense = sparse / 2)"),
+         "NVIDIA H100 Tensor Core GPU Datasheet (H100 PCIe, 80 GB HBM2e; dense = sparse / 2)",
+         PCIE5_NODE),
     _gpu("h200", 141, (67, 494.5, 989.5, 989.5, 1979, 1979), 4.8,
-         "NVIDIA H200 Tensor Core GPU Datasheet (H200 SXM, 141 GB HBM3e; dense = sparse / 2)"),
+         "NVIDIA H200 Tensor Core GPU Datasheet (H200 SXM, 141 GB HBM3e; dense = sparse / 2)",
+         DGX_H100),
     # Ampere: no FP8. A100 SXM bandwidth: 1,555 GB/s (40 GB), 2,039 GB/s (80 GB).
     _gpu("a100-40gb", 40, (19.5, 156, 312, 312, 0, 624), 1.555,
-         "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 40 GB HBM2; dense figures)"),
+         "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 40 GB HBM2; dense figures)", DGX_A100),
     _gpu("a100-80gb", 80, (19.5, 156, 312, 312, 0, 624), 2.039,
-         "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 80 GB HBM2e; dense figures)"),
+         "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 80 GB HBM2e; dense figures)", DGX_A100),
     _gpu("l4", 24, (30.3, 60, 121, 121, 242.5, 242.5), 0.3,
-         "NVIDIA L4 Tensor Core GPU Datasheet (24 GB GDDR6; dense = sparse / 2)"),
+         "NVIDIA L4 Tensor Core GPU Datasheet (24 GB GDDR6; dense = sparse / 2)", CLOUD_G2),
     # NB: AWS publishes no per-dtype peaks for its A10G; these are the NVIDIA A10 datasheet's
     # (same GA102 die and 24 GB GDDR6 at 600 GB/s); calibrate an A10G for its own figures.
     _gpu("a10g", 24, (31.2, 62.5, 125, 125, 0, 250), 0.6,
          "Amazon EC2 G5 instance specifications (NVIDIA A10G, 24 GB GDDR6); peaks from the "
-         "NVIDIA A10 Tensor Core GPU Datasheet (dense = sparse / 2)"),
+         "NVIDIA A10 Tensor Core GPU Datasheet (dense = sparse / 2)", CLOUD_G5),
     # Turing: no TF32, BF16 or FP8; 65 FP16 TFLOPS and 130 INT8 TOPS are dense.
     _gpu("t4", 16, (8.1, 0, 0, 65, 0, 130), 0.32,
-         "NVIDIA T4 Tensor Core GPU Datasheet (16 GB GDDR6)"),
+         "NVIDIA T4 Tensor Core GPU Datasheet (16 GB GDDR6)", CLOUD_G4DN),
     # GeForce: FP16/BF16 with FP32 accumulate (what PyTorch uses) runs at half the FP16-accumulate
     # rate: 165.2 dense; FP8 and INT8 660.6 dense.
     _gpu("rtx4090", 24, (82.6, 82.6, 165.2, 165.2, 660.6, 660.6), 1.008,
          "NVIDIA GeForce RTX 4090 specifications (24 GB GDDR6X) and NVIDIA Ada GPU "
-         "Architecture whitepaper, Appendix A (dense, FP32 accumulate)"),
+         "Architecture whitepaper, Appendix A (dense, FP32 accumulate)", WORKSTATION),
     # NB: fp32 is MI300X's FP32 *matrix* rate (163.4; vector 81.7): rocBLAS runs fp32 GEMMs on
     # the matrix cores. Dense = the sparsity figure halved.
     _gpu("mi300x", 192, (163.4, 653.7, 1307.4, 1307.4, 2614.9, 2614.9), 5.3,
-         "AMD Instinct MI300X Accelerator Data Sheet (192 GB HBM3, 5.3 TB/s; dense figures)"),
+         "AMD Instinct MI300X Accelerator Data Sheet (192 GB HBM3, 5.3 TB/s; dense figures)",
+         MI300X_PLATFORM),
 )}
 
 ALIASES: Mapping[str, str] = {"h100-sxm": "h100", "h200-sxm": "h200", "a100": "a100-80gb",
@@ -165,7 +218,8 @@ def host_cpu() -> DeviceSpec:
     return DeviceSpec("cpu", _host_memory_bytes(), "conservative defaults for the host CPU "
                       "(fxlens.rules.hardware.host_cpu); run `analyze calibrate --device cpu`",
                       peaks, 1e10, kind="cpu", compute_efficiency=1.0, bandwidth_efficiency=1.0,
-                      launch_s=CPU_LAUNCH_S)
+                      launch_s=CPU_LAUNCH_S, gpus_per_node=1, inter_node_bytes_per_s=10 / 8 * GB,
+                      link_source="one host per node; 10 Gb Ethernet between hosts (assumed)")
 
 
 def _host_memory_bytes() -> int:
@@ -194,7 +248,8 @@ def device(name: str, extra: Mapping[str, DeviceSpec] | None = None) -> DeviceSp
 # --- user files and calibrated profiles -------------------------------------------------------
 
 _NUMBERS = ("memory_bytes", "bandwidth_bytes_per_s", "compute_efficiency",
-            "bandwidth_efficiency", "launch_s")
+            "bandwidth_efficiency", "launch_s", "gpus_per_node", "intra_node_bytes_per_s",
+            "inter_node_bytes_per_s")
 
 
 def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> DeviceSpec:
@@ -211,10 +266,11 @@ def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> D
     if bad:
         raise ValueError(f"unknown dtype key(s) {sorted(bad)} in peak_flops; known: {DTYPE_KEYS}")
     values: dict[str, Any] = {k: _number(k, data[k]) for k in _NUMBERS if k in data}
-    if "memory_bytes" in values:
-        values["memory_bytes"] = int(values["memory_bytes"])
-    values.update({k: _typed(k, data[k]) for k in ("name", "source", "kind", "calibrated")
-                   if k in data})
+    for whole in ("memory_bytes", "gpus_per_node"):
+        if whole in values:
+            values[whole] = int(values[whole])
+    values.update({k: _typed(k, data[k]) for k in ("name", "source", "kind", "calibrated",
+                                                   "link_source") if k in data})
     if base is None:
         full_peaks = {k: _number(f"peak_flops.{k}", peaks.get(k, 0.0)) for k in DTYPE_KEYS}
         values.setdefault("memory_bytes", 0)
@@ -252,6 +308,8 @@ def _usable(spec: DeviceSpec) -> DeviceSpec:
         raise ValueError(f"device {spec.name!r}: bandwidth_bytes_per_s must be > 0")
     if not any(v > 0 for v in spec.peak_flops.values()):
         raise ValueError(f"device {spec.name!r}: peak_flops needs at least one figure > 0")
+    if spec.gpus_per_node < 1:
+        raise ValueError(f"device {spec.name!r}: gpus_per_node must be ≥ 1")
     return spec
 
 

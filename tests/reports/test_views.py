@@ -26,7 +26,7 @@ from tests.models import tiny_gpt
 def full_report() -> Report:
     module, inputs = tiny_gpt.build()
     options = AnalysisOptions(train=True, quant=True, kv_cache=True, device="h100",
-                              device_memory="80GiB", checkpoint=True)
+                              device_memory="80GiB", checkpoint=True, plan=True, gpus=4)
     return analyze_loaded(LoadedModel(module, inputs, "tiny_gpt", "tiny_gpt.py"), options)
 
 
@@ -38,7 +38,8 @@ def terminal_text(report: Report) -> str:
 
 def test_every_view_on_every_surface(full_report: Report) -> None:
     shown = views(full_report, Detail(full=True))
-    assert {v.key for v in shown} >= {"training", "kv-cache", "roofline", "fusion", "quant"}
+    assert {v.key for v in shown} >= {"training", "kv-cache", "roofline", "fusion", "quant",
+                                      "plan"}
     terminal = re.sub(r"\s+", "", terminal_text(full_report))   # titles wrap to table width
     page = render_html(full_report, None)
     markdown = render_markdown(full_report)

@@ -14,6 +14,7 @@ from fxlens.reports.view import Detail, View
 from fxlens.reports.views.fusion import fusion_view
 from fxlens.reports.views.memory import kv_cache_view, memory_view, training_view
 from fxlens.reports.views.model import modules_view, ops_view, summary_view
+from fxlens.reports.views.plan import plan_view
 from fxlens.reports.views.quant import quant_view
 from fxlens.reports.views.time import roofline_view, validation_view
 
@@ -23,7 +24,7 @@ VIEWS: tuple[ViewFn, ...] = (
     summary_view, modules_view, ops_view,
     memory_view, training_view, kv_cache_view,
     roofline_view, validation_view,
-    fusion_view, quant_view,
+    fusion_view, quant_view, plan_view,
 )
 
 

@@ -11,11 +11,13 @@ from fxlens.analyzer.core.sections import (
     Findings,
     KVCache,
     Memory,
+    Plan,
     Roofline,
     Training,
 )
 from fxlens.reports.units import binary_bytes, seconds, si
 from fxlens.reports.view import Figure, Tone
+from fxlens.reports.views.plan import plan_verdict
 
 
 def inputs_text(report: Report) -> str:
@@ -104,6 +106,9 @@ def verdicts(report: Report) -> tuple[Figure, ...]:
         fit = _inference_fit(report)
         if fit is not None:
             out.append(fit)
+    plan = report.get(Plan)
+    if plan is not None:
+        out.append(plan_verdict(plan))
     return tuple(out)
 
 

@@ -1,0 +1,1 @@
+"""Many GPUs: parallel layouts of a training step, their memory, transfers and time."""

@@ -1,0 +1,167 @@
+"""The ``plan`` section: one requested layout, or a search over layouts ranked.
+
+A search holds the global batch fixed (``global_batch`` samples per step; by default the
+captured batch on every GPU of the largest count searched) so that layouts are compared on the
+same work: a layout's micro-batches are ``global_batch / (captured batch · dp)`` and it is
+dropped when that is not a whole number. Searched: GPU counts (powers of two up to
+``max_gpus``, and ``max_gpus``), tp over powers of two up to a node that divide every column-
+parallel width, pp over powers of two up to the block count, ep over powers of two dividing dp
+and the expert count, ZeRO 0–3 and hybrid sharding, checkpointing off and on; tensor-parallel
+layouts with sequence parallel (same transfers, less memory). CPU offload is not searched.
+Layouts that do not fit are dropped with the bytes they need; the rest are ranked by step
+time, or by the cost of a step (``price``), or of the whole run (``tokens``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from fxlens.analyzer.core.sections import DroppedLayout, Plan, PlanLayout
+from fxlens.analyzer.plan.estimate import Links, estimate
+from fxlens.analyzer.plan.strategy import Strategy
+from fxlens.analyzer.plan.structure import ModelFacts
+
+SHOWN = 8
+DROPPED_SHOWN = 12
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    strategy: Strategy | None = None       # None: search
+    gpus: int | None = None                # a search at exactly this count
+    max_gpus: int | None = None            # a search up to this count
+    global_batch: int | None = None        # samples per step in a search
+    tokens: int | None = None
+    price_per_gpu_hour: float | None = None
+
+
+def _powers(limit: int) -> list[int]:
+    return [2**i for i in range(int(math.log2(max(limit, 1))) + 1)]
+
+
+def candidates(facts: ModelFacts, request: PlanRequest, gpus_per_node: int
+               ) -> Iterator[Strategy | DroppedLayout]:
+    """Every layout the search considers, or why one cannot be laid out at all."""
+    counts = ([request.gpus] if request.gpus else
+              sorted({*_powers(request.max_gpus or 8), request.max_gpus or 8}))
+    widths = {w for u in facts.units if _is_block(u.name) for w in u.column_widths}
+    pairs = any(u.row_gemms for u in facts.units)
+    batch = request.global_batch or facts.samples * max(counts)
+    for n in counts:
+        for tp in _powers(min(gpus_per_node, n)):
+            if tp > 1 and not pairs:
+                continue
+            if any(w % tp for w in widths):
+                yield DroppedLayout(f"tp={tp}", f"tp={tp} does not divide every column-"
+                                    f"parallel width ({', '.join(map(str, sorted(widths)))})")
+                continue
+            for pp in _powers(max(facts.blocks, 1)):
+                if n % (tp * pp):
+                    continue
+                yield from _inner(facts, n // (tp * pp), tp, pp, batch, gpus_per_node)
+
+
+def _inner(facts: ModelFacts, dp: int, tp: int, pp: int, batch: int, gpus_per_node: int
+           ) -> Iterator[Strategy | DroppedLayout]:
+    per_step = facts.samples * dp
+    if batch % per_step:
+        yield DroppedLayout(f"dp={dp},tp={tp},pp={pp}", f"the global batch of {batch} is not "
+                            f"a multiple of dp × micro-batch = {per_step}")
+        return
+    m = batch // per_step
+    eps = [e for e in _powers(dp) if facts.experts and facts.experts % e == 0] or [1]
+    for ep in eps:
+        for zero, hybrid in ((0, False), (1, False), (2, False), (3, False), (3, True)):
+            if (dp == 1 and zero) or (hybrid and dp * tp <= gpus_per_node):
+                continue   # nothing to shard, or hybrid is plain ZeRO-3 inside one node
+            for checkpoint in (False, True):
+                yield Strategy(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, hybrid=hybrid,
+                               sp=tp > 1, checkpoint=checkpoint, micro_batches=m)
+
+
+def _is_block(name: str) -> bool:
+    return name not in ("pre", "post")
+
+
+def plan_section(facts: ModelFacts, request: PlanRequest, device: Links,
+                 assumptions: tuple[str, ...], link_efficiency: float, link_source: str,
+                 intra: float, inter: float) -> Plan:
+    """The report's ``plan`` section for `facts` on `device`."""
+    layouts: list[PlanLayout] = []
+    dropped: list[tuple[int, DroppedLayout]] = []
+    reasons: Counter[str] = Counter()
+    considered = 0
+    if request.strategy is not None:
+        layouts.append(_evaluate(facts, request.strategy, device, request))
+        considered = 1
+        ranked_by = "requested"
+        if not layouts[0].fits:   # what would fit on the same GPUs
+            alternatives = _search(facts, replace(request, strategy=None,
+                                                  gpus=request.strategy.gpus), device)
+            layouts += alternatives[0][:SHOWN - 1]
+    else:
+        fitting, dropped, reasons, considered = _search(facts, request, device)
+        layouts = fitting[:SHOWN]
+        ranked_by = _objective_name(request)
+    return Plan(
+        device=device.name, device_bytes=device.memory_bytes,
+        gpus_per_node=device.gpus_per_node, intra_node_bytes_per_s=intra,
+        inter_node_bytes_per_s=inter, link_efficiency=link_efficiency, link_source=link_source,
+        micro_batch_samples=facts.samples, micro_batch_tokens=facts.tokens, blocks=facts.blocks,
+        experts=facts.experts,
+        tensor_parallel_pairs=max((u.row_gemms for u in facts.units if _is_block(u.name)),
+                                  default=0),
+        ranked_by=ranked_by, layouts=tuple(layouts), considered=considered,
+        dropped=tuple(d for _, d in sorted(dropped, key=lambda x: x[0])[:DROPPED_SHOWN]),
+        dropped_by_reason=dict(sorted(reasons.items())), assumptions=assumptions,
+        tokens=request.tokens, price_per_gpu_hour=request.price_per_gpu_hour,
+    )
+
+
+def _evaluate(facts: ModelFacts, strategy: Strategy, device: Links, request: PlanRequest
+              ) -> PlanLayout:
+    return estimate(facts, strategy, device, request.tokens, request.price_per_gpu_hour)
+
+
+def _search(facts: ModelFacts, request: PlanRequest, device: Links
+            ) -> tuple[list[PlanLayout], list[tuple[int, DroppedLayout]], Counter[str], int]:
+    fitting: list[PlanLayout] = []
+    dropped: list[tuple[int, DroppedLayout]] = []
+    reasons: Counter[str] = Counter()
+    considered = 0
+    for item in candidates(facts, request, device.gpus_per_node):
+        considered += 1
+        if isinstance(item, DroppedLayout):
+            reasons[item.reason.split(" (")[0].split(" of ")[0]] += 1
+            dropped.append((1 << 62, item))
+            continue
+        layout = _evaluate(facts, item, device, request)
+        if layout.fits:
+            fitting.append(layout)
+        else:
+            reasons["does not fit"] += 1
+            dropped.append((-layout.headroom_bytes, DroppedLayout(
+                layout.strategy, f"needs {layout.memory.peak_bytes} B per GPU of "
+                f"{device.memory_bytes}")))
+    fitting.sort(key=lambda layout: _objective(layout, request))
+    return fitting, dropped, reasons, considered
+
+
+def _objective_name(request: PlanRequest) -> str:
+    if request.price_per_gpu_hour is not None:
+        return "cost of the run" if request.tokens else "cost per token"
+    return "time of the run" if request.tokens else "time per token"
+
+
+def _objective(layout: PlanLayout, request: PlanRequest) -> tuple[float, int]:
+    """Lower is better: GPU-seconds (× price) per sample, or the whole run's wall time."""
+    t = layout.time
+    work = t.tokens_per_step or t.samples_per_step
+    if request.price_per_gpu_hour is not None:
+        value = t.step_s * layout.gpus / work if work else math.inf
+    else:
+        value = t.step_s / work if work else math.inf
+    return value, layout.gpus

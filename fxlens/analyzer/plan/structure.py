@@ -1,0 +1,446 @@
+"""What a parallel layout needs to know about one model, read once from its training step.
+
+The step is cut into units: ``pre`` (everything the forward runs before the first repeated
+block: embeddings), each repeated block (`repeated_blocks`: the decoder layers), and ``post``
+(the final norm, head and loss). Per unit: the persistent state of its parameters, the
+activations its forward saves for the backward, what enters it, its roofline time forward and
+backward, and what tensor parallelism would move.
+
+Tensor parallelism is found from the graph's structure, not from class or parameter names
+(Megatron-LM's split, Shoeybi et al. 2019): inside a unit, a GEMM against a weight whose output
+has the unit's width (the residual stream's last dimension) is *row-parallel* when walking back
+from its input, without crossing another weight GEMM, reaches weight GEMMs: those are
+*column-parallel*, and every op between them (attention, activation functions, per-head norms)
+runs on 1/t of the features. One all-reduce of the row GEMM's output per pair in the forward,
+one of the column GEMMs' input gradient in the backward. A GEMM in ``post`` with no row partner
+(the LM head) is vocab-parallel with the loss after it; embedding tables are vocab-parallel too
+(one all-reduce of their output). Everything else (norms, routers, low-rank down-projections)
+is replicated.
+
+Backward ops are attributed to the module whose forward they differentiate; a module's share of
+split work in the backward is taken to be its share in the forward. Expert parameters of a MoE
+are those under a module path segment named like ``experts`` or read by a grouped GEMM (NB: a
+naming convention every MoE in `transformers` follows; routing itself is not modelled, so the
+routed token bytes are those the captured step moved).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from fxlens.analyzer.capture.training import TrainingGraph
+from fxlens.analyzer.core.costs import CostRegistry
+from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, repeated_blocks
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.memory.liveness import Category, plan_storages
+from fxlens.analyzer.memory.training_state import StateBytes
+from fxlens.analyzer.plan.types import ParallelKnowledge
+
+EXPERT_SEGMENT = re.compile(r"(^|\.)experts?(\.|$)")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One unit of the step (``pre``, a repeated block, ``post``) as a layout sees it."""
+
+    name: str
+    states_split: StateBytes = StateBytes()    # parameters split over tp
+    states_whole: StateBytes = StateBytes()    # replicated parameters
+    states_expert: StateBytes = StateBytes()   # expert parameters (split over tp and ep)
+    saved_split_bytes: int = 0                 # saved for the backward, on 1/t of features
+    saved_whole_bytes: int = 0                 # saved, replicated unless sequence parallel
+    input_bytes: int = 0                       # activations entering the unit's forward
+    forward_split_s: float = 0.0
+    forward_whole_s: float = 0.0
+    backward_split_s: float = 0.0
+    backward_whole_s: float = 0.0
+    flops: int = 0                             # forward + backward
+    tp_reduce_bytes: int = 0                   # forward all-reduce payloads under tp, summed
+    tp_reduces: int = 0                        # how many (row GEMMs and embeddings)
+    routed_bytes: int = 0                      # token bytes sent to experts (one way)
+    column_widths: tuple[int, ...] = ()        # output features of column-parallel GEMMs
+    row_gemms: int = 0
+
+    @property
+    def saved_bytes(self) -> int:
+        return self.saved_split_bytes + self.saved_whole_bytes
+
+    @property
+    def states(self) -> StateBytes:
+        return self.states_split.plus(self.states_whole).plus(self.states_expert)
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """Everything `estimate` reads: units in execution order and whole-step figures."""
+
+    units: tuple[Unit, ...]
+    blocks: int                        # repeated blocks (the units a pipeline splits)
+    experts: int                       # experts per MoE layer (0: no MoE)
+    transient_bytes: int               # forward/backward peak beyond saved and gradients
+    gradients_at_peak_bytes: int
+    optimizer_temporaries_bytes: int
+    optimizer_s: float                 # one optimizer step on one GPU
+    samples: int                       # per micro-batch (the captured batch)
+    tokens: int                        # per micro-batch, 0 when not a token model
+    dtype_key: str                     # the peak MFU is measured against
+    peak_flops: float
+    notes: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def states(self) -> StateBytes:
+        total = StateBytes()
+        for unit in self.units:
+            total = total.plus(unit.states)
+        return total
+
+    @property
+    def flops(self) -> int:
+        return sum(u.flops for u in self.units)
+
+
+@dataclass
+class _Split:
+    """Tensor-parallel roles found in one unit's forward."""
+
+    rows: set[int] = field(default_factory=set)
+    columns: set[int] = field(default_factory=set)
+    split_nodes: set[int] = field(default_factory=set)
+    split_params: set[str] = field(default_factory=set)
+    reduce_bytes: int = 0
+
+
+def unit_of_nodes(graph: Graph, blocks: Sequence[str]) -> dict[int, str]:
+    """Unit name per CALL node: its block, else ``pre``/``post`` by where its module first
+    runs in the forward (the root's own ops by position; its backward ops are ``post``)."""
+    first_block = next((n.id for n in graph.calls() if n.phase == "forward"
+                        and _block_of(n.module, blocks)), None)
+    first_seen: dict[str, int] = {}
+    for node in graph.calls():
+        if node.phase == "forward":
+            first_seen.setdefault(node.module, node.id)
+    units: dict[int, str] = {}
+    for node in graph.calls():
+        block = _block_of(node.module, blocks)
+        if block:
+            units[node.id] = block
+            continue
+        anchor = node.id if node.phase == "forward" or not node.module else first_seen.get(
+            node.module, node.id)
+        if node.phase == "backward" and not node.module:
+            anchor = 1 << 62
+        units[node.id] = "pre" if first_block is not None and anchor < first_block else "post"
+    return units
+
+
+def _block_of(module: str, blocks: Sequence[str]) -> str:
+    return next((b for b in blocks if module == b or module.startswith(b + ".")), "")
+
+
+def _weight_param(graph: Graph, ref: TensorRef, knowledge: ParallelKnowledge) -> str | None:
+    """The parameter `ref` is, seen through casts and views; None for an activation."""
+    node = graph.nodes[ref.node]
+    for _ in range(8):
+        if node.kind is NodeKind.PARAM:
+            return node.target
+        if node.kind is not NodeKind.CALL or node.packet not in knowledge.weight_path_ops:
+            return None
+        refs = list(node.input_refs())
+        if not refs:
+            return None
+        node = graph.nodes[refs[0].node]
+    return None
+
+
+@dataclass(frozen=True)
+class _Gemm:
+    node: int
+    weights: tuple[str, ...]
+    activations: tuple[TensorRef, ...]
+    in_features: int
+    out_features: int
+    output_bytes: int
+
+
+def _gemms(graph: Graph, scope: Iterable[int], knowledge: ParallelKnowledge) -> dict[int, _Gemm]:
+    found = {}
+    for node_id in scope:
+        node = graph.nodes[node_id]
+        if node.packet not in knowledge.gemm_ops | knowledge.grouped_gemm_ops:
+            continue
+        weights: list[str] = []
+        activations: list[TensorRef] = []
+        for ref in node.input_refs():
+            name = _weight_param(graph, ref, knowledge)
+            if name:
+                weights.append(name)
+            else:
+                activations.append(ref)
+        out = node.outputs[0] if node.outputs else None
+        first = graph.spec(activations[0]) if activations else None
+        if weights and activations and out is not None and first is not None and out.shape:
+            found[node_id] = _Gemm(node_id, tuple(weights), tuple(activations),
+                                   first.shape[-1] if first.shape else 0, out.shape[-1],
+                                   out.nbytes)
+    return found
+
+
+def _split(graph: Graph, scope: set[int], width: int, terminal_column: bool,
+           knowledge: ParallelKnowledge) -> _Split:
+    """Row/column pairs in `scope` (forward CALL nodes of one unit) of residual `width`."""
+    gemms = _gemms(graph, sorted(scope), knowledge)
+    split = _Split()
+    region: set[int] = set()
+    for row in (g for g in gemms.values() if g.out_features == width):
+        columns, seen = set(), set()
+        stack = [ref.node for ref in row.activations]
+        while stack:
+            node_id = stack.pop()
+            if node_id in seen or node_id not in scope:
+                continue
+            seen.add(node_id)
+            if node_id in gemms:
+                columns.add(node_id)
+                continue
+            stack.extend(ref.node for ref in graph.nodes[node_id].input_refs())
+        if columns:
+            split.rows.add(row.node)
+            split.columns |= columns
+            region |= seen - columns
+            split.reduce_bytes += row.output_bytes
+    if terminal_column and not split.rows and gemms:
+        head = max(gemms.values(), key=lambda g: g.out_features * g.in_features)
+        split.columns.add(head.node)
+        region |= scope
+    split.split_nodes = split.rows | split.columns
+    for node_id in sorted(region):
+        if node_id in split.split_nodes:
+            continue
+        producers = {ref.node for ref in graph.nodes[node_id].input_refs()}
+        if producers & split.split_nodes:
+            split.split_nodes.add(node_id)
+    for node_id in split.columns:
+        split.split_params.update(gemms[node_id].weights)
+    for node_id in split.rows:
+        split.split_params.update(w for w in gemms[node_id].weights
+                                  if len(graph_param_shape(graph, w)) >= 2)
+    return split
+
+
+def graph_param_shape(graph: Graph, name: str) -> tuple[int, ...]:
+    return next((p.spec.shape for p in graph.params if p.name == name), ())
+
+
+def _width(graph: Graph, scope: set[int]) -> int:
+    """The residual width of a unit: the last dimension of the largest activation entering
+    it from outside."""
+    best, width = -1, 0
+    for node_id in scope:
+        for ref in graph.nodes[node_id].input_refs():
+            producer = graph.nodes[ref.node]
+            spec = graph.spec(ref)
+            if ref.node in scope or producer.kind is not NodeKind.CALL or spec is None:
+                continue
+            if spec.shape and spec.dtype.startswith(("float", "bfloat")) and spec.nbytes > best:
+                best, width = spec.nbytes, spec.shape[-1]
+    return width
+
+
+def _entering_bytes(graph: Graph, scope: set[int]) -> int:
+    refs = {ref: graph.spec(ref) for node_id in scope
+            for ref in graph.nodes[node_id].input_refs()
+            if ref.node not in scope and graph.nodes[ref.node].kind is NodeKind.CALL}
+    return sum(spec.nbytes for spec in refs.values() if spec is not None)
+
+
+def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
+               state_of: Mapping[str, StateBytes], times: Mapping[int, float],
+               knowledge: ParallelKnowledge, whole_step: WholeStep) -> ModelFacts:
+    """The `ModelFacts` of one captured training step. `state_of`: persistent state per
+    parameter name; `times`: roofline seconds per node id."""
+    graph = step.graph
+    blocks = repeated_blocks(graph.module_types)
+    unit_names = ["pre", *blocks, "post"]
+    of_node = unit_of_nodes(graph, blocks)
+    forward = {name: {n for n, u in of_node.items() if u == name
+                      and graph.nodes[n].phase == "forward"} for name in unit_names}
+    splits = {name: _split(graph, forward[name], _width(graph, forward[name]),
+                           terminal_column=name == "post", knowledge=knowledge)
+              for name in unit_names}
+    split_nodes = set().union(*(s.split_nodes for s in splits.values()))
+    split_params = set().union(*(s.split_params for s in splits.values()))
+    vocab = _vocab_embedding(graph, knowledge)
+    if vocab is not None:
+        split_params.add(vocab[1])
+    expert_params = _expert_params(graph, knowledge)
+    units = []
+    module_split = _module_split_share(graph, split_nodes, times)
+    saved = _saved_by_unit(step, registry, of_node, split_nodes)
+    params_by_unit = _params_by_unit(graph, of_node, unit_names)
+    flops = {n.id: n.flops for n in report.nodes}
+    for name in unit_names:
+        states = {"split": StateBytes(), "whole": StateBytes(), "expert": StateBytes()}
+        for param in params_by_unit.get(name, ()):
+            kind = ("expert" if param in expert_params
+                    else "split" if param in split_params else "whole")
+            states[kind] = states[kind].plus(state_of.get(param, StateBytes()))
+        timing = _unit_times(graph, of_node, name, split_nodes, module_split, times)
+        gemms = _gemms(graph, forward[name], knowledge)
+        embedded = _lookup_output(graph, forward[name], vocab)
+        units.append(Unit(
+            name=name, states_split=states["split"], states_whole=states["whole"],
+            states_expert=states["expert"], saved_split_bytes=saved.get(name, (0, 0))[0],
+            saved_whole_bytes=saved.get(name, (0, 0))[1],
+            input_bytes=_entering_bytes(graph, forward[name]),
+            forward_split_s=timing[0], forward_whole_s=timing[1], backward_split_s=timing[2],
+            backward_whole_s=timing[3],
+            flops=sum(flops.get(n, 0) for n, u in of_node.items() if u == name),
+            tp_reduce_bytes=splits[name].reduce_bytes + embedded[0],
+            tp_reduces=len(splits[name].rows) + embedded[1],
+            routed_bytes=_routed_bytes(graph, gemms, splits[name].columns, expert_params),
+            column_widths=tuple(sorted({gemms[c].out_features for c in splits[name].columns})),
+            row_gemms=len(splits[name].rows),
+        ))
+    kept = tuple(u for u in units if u.name in blocks or u.flops or u.states.total)
+    return ModelFacts(units=kept, blocks=len(blocks), experts=_expert_count(graph, expert_params),
+                      **vars(whole_step))
+
+
+@dataclass(frozen=True)
+class WholeStep:
+    """Whole-step figures from the single-GPU training analysis."""
+
+    transient_bytes: int
+    gradients_at_peak_bytes: int
+    optimizer_temporaries_bytes: int
+    optimizer_s: float
+    samples: int
+    tokens: int
+    dtype_key: str
+    peak_flops: float
+    notes: tuple[str, ...] = ()
+
+
+def _params_by_unit(graph: Graph, of_node: Mapping[int, str], names: Sequence[str]
+                    ) -> dict[str, list[str]]:
+    """Each parameter in the unit of its first forward reader (buffers included)."""
+    unit_of_param: dict[str, str] = {}
+    for node in graph.calls():
+        if node.phase != "forward":
+            continue
+        for ref in node.input_refs():
+            source = graph.nodes[ref.node]
+            if source.kind in (NodeKind.PARAM, NodeKind.BUFFER):
+                unit_of_param.setdefault(source.target, of_node[node.id])
+    by_unit: dict[str, list[str]] = {name: [] for name in names}
+    for p in graph.params:
+        by_unit[unit_of_param.get(p.name, "pre")].append(p.name)
+    return by_unit
+
+
+def _vocab_embedding(graph: Graph, knowledge: ParallelKnowledge) -> tuple[int, str] | None:
+    """The token embedding: of the forward's lookups, the one into the table with the most
+    rows (position tables stay replicated, as in Megatron-LM)."""
+    best: tuple[int, int, str] | None = None
+    for node in graph.calls():
+        weight = node.args.get("weight")
+        if node.phase != "forward" or node.packet not in knowledge.embedding_ops or not (
+                isinstance(weight, TensorRef)):
+            continue
+        name = _weight_param(graph, weight, knowledge)
+        rows = graph_param_shape(graph, name)[:1] if name else ()
+        if name and rows and (best is None or rows[0] > best[0]):
+            best = (rows[0], node.id, name)
+    return (best[1], best[2]) if best is not None else None
+
+
+def _lookup_output(graph: Graph, scope: set[int], vocab: tuple[int, str] | None
+                   ) -> tuple[int, int]:
+    """Bytes and count of the vocab-parallel lookup's output in `scope` (an all-reduce)."""
+    if vocab is None or vocab[0] not in scope:
+        return 0, 0
+    spec = graph.nodes[vocab[0]].outputs[0]
+    return (spec.nbytes if spec is not None else 0), 1
+
+
+def _expert_params(graph: Graph, knowledge: ParallelKnowledge) -> set[str]:
+    found = {p.name for p in graph.params
+             if not p.is_buffer and EXPERT_SEGMENT.search(p.owner)}
+    for gemm in _gemms(graph, (n.id for n in graph.calls()
+                               if n.packet in knowledge.grouped_gemm_ops), knowledge).values():
+        found.update(gemm.weights)
+    return found
+
+
+def _expert_count(graph: Graph, expert_params: set[str]) -> int:
+    counts: dict[str, set[str]] = {}
+    for p in graph.params:
+        if p.name not in expert_params:
+            continue
+        parent, _, index = p.owner.rpartition(".")
+        if index.isdigit():
+            counts.setdefault(parent, set()).add(index)
+        elif len(p.spec.shape) == 3:
+            counts.setdefault(p.owner, set()).update(str(i) for i in range(p.spec.shape[0]))
+    return max((len(v) for v in counts.values()), default=0)
+
+
+def _routed_bytes(graph: Graph, gemms: Mapping[int, _Gemm], columns: set[int],
+                  expert_params: set[str]) -> int:
+    refs = {ref for c in columns if set(gemms[c].weights) & expert_params
+            for ref in gemms[c].activations}
+    return sum(spec.nbytes for spec in (graph.spec(r) for r in refs) if spec is not None)
+
+
+def _module_split_share(graph: Graph, split_nodes: set[int], times: Mapping[int, float]
+                        ) -> dict[str, float]:
+    total: dict[str, float] = {}
+    split: dict[str, float] = {}
+    for node in graph.calls():
+        if node.phase != "forward":
+            continue
+        total[node.module] = total.get(node.module, 0.0) + times.get(node.id, 0.0)
+        if node.id in split_nodes:
+            split[node.module] = split.get(node.module, 0.0) + times.get(node.id, 0.0)
+    return {m: split.get(m, 0.0) / t for m, t in total.items() if t > 0}
+
+
+def _unit_times(graph: Graph, of_node: Mapping[int, str], name: str, split_nodes: set[int],
+                module_split: Mapping[str, float], times: Mapping[int, float]
+                ) -> tuple[float, float, float, float]:
+    """Forward split, forward replicated, backward split, backward replicated seconds."""
+    fs = fw = bs = bw = 0.0
+    for node_id, unit in of_node.items():
+        if unit != name:
+            continue
+        node: Node = graph.nodes[node_id]
+        seconds = times.get(node_id, 0.0)
+        if node.phase == "forward":
+            if node_id in split_nodes:
+                fs += seconds
+            else:
+                fw += seconds
+        else:
+            share = module_split.get(node.module, 0.0)
+            bs += seconds * share
+            bw += seconds * (1 - share)
+    return fs, fw, bs, bw
+
+
+def _saved_by_unit(step: TrainingGraph, registry: CostRegistry, of_node: Mapping[int, str],
+                   split_nodes: set[int]) -> dict[str, tuple[int, int]]:
+    """Saved activation bytes per unit: (on split features, replicated); each storage once."""
+    storages = plan_storages(step.graph, registry)
+    out: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
+    seen: set[int] = set()
+    for ref in step.saved:
+        sid = storages.of_ref.get(ref)
+        if sid is None or sid in seen or storages.category[sid] is not Category.ACTIVATION:
+            continue
+        seen.add(sid)
+        node, _ = storages.origin[sid]
+        out[of_node.get(node.id, "pre")][0 if node.id in split_nodes else 1] += storages.size[sid]
+    return {name: (split, whole) for name, (split, whole) in out.items()}

@@ -1,0 +1,143 @@
+"""View of the ``plan`` section: layouts over many GPUs, the first one taken apart, and why
+the others were dropped. `plan_verdict` is its line on the first screen."""
+
+from __future__ import annotations
+
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.core.sections import Plan, PlanLayout
+from fxlens.reports.units import binary_bytes, seconds, si
+from fxlens.reports.view import Cell, Column, Detail, Figure, Table, Tone, View, columns
+
+DAY_S = 86400
+
+
+def plan_view(report: Report, detail: Detail) -> View | None:
+    plan = report.get(Plan)
+    if plan is None:
+        return None
+    tables = [_layouts(plan)]
+    if plan.layouts:
+        first = plan.layouts[0]
+        tables += [_memory(first, plan), _time(first), _transfers(first)]
+    if plan.dropped:
+        tables.append(_dropped(plan, detail.top))
+    if detail.full:
+        tables.append(Table.of("plan assumptions", (Column("assumed"),),
+                               [(a,) for a in plan.assumptions]))
+    return View("plan", "Plan (many GPUs)", tuple(tables))
+
+
+def _layouts(plan: Plan) -> Table:
+    run = plan.tokens is not None
+    cost = plan.price_per_gpu_hour is not None
+    heads = ["GPUs", "fits", "peak / GPU", "step", "tokens/s" if plan.micro_batch_tokens
+             else "samples/s", "MFU"]
+    if run:
+        heads += ["run days", "GPU-hours"]
+        if cost:
+            heads.append("cost")
+    rows = []
+    for layout in plan.layouts:
+        t = layout.time
+        rate = t.tokens_per_s if plan.micro_batch_tokens else (
+            t.samples_per_step / t.step_s if t.step_s else 0.0)
+        row: list[str | Cell] = [
+            layout.strategy, str(layout.gpus),
+            Cell("yes", Tone.GOOD) if layout.fits else Cell("no", Tone.BAD),
+            binary_bytes(layout.memory.peak_bytes), seconds(t.step_s), si(rate),
+            f"{t.mfu:.1%}"]
+        if run and layout.run is not None:
+            row += [f"{layout.run.wall_s / DAY_S:.1f}", si(layout.run.gpu_hours)]
+            if cost:
+                row.append(f"${si(layout.run.cost or 0.0)}")
+        rows.append(tuple(row))
+    what = ("requested layout" if plan.ranked_by == "requested"
+            else f"best of {plan.considered} layouts by {plan.ranked_by}")
+    caption = (f"{plan.gpus_per_node} GPUs per node; links per GPU "
+               f"{si(plan.intra_node_bytes_per_s, 'B/s')} in a node, "
+               f"{si(plan.inter_node_bytes_per_s, 'B/s')} across ({plan.link_source}). "
+               f"{plan.blocks} repeated blocks, {plan.tensor_parallel_pairs} tensor-parallel "
+               f"pairs per block found in the graph"
+               + (f", {plan.experts} experts per MoE layer" if plan.experts else "")
+               + f". {plan.assumptions[0]}; every assumption under --full and in the JSON.")
+    return Table.of(f"plan · {plan.device} ({binary_bytes(plan.device_bytes)}) · {what}",
+                    columns(("layout",), tuple(heads)), rows, caption=caption)
+
+
+def _memory(layout: PlanLayout, plan: Plan) -> Table:
+    m = layout.memory
+    rows: list[tuple[str | Cell, ...]] = [
+        (label, binary_bytes(value)) for label, value in (
+            ("weights", m.weights_bytes), ("gradients", m.gradients_bytes),
+            ("master weights", m.master_bytes), ("optimizer state", m.optimizer_bytes),
+            ("buffers", m.buffers_bytes), ("saved activations", m.activations_bytes),
+            ("temporaries", m.temporaries_bytes), ("gathered weights (ZeRO-3)",
+                                                   m.gathered_bytes),
+            ("communication buckets", m.communication_bytes)) if value]
+    rows.append((Cell("peak", Tone.STRONG), Cell(binary_bytes(m.peak_bytes), Tone.STRONG)))
+    if m.host_bytes:
+        rows.append(("in host memory (offloaded)", binary_bytes(m.host_bytes)))
+    verdict = (f"fits, {binary_bytes(layout.headroom_bytes)} free" if layout.fits else
+               f"{binary_bytes(-layout.headroom_bytes)} over")
+    return Table.of(f"memory per GPU · {layout.strategy} · stage {m.stage} "
+                    f"({verdict} of {binary_bytes(plan.device_bytes)})",
+                    (Column("what"), Column("bytes", right=True)), rows)
+
+
+def _time(layout: PlanLayout) -> Table:
+    t = layout.time
+    rows: list[tuple[str | Cell, ...]] = [
+        (label, seconds(value)) for label, value in (
+            ("compute (all micro-batches)", t.compute_s),
+            ("tensor-parallel transfers", t.tensor_parallel_s),
+            ("expert-parallel transfers", t.expert_parallel_s),
+            ("pipeline transfers", t.pipeline_s), ("pipeline bubble", t.bubble_s),
+            ("gradient / ZeRO transfers, exposed", t.data_parallel_exposed_s),
+            ("optimizer step", t.optimizer_s)) if value]
+    rows.append((Cell("step", Tone.STRONG), Cell(seconds(t.step_s), Tone.STRONG)))
+    caption = (f"{layout.micro_batches} micro-batches per step, {si(t.samples_per_step)} "
+               f"samples ({si(t.tokens_per_step)} tokens); gradient/ZeRO transfers take "
+               f"{seconds(t.data_parallel_s)} in all, hidden behind compute where they can be")
+    return Table.of(f"step time · {layout.strategy}", (Column("what"),
+                    Column("time", right=True)), rows, caption=caption)
+
+
+def _transfers(layout: PlanLayout) -> Table:
+    rows = [(c.cause, c.kind, str(c.group), "across nodes" if c.across_nodes else "in a node",
+             binary_bytes(c.bytes), str(c.calls), seconds(c.time_s),
+             "overlapped" if c.overlapped else "on the critical path")
+            for c in layout.collectives]
+    return Table.of(f"transfers per step per GPU · {layout.strategy}",
+                    columns(("cause", "kind"), ("GPUs", "where", "bytes per call", "calls",
+                                                "time", "")), rows)
+
+
+def _dropped(plan: Plan, top: int) -> Table:
+    rows = [(d.strategy, d.reason) for d in plan.dropped[:top]]
+    reasons = ", ".join(f"{n} {reason}" for reason, n in plan.dropped_by_reason.items())
+    return Table.of(f"dropped layouts ({sum(plan.dropped_by_reason.values())}: {reasons})",
+                    (Column("layout"), Column("why")), rows)
+
+
+def plan_verdict(plan: Plan) -> Figure:
+    """Does it fit, on how many GPUs, how fast: the first layout, or why none fits."""
+    if not plan.layouts:
+        return Figure(f"plan on {plan.device}", "no layout fits",
+                      f"{plan.considered} layouts tried; more GPUs, a larger device "
+                      f"(--device) or a smaller micro-batch (--batch)", Tone.BAD)
+    first = plan.layouts[0]
+    t = first.time
+    run = (f"; run {first.run.wall_s / DAY_S:.1f} days, {si(first.run.gpu_hours)} GPU-hours"
+           + (f", ${si(first.run.cost)}" if first.run.cost is not None else "")
+           if first.run is not None else "")
+    summary = (f"{binary_bytes(first.memory.peak_bytes)} per GPU of "
+               f"{binary_bytes(plan.device_bytes)}; step {seconds(t.step_s)}, MFU "
+               f"{t.mfu:.1%}{run}")
+    label = f"plan: {first.gpus}× {plan.device}"
+    if first.fits:
+        return Figure(label, first.strategy, summary, Tone.GOOD)
+    better = next((layout for layout in plan.layouts[1:] if layout.fits), None)
+    fix = (f"; fits as {better.strategy} ({binary_bytes(better.memory.peak_bytes)} per GPU, "
+           f"step {seconds(better.time.step_s)})" if better is not None else
+           f"; nothing fits on {first.gpus} GPUs: more GPUs (--search --max-gpus)")
+    return Figure(label, f"{first.strategy} does not fit", summary + fix, Tone.BAD)

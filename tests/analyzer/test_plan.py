@@ -1,0 +1,281 @@
+"""The parallelism planner against the closed forms of ../shared/domain.md.
+
+Oracles on a GPT-shaped model (tests/models/tiny_gpt.py: b = 2, s = 16, h = 64, 2 blocks) under
+AMP bf16 + AdamW: ZeRO model states per GPU (Rajbhandari et al. 2020: DDP 16Ψ, ZeRO-1
+4Ψ + 12Ψ/N_d, ZeRO-2 2Ψ + 14Ψ/N_d, ZeRO-3 16Ψ/N_d), ring all-reduce 2(n−1)/n·S/B, the 1F1B
+bubble (p−1)/m, and Korthikanti et al. 2022's activations per layer: 24·sbh bytes inside the
+tensor-parallel pairs (÷t), 10·sbh outside them less the 2·sbh of dropout masks this model does
+not have (÷t only with sequence parallel), 2·sbh kept under full recompute.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from fxlens.analyzer.capture.load import load
+from fxlens.analyzer.core.report import Report, load_report
+from fxlens.analyzer.core.sections import Plan, PlanLayout, Training
+from fxlens.analyzer.plan.estimate import all_reduce_s, estimate, one_way_s, stages
+from fxlens.analyzer.plan.strategy import Strategy, parse
+from fxlens.analyzer.plan.structure import ModelFacts
+from fxlens.pipeline import AnalysisOptions, Context, plan_facts, run_context
+from fxlens.rules.hardware import LINK_EFFICIENCY, device
+
+MODELS = Path(__file__).parent.parent / "models"
+B, S, H = 2, 16, 64           # tiny_gpt's batch, sequence and width
+BF16 = 2
+
+
+@pytest.fixture(scope="module")
+def gpt() -> Iterator[tuple[Report, ModelFacts]]:
+    loaded = load(str(MODELS / "tiny_gpt.py"))
+    options = AnalysisOptions(train=True, precision="amp-bf16", plan=True, strategy="ddp",
+                              gpus=2, strict=True)
+    ctx = Context(loaded, options, lambda _: None)
+    report = run_context(ctx)
+    yield report, plan_facts(ctx, report, device("h100"))
+
+
+H100 = device("h100")
+
+
+def layout(facts: ModelFacts, text: str, gpus: int | None = None, m: int = 1) -> PlanLayout:
+    return estimate(facts, parse(text, gpus, m), H100)
+
+
+def psi(facts: ModelFacts) -> int:
+    """Trainable parameters, from the working bf16 weights."""
+    return sum(u.states.weights_bytes for u in facts.units) // BF16
+
+
+# --- strategies ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, gpus, expected", [
+    ("ddp", 8, Strategy(dp=8)),
+    ("fsdp", 4, Strategy(dp=4, zero=3)),
+    ("hsdp", 16, Strategy(dp=16, zero=3, hybrid=True)),
+    ("dp=2,tp=4,pp=2,zero=1,sp", None, Strategy(dp=2, tp=4, pp=2, zero=1, sp=True)),
+    ("tp=8,pp=4,v=2,ckpt", 64, Strategy(dp=2, tp=8, pp=4, v=2, checkpoint=True)),
+    ("zero2,offload", 2, Strategy(dp=2, zero=2, offload=True)),
+])
+def test_strategy_text_parses(text: str, gpus: int | None, expected: Strategy) -> None:
+    assert parse(text, gpus) == expected
+    assert parse(expected.label, expected.gpus) == expected
+
+
+@pytest.mark.parametrize("text, gpus, says", [
+    ("tp=3", 8, "not a multiple"),
+    ("dp=2,tp=2", 8, "not --gpus 8"),
+    ("sp", 4, "needs tp > 1"),
+    ("dp=4,ep=3", None, "must divide dp"),
+    ("zero=4", 2, "ZeRO stages"),
+    ("zero1,hybrid", 2, "unknown strategy 'hybrid'"),
+    ("tp=two", 2, "whole number"),
+    ("pp=0", 2, "≥ 1"),
+])
+def test_bad_strategy_says_why(text: str, gpus: int | None, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        parse(text, gpus)
+
+
+# --- structure --------------------------------------------------------------------------------
+
+
+def test_tensor_parallel_pairs_are_found_from_the_graph(gpt: tuple[Report, ModelFacts]) -> None:
+    _, facts = gpt
+    blocks = [u for u in facts.units if u.name.startswith("blocks.")]
+    assert [u.name for u in blocks] == ["blocks.0", "blocks.1"]
+    for unit in blocks:
+        assert unit.row_gemms == 2                       # attn.proj and mlp.fc2
+        assert unit.column_widths == (3 * H, 4 * H)      # qkv and fc1 outputs
+        assert unit.tp_reduce_bytes == 2 * B * S * H * BF16
+
+
+def test_korthikanti_activations_per_layer(gpt: tuple[Report, ModelFacts]) -> None:
+    _, facts = gpt
+    sbh = S * B * H
+    for unit in (u for u in facts.units if u.name.startswith("blocks.")):
+        assert unit.saved_split_bytes == pytest.approx(24 * sbh, rel=0.02)
+        assert unit.saved_whole_bytes == pytest.approx((10 - 2) * sbh, rel=0.02)
+        assert unit.input_bytes == 2 * sbh               # all full recompute keeps
+
+
+def test_tensor_and_sequence_parallel_divide_activations(gpt: tuple[Report, ModelFacts]
+                                                         ) -> None:
+    _, facts = gpt
+    saved = sum(u.saved_bytes for u in facts.units)
+    split = sum(u.saved_split_bytes for u in facts.units)
+    one = layout(facts, "tp=2", 2).memory.activations_bytes
+    with_sp = layout(facts, "tp=2,sp", 2).memory.activations_bytes
+    assert one == pytest.approx(saved - split / 2, abs=2)
+    assert with_sp == pytest.approx(saved / 2, abs=2)
+
+
+def test_full_recompute_keeps_block_inputs_and_one_block(gpt: tuple[Report, ModelFacts]
+                                                         ) -> None:
+    _, facts = gpt
+    blocks = [u for u in facts.units if u.name.startswith("blocks.")]
+    others = sum(u.saved_bytes for u in facts.units if u not in blocks)
+    got = layout(facts, "ddp,ckpt", 1).memory.activations_bytes
+    assert got == others + 2 * S * B * H * len(blocks) + max(u.saved_bytes for u in blocks)
+
+
+# --- ZeRO -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text, per_param", [
+    ("ddp", lambda n: 16), ("zero1", lambda n: 4 + 12 / n), ("zero2", lambda n: 2 + 14 / n),
+    ("zero3", lambda n: 16 / n),
+])
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_zero_model_states_per_gpu(gpt: tuple[Report, ModelFacts], text: str, per_param: object,
+                                   n: int) -> None:
+    _, facts = gpt
+    m = layout(facts, text, n).memory
+    states = m.weights_bytes + m.gradients_bytes + m.master_bytes + m.optimizer_bytes
+    expected = per_param(n) * psi(facts)  # type: ignore[operator]
+    assert states == pytest.approx(expected, rel=0.002)   # ceil per unit and category
+
+
+def test_one_gpu_peak_is_the_training_step_peak(gpt: tuple[Report, ModelFacts]) -> None:
+    report, facts = gpt
+    training = report.require(Training)
+    assert layout(facts, "ddp", 1).memory.peak_bytes == pytest.approx(
+        training.step_peak_bytes, rel=0.01)
+
+
+def test_zero3_gathers_the_two_largest_units(gpt: tuple[Report, ModelFacts]) -> None:
+    _, facts = gpt
+    weights = sorted((u.states.weights_bytes for u in facts.units), reverse=True)
+    assert layout(facts, "fsdp", 4).memory.gathered_bytes == sum(weights[:2])
+
+
+def test_offload_moves_optimizer_state_to_the_host(gpt: tuple[Report, ModelFacts]) -> None:
+    _, facts = gpt
+    on_gpu = layout(facts, "zero2", 2).memory
+    offloaded = layout(facts, "zero2,offload", 2).memory
+    assert offloaded.optimizer_bytes == offloaded.master_bytes == 0
+    assert offloaded.host_bytes == on_gpu.optimizer_bytes + on_gpu.master_bytes
+
+
+# --- transfers and time ---------------------------------------------------------------------
+
+
+def test_ring_formulas() -> None:
+    assert all_reduce_s(1e9, 8, 1e11) == pytest.approx(2 * 7 / 8 * 1e9 / 1e11)
+    assert one_way_s(1e9, 4, 1e11) == pytest.approx(3 / 4 * 1e9 / 1e11)
+    assert all_reduce_s(1e9, 1, 1e11) == 0.0
+
+
+def test_ddp_all_reduces_2_psi_bytes_of_gradients(gpt: tuple[Report, ModelFacts]) -> None:
+    _, facts = gpt
+    (reduce,) = layout(facts, "ddp", 8).collectives
+    assert (reduce.kind, reduce.bytes, reduce.group, reduce.across_nodes) == (
+        "all-reduce", 2 * psi(facts), 8, False)
+    assert reduce.time_s == pytest.approx(
+        2 * 7 / 8 * 2 * psi(facts) / (H100.intra_node_bytes_per_s * LINK_EFFICIENCY))
+
+
+def test_zero3_moves_3_psi_per_micro_batch(gpt: tuple[Report, ModelFacts]) -> None:
+    _, facts = gpt
+    moved = sum(c.bytes * c.calls for c in layout(facts, "fsdp", 4, m=3).collectives)
+    assert moved == 3 * 3 * 2 * psi(facts)
+
+
+def test_groups_leave_the_node_when_they_must(gpt: tuple[Report, ModelFacts]) -> None:
+    _, facts = gpt
+    inside = layout(facts, "ddp", 8).collectives[0]
+    across = layout(facts, "ddp", 16).collectives[0]
+    assert not inside.across_nodes and across.across_nodes
+    assert across.time_s / inside.time_s == pytest.approx(
+        (15 / 16) / (7 / 8) * H100.intra_node_bytes_per_s / H100.inter_node_bytes_per_s)
+
+
+def test_tensor_parallel_all_reduces_twice_per_pair(gpt: tuple[Report, ModelFacts]) -> None:
+    _, facts = gpt
+    (reduce,) = layout(facts, "tp=2", 2, m=2).collectives
+    reduces = sum(u.tp_reduces for u in facts.units)
+    assert (reduce.kind, reduce.calls) == ("all-reduce", reduces * 2 * 2)
+    sp = layout(facts, "tp=2,sp", 2, m=2).collectives
+    assert [c.kind for c in sp] == ["reduce-scatter", "all-gather"]
+    assert sum(c.time_s for c in sp) == pytest.approx(reduce.time_s)
+
+
+@pytest.mark.parametrize("m", [2, 4, 8])
+def test_pipeline_bubble_is_p_minus_1_over_m(gpt: tuple[Report, ModelFacts], m: int) -> None:
+    _, facts = gpt
+    t = layout(facts, "pp=2", 2, m=m).time
+    per_micro_batch = (t.compute_s + t.pipeline_s) / m
+    assert t.bubble_s == pytest.approx((2 - 1) * per_micro_batch)
+    assert t.bubble_s / (m * per_micro_batch) == pytest.approx((2 - 1) / m)
+
+
+def test_pipeline_stages_split_the_blocks(gpt: tuple[Report, ModelFacts]) -> None:
+    _, facts = gpt
+    first, last = stages(facts.units, facts.blocks, 2)
+    assert [u.name for u in first] == ["pre", "blocks.0"]
+    assert [u.name for u in last] == ["blocks.1", "post"]
+    # 1F1B: the first stage holds min(m, p) micro-batches of its activations
+    assert layout(facts, "pp=2", 2, m=4).memory.activations_bytes >= 2 * sum(
+        u.saved_bytes for u in first) - 2
+
+
+def test_a_run_in_gpu_hours_and_dollars(gpt: tuple[Report, ModelFacts]) -> None:
+    _, facts = gpt
+    strategy = parse("ddp", 4)
+    plan = estimate(facts, strategy, H100, tokens=10**9, price_per_gpu_hour=2.5)
+    assert plan.run is not None and plan.time.tokens_per_step == 4 * B * S
+    assert plan.run.steps == math.ceil(10**9 / (4 * B * S))
+    assert plan.run.gpu_hours == pytest.approx(plan.run.steps * plan.time.step_s * 4 / 3600)
+    assert plan.run.cost == pytest.approx(plan.run.gpu_hours * 2.5)
+
+
+def test_mfu_is_model_flops_over_peak(gpt: tuple[Report, ModelFacts]) -> None:
+    _, facts = gpt
+    t = layout(facts, "ddp", 2).time
+    assert t.mfu == pytest.approx(facts.flops * 2 / (t.step_s * 2 * facts.peak_flops))
+
+
+# --- the section ---------------------------------------------------------------------------
+
+
+def test_search_ranks_fitting_layouts_and_says_why_others_dropped(
+        gpt: tuple[Report, ModelFacts]) -> None:
+    report, facts = gpt
+    from fxlens.analyzer.plan.search import PlanRequest, plan_section
+
+    tight = replace(H100, memory_bytes=layout(facts, "fsdp", 4).memory.peak_bytes + 1)
+    plan = plan_section(facts, PlanRequest(gpus=4), tight, (), LINK_EFFICIENCY, "", 1.0, 1.0)
+    assert plan.layouts and all(layout.fits for layout in plan.layouts)
+    steps = [layout.time.step_s / layout.time.tokens_per_step for layout in plan.layouts]
+    assert steps == sorted(steps)
+    assert plan.dropped_by_reason["does not fit"] >= 1
+    assert any(d.reason.startswith("needs") for d in plan.dropped)
+
+
+def test_a_requested_layout_that_does_not_fit_names_one_that_does(
+        gpt: tuple[Report, ModelFacts]) -> None:
+    _, facts = gpt
+    from fxlens.analyzer.plan.search import PlanRequest, plan_section
+    from fxlens.reports.views.plan import plan_verdict
+
+    tight = replace(H100, memory_bytes=layout(facts, "fsdp", 4).memory.peak_bytes + 1)
+    plan = plan_section(facts, PlanRequest(strategy=parse("ddp", 4)), tight, (),
+                        LINK_EFFICIENCY, "", 1.0, 1.0)
+    assert not plan.layouts[0].fits and plan.layouts[1].fits
+    verdict = plan_verdict(plan)
+    assert "does not fit" in verdict.value and f"fits as {plan.layouts[1].strategy}" in (
+        verdict.detail)
+
+
+def test_plan_section_round_trips_through_json(gpt: tuple[Report, ModelFacts],
+                                               tmp_path: Path) -> None:
+    report, _ = gpt
+    (tmp_path / "r.json").write_text(report.to_json())
+    assert load_report(tmp_path / "r.json").require(Plan) == report.require(Plan)
