@@ -279,3 +279,42 @@ def test_plan_section_round_trips_through_json(gpt: tuple[Report, ModelFacts],
     report, _ = gpt
     (tmp_path / "r.json").write_text(report.to_json())
     assert load_report(tmp_path / "r.json").require(Plan) == report.require(Plan)
+
+
+# --- architectures by others ---------------------------------------------------------------
+
+
+def hf_facts(name: str) -> ModelFacts:
+    from fxlens.analyzer.core.loaded import LoadedModel
+    from tests.models.hf_zoo import ZOO
+
+    module, inputs = ZOO[name]()
+    options = AnalysisOptions(train=True, plan=True, strategy="ddp", gpus=2, fusion=False)
+    ctx = Context(LoadedModel(module, inputs, name, name), options, lambda _: None)
+    return plan_facts(ctx, run_context(ctx), H100)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, rows", [("llama", 2), ("gpt2", 2), ("bert", 2),
+                                        ("mixtral", 2), ("deepseek_v3", 2)])
+def test_megatron_pairs_in_transformers_blocks(name: str, rows: int) -> None:
+    facts = hf_facts(name)
+    first = next(u for u in facts.units if u.name not in ("pre", "post"))
+    assert first.row_gemms == rows          # attention output and MLP down projection
+    assert first.tp_reduce_bytes > 0 and first.saved_split_bytes > first.saved_whole_bytes
+
+
+@pytest.mark.slow
+def test_moe_experts_are_sharded_by_ep_and_the_router_is_not_split() -> None:
+    facts = hf_facts("mixtral")
+    assert facts.experts == 4
+    blocks = [u for u in facts.units if u.name not in ("pre", "post")]
+    assert all(u.routed_bytes > 0 and u.states_expert.weights_bytes > 0 for u in blocks)
+    # the router's (E × h) output reaches the experts only through indices: not a column
+    assert all(facts.experts not in u.column_widths for u in blocks)
+    expert_weights = sum(u.states_expert.weights_bytes for u in facts.units)
+    one = layout(facts, "dp=2", 2).memory.weights_bytes
+    two = layout(facts, "dp=2,ep=2", 2).memory.weights_bytes
+    assert one - two == pytest.approx(expert_weights / 2, abs=len(blocks) * 8)
+    (a2a,) = [c for c in layout(facts, "dp=2,ep=2", 2).collectives if c.kind == "all-to-all"]
+    assert a2a.bytes == sum(u.routed_bytes for u in facts.units) and a2a.calls == 4

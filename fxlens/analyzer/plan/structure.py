@@ -9,7 +9,8 @@ backward, and what tensor parallelism would move.
 Tensor parallelism is found from the graph's structure, not from class or parameter names
 (Megatron-LM's split, Shoeybi et al. 2019): inside a unit, a GEMM against a weight whose output
 has the unit's width (the residual stream's last dimension) is *row-parallel* when walking back
-from its input, without crossing another weight GEMM, reaches weight GEMMs: those are
+from its input along floating-point data, without crossing another weight GEMM, reaches weight
+GEMMs: those are
 *column-parallel*, and every op between them (attention, activation functions, per-head norms)
 runs on 1/t of the features. One all-reduce of the row GEMM's output per pair in the forward,
 one of the column GEMMs' input gradient in the backward. A GEMM in ``post`` with no row partner
@@ -205,7 +206,8 @@ def _split(graph: Graph, scope: set[int], width: int, terminal_column: bool,
             if node_id in gemms:
                 columns.add(node_id)
                 continue
-            stack.extend(ref.node for ref in graph.nodes[node_id].input_refs())
+            stack.extend(ref.node for ref in graph.nodes[node_id].input_refs()
+                         if _floating(graph, ref))
         if columns:
             split.rows.add(row.node)
             split.columns |= columns
@@ -228,6 +230,13 @@ def _split(graph: Graph, scope: set[int], width: int, terminal_column: bool,
         split.split_params.update(w for w in gemms[node_id].weights
                                   if len(graph_param_shape(graph, w)) >= 2)
     return split
+
+
+def _floating(graph: Graph, ref: TensorRef) -> bool:
+    """Data, not indices: a router reaches its experts through integer indices and routing
+    weights applied after them, so walking back from an expert stops there."""
+    spec = graph.spec(ref)
+    return spec is not None and spec.dtype.startswith(("float", "bfloat", "complex"))
 
 
 def graph_param_shape(graph: Graph, name: str) -> tuple[int, ...]:
