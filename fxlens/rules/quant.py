@@ -5,6 +5,10 @@ Layers: ``nn.Linear``, ``nn.Conv{1,2,3}d``, ``nn.ConvTranspose{1,2,3}d``, ``nn.E
 ``nn.EmbeddingBag`` and `transformers`' ``Conv1D`` (GPT-2, weight stored ``(in, out)``). The
 *channel axis* is the weight axis of output channels (one scale per entry along it): dim 0 for
 linear, conv and embedding rows, dim 1 for transposed convs and ``Conv1D``.
+Every other weight matrix is a candidate too (`weight_matrices`): the recurrent matrices of
+``nn.GRU``/``nn.LSTM``/``nn.RNN`` (``weight_ih_l0``, ``weight_hh_l0``, ``weight_hr_l0``, gates
+stacked along dim 0), ``nn.MultiheadAttention``'s ``in_proj_weight``, and any parameter of two
+or more dimensions a custom module holds (position tables, class tokens), rows on dim 0.
 
 Formats (weights, symmetric, round to nearest, scales stored in fp16 = 2 bytes):
 - ``int8_per_channel``: one scale per output channel, ``Δ = max|w_c| / 127``;
@@ -85,6 +89,28 @@ def channel_axis(module: nn.Module) -> int | None:
         if isinstance(module, kind):
             return axis
     return _AXIS_BY_NAME.get(type(module).__name__)
+
+
+def weight_matrices(module: nn.Module) -> list[tuple[str, int]]:
+    """(parameter name, output-channel axis) of every weight matrix `module` holds itself (its
+    children's are theirs): its ``weight`` when it is a known layer, else every floating
+    parameter of two or more dimensions, rows on the first axis longer than 1."""
+    axis = channel_axis(module)
+    if axis is not None:
+        return [("weight", axis)]
+    if any(isinstance(module, kind) for kind, _ in _AXIS_BY_TYPE):
+        return []                 # a known layer whose weight is not a matrix (none today)
+    out = []
+    for name, param in module.named_parameters(recurse=False):
+        if param.dim() >= 2 and param.is_floating_point():
+            out.append((name, next((i for i, n in enumerate(param.shape) if n > 1), 0)))
+    return out
+
+
+BATCH_NORM_TYPES = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
+# NB: a batch norm directly after one of these folds into its weight (per output channel)
+FOLDABLE_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
+                  "ConvTranspose3d")
 
 
 # --- op sets the structure walk looks for (overload packets; attention args as "op:arg") ------
@@ -381,11 +407,17 @@ def risks(layer: LayerView) -> tuple[Risk, ...]:
     return assess(layer)
 
 
-# NB: the data-free score subtracts this per structural risk (dB) from the weight SQNR; a
-# small prior, so the weights' own statistics decide the order where they differ. Measured
-# (bench/README.md): with 0 dB the digits MLP ranks at ρ 0.03 and MiniLM at 0.70; with 1 dB at
-# 0.89 and 0.60. Not tuned further: two models are too few to fit a constant on.
+# NB: the weights-only prior (used when no forward can run) subtracts this per structural risk
+# (dB) from the weight SQNR. Measured (bench/README.md, before issue 16): with 0 dB the digits
+# MLP ranked at ρ 0.03 and MiniLM at 0.70; with 1 dB at 0.89 and 0.60.
 RISK_PENALTY_DB = 1.0
+# NB: the weights-only prior's propagation: an error made early passes through every later
+# layer. Damage measured one layer at a time on trained models spreads over 19–39 dB between
+# layers (issue 16), and ranking by depth alone reached ρ 0.60 there; so the first layer gets
+# PROPAGATION_DB more than the last, linearly in execution order, and first layers,
+# embeddings and heads ROLE_DB more. Guesses of that size, not fitted.
+PROPAGATION_DB = 10.0
+ROLE_DB = 6.0
 
 
 # NB: typical weight SQNR of trained transformer layers (all-MiniLM-L6-v2, median over its
@@ -406,7 +438,9 @@ def knowledge(group_size: int = DEFAULT_GROUP_SIZE, registry: CostRegistry | Non
         stop_ops=STOP_OPS, residual_ops=RESIDUAL_OPS, embedding_types=EMBEDDING_TYPES,
         risk_penalty_db=RISK_PENALTY_DB, extra_formats={"bf16": BF16},
         logit_layer_types=LOGIT_LAYER_TYPES, keep_8_bits=KEEP_8_BITS,
-        verdict_db=(KEEP_BELOW_DB, KEEP_HIGHER_DB),
+        verdict_db=(KEEP_BELOW_DB, KEEP_HIGHER_DB), weight_matrices=weight_matrices,
+        batch_norm_types=BATCH_NORM_TYPES, foldable_types=FOLDABLE_TYPES,
+        propagation_db=PROPAGATION_DB, role_db=ROLE_DB,
     )
 
 

@@ -65,7 +65,8 @@ def fxlens_scores(module: nn.Module, inputs: Any, batches: list[Any], fmt: Numbe
         known = dataclasses.replace(known, formats={fmt.name: fmt})
     name = fmt.name if isinstance(fmt, NumberFormat) else fmt
     graph = capture(module, inputs, load_rules())
-    section = encode(quant_section(module, graph, known, QuantSettings(calibration=batches)))
+    section = encode(quant_section(module, graph, known, QuantSettings(
+        calibration=batches, example_inputs=inputs)))       # as the pipeline: data-free Fisher
     if expect_metric is not None:
         assert section["calibration"]["metric"] == expect_metric
     rows = section["layers"]

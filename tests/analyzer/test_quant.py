@@ -40,7 +40,9 @@ class Attention(nn.Module):
 
 
 def _section(model: nn.Module, inputs: tuple[torch.Tensor, ...], **settings: object) -> dict:
+    """The section as the pipeline builds it: the example inputs feed the data-free Fisher."""
     graph = capture(model, inputs, load_rules())
+    settings.setdefault("example_inputs", inputs)
     return encode(quant_section(model, graph, knowledge(),
                                 QuantSettings(**settings)))  # type: ignore[arg-type]
 
@@ -261,7 +263,7 @@ def test_every_layer_has_a_verdict_per_format() -> None:
         "ok" if sqnr >= 30 else "risky" if sqnr >= 20 else "keep higher")
 
 
-def test_weights_no_layer_covers_are_listed_not_dropped() -> None:
+def test_recurrent_weights_are_candidates_and_unscored_ones_listed_with_share() -> None:
     class GRUClassifier(nn.Module):
         def __init__(self) -> None:
             super().__init__()
@@ -271,8 +273,31 @@ def test_weights_no_layer_covers_are_listed_not_dropped() -> None:
         def forward(self, x: torch.Tensor) -> torch.Tensor:
             return self.head(self.gru(x)[0][:, -1])
 
-    section = _section(GRUClassifier().eval(), (torch.randn(2, 5, 16),))
-    note = next(n for n in section["notes"] if "not scored" in n)
-    assert "gru.weight_ih_l0" in note and "gru.weight_hh_l0" in note
+    model = GRUClassifier().eval()
+    with torch.no_grad():       # a trained-looking head; the GRU keeps its default init
+        model.head.weight.copy_(torch.distributions.StudentT(4.0).sample((4, 32)) * 0.1)
+    section = _section(model, (torch.randn(2, 5, 16),))
+    rows = _rows(section)
+    assert {"gru.weight_ih_l0", "gru.weight_hh_l0", "head"} <= set(rows)
+    assert rows["gru.weight_hh_l0"]["status"] == "random_init"     # U(±1/√hidden): its own
+    note = next(n for n in section["notes"] if "random initialisation)" in n)
+    assert "gru.weight_ih_l0" in note and "gru.weight_hh_l0" in note and "head" not in note
     gru = 3 * 32 * 16 + 3 * 32 * 32
-    assert f"{gru / (gru + 32 * 4):.0%}" in note
+    assert f"{gru / (gru + 32 * 4):.0%} of matrix weights" in note
+    assert rows["head"]["status"] == "scored"
+
+
+def test_a_parameter_no_layer_type_holds_is_a_candidate() -> None:
+    class Table(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.pos = nn.Parameter(torch.distributions.StudentT(4.0).sample((8, 16)) * 0.1)
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.head(x + self.pos)
+
+    section = _section(Table().eval(), (torch.randn(2, 8, 16),))
+    row = _rows(section)["pos"]
+    assert row["type"] == "Table" and row["status"] == "scored"
+    assert row["data_free_fisher"]["int8_per_tensor"] > 0

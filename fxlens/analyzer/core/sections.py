@@ -378,6 +378,13 @@ class QuantLayer:
     precision: str | None = optional()
     # per format: "ok", "risky", "keep higher" or "unscored" (see `quant.section.verdicts`)
     verdicts: Mapping[str, str] = field(default_factory=dict)
+    # issue 16: ½·Σ F_ii·Δw_i² per format on the calibration data (`quant.fisher`), and on
+    # synthetic inputs (data-free); per format "measured" or "fisher" behind the calibrated
+    # score; the batch norm folded into the weight before scoring
+    fisher_damage: Mapping[str, float] | None = optional()
+    data_free_fisher: Mapping[str, float] | None = optional()
+    calibrated_evidence: Mapping[str, str] | None = optional()
+    folded_into: str | None = optional()
 
 
 @dataclass(frozen=True)
@@ -415,6 +422,11 @@ class Quant(Section):
     layers: tuple[QuantLayer, ...]
     risks: tuple[QuantRisk, ...]
     plan: QuantPlan | None
+    # what the data-free and calibrated scores stand on, in words; the unit of the scores
+    # that rank, give verdicts and size the plan: "sqnr" (output SQNR) or "kl" (−10·log10 KL)
+    data_free_evidence: str | None = optional()
+    calibrated_evidence: str | None = optional()
+    score_metric: str | None = optional()
 
 
 # --- validation --------------------------------------------------------------------------------

@@ -2,9 +2,12 @@
 
 `calibrate` runs the model (eval mode, no grad) on each calibration batch once for the
 reference: per layer the input activation range and outlier channels, the output max/std, and
-the model's outputs. Then, per layer and per format, only that layer's weight is fake-quantized
-(and with ``activations`` its input too) and the damage to the outputs over all batches is
-measured three ways:
+the model's outputs. Then one backward per calibration example gives the diagonal Fisher
+(`fxlens.analyzer.quant.fisher`), which predicts every layer's damage at every format at once
+in the units of the metric below (KL in nats, or output SQNR). The `measure_top` layers the
+Fisher finds most damaging at each format are then measured for real: only that layer's weight
+is fake-quantized (and with ``activations`` its input too) and the damage to the outputs over
+all batches is measured three ways:
 
 - model-output SQNR ``10·log10(Σy² / Σ(y − ŷ)²)`` on every floating-point output leaf;
 - on the *logit* leaves (below): the mean KL divergence ``KL(softmax(z) ‖ softmax(ẑ))`` in nats
@@ -39,8 +42,13 @@ run, which is what they are for. Input channels are the last dim (linear) or dim
 NB: activations are fake-quantized with a dynamic per-tensor scale (per batch), the scale a
 static calibration would pick for that batch; embeddings' integer inputs are left alone.
 
-Cost: ``layers × formats + 1`` forwards per batch. Progress goes to `on_step` as plain text
-(``calibration 3/40: fc1 at int8_per_channel``); drawing it (a spinner, a bar) is the caller's.
+`Calibration.score_db` is the measured value where a layer was measured at a format, else the
+Fisher's prediction (`Calibration.evidence` says which). With ``activations`` or the
+``agreement`` metric (which no Fisher predicts) every layer is measured.
+
+Cost: one forward and backward per example (at most `MAX_EXAMPLES`), plus
+``min(layers, measure_top) × formats + 1`` forwards per batch. Progress goes to `on_step` as
+plain text (``calibration 3/40: fc1 at int8_per_channel``); drawing it is the caller's.
 """
 
 from __future__ import annotations
@@ -55,8 +63,19 @@ import torch
 import torch.utils._pytree as pytree
 
 from fxlens.analyzer.capture.chain import plain_outputs
+from fxlens.analyzer.quant.fisher import (
+    MAX_EXAMPLES,
+    Fisher,
+    OutputModel,
+    diagonal_fisher,
+    split_examples,
+)
 from fxlens.analyzer.quant.types import NumberFormatLike, QuantKnowledge
 from fxlens.analyzer.quant.weights import OUTLIER_RATIO, Layer, sqnr_db
+
+# NB: the Fisher ranks every layer; the few it finds worst per format are measured for real,
+# where second order under-reads large errors and where the ranking's top matters most.
+MEASURE_TOP = 8
 
 Inputs = tuple[Any, ...] | dict[str, Any]
 
@@ -87,6 +106,8 @@ class Calibration:
     output_kl: Mapping[str, Mapping[str, float]] = field(default_factory=dict)      # nats
     top1_agreement: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # 0…1
     score_db: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # ranks; ↑ safer
+    fisher: Fisher | None = None
+    evidence: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # measured|fisher
 
 
 @dataclass(frozen=True)
@@ -134,9 +155,11 @@ def damage_db(damage: float) -> float:
 
 def calibrate(module: torch.nn.Module, layers: Sequence[Layer], batches: Iterable[Inputs],
               knowledge: QuantKnowledge, activations: bool = False,
-              on_step: Callable[[str], None] = lambda _: None, metric: str = "auto"
-              ) -> Calibration:
-    """Reference forwards, then one forward per layer and format with that layer quantized.
+              on_step: Callable[[str], None] = lambda _: None, metric: str = "auto",
+              score_format: str = "", measure_top: int | None = MEASURE_TOP,
+              max_examples: int = MAX_EXAMPLES) -> Calibration:
+    """Reference forwards, the Fisher over every example, then one forward per measured layer
+    and format with that layer quantized (`measure_top` per format; None: every layer).
 
     `metric` (`METRICS`) picks the damage measure that `Calibration.score_db` ranks by; see
     the module docstring for the ``auto`` rule.
@@ -153,34 +176,86 @@ def calibrate(module: torch.nn.Module, layers: Sequence[Layer], batches: Iterabl
                  for leaves, head in zip(runs, heads, strict=True)]
         if metric == "auto" or not any(index):
             metric = "kl" if metric == "auto" and any(index) else "sqnr"
-        reference = _collect(runs, index)
-        sqnr: dict[str, dict[str, float]] = {}
-        kl: dict[str, dict[str, float]] = {}
-        agreement: dict[str, dict[str, float]] = {}
-        total = len(layers) * len(knowledge.formats)
-        for i, layer in enumerate(layers):
-            sqnr[layer.name], kl[layer.name], agreement[layer.name] = {}, {}, {}
-            for j, (name, fmt) in enumerate(knowledge.formats.items()):
-                on_step(f"calibration {i * len(knowledge.formats) + j + 1}/{total}: "
-                        f"{layer.name or '(root)'} at {name}")
-                act = (knowledge.activation_format(fmt) if activations
-                       and layer.module_type not in knowledge.embedding_types else None)
-                outputs = _collect(_quantized_run(module, layer, fmt, act, batches), index)
-                sqnr[layer.name][name] = sqnr_db(reference.flat, outputs.flat)
-                if reference.logits:
-                    kl[layer.name][name], agreement[layer.name][name] = softmax_damage(
-                        reference.logits, outputs.logits)
+        output = (OutputModel("kl", index[0]) if metric != "sqnr" and index
+                  else OutputModel("gaussian"))
+        fisher = diagonal_fisher(module, layers, split_examples(batches, max_examples), output,
+                                 dict(knowledge.formats), score_format, on_step)
+        if activations or metric == "agreement":
+            measure_top = None
+        chosen = _to_measure(fisher, layers, knowledge.formats, measure_top)
+        sqnr, kl, agreement = _measure(module, layers, batches, knowledge, activations,
+                                       chosen, index, _collect(runs, index), on_step)
     finally:
         module.train(was_training)
-    score = {
+    measured = {
         "sqnr": sqnr,
         "kl": {k: {f: damage_db(v) for f, v in row.items()} for k, row in kl.items()},
         "agreement": {k: {f: damage_db(1.0 - v) for f, v in row.items()}
                       for k, row in agreement.items()},
     }[metric]
+    score: dict[str, dict[str, float]] = {}
+    evidence: dict[str, dict[str, str]] = {}
+    for layer in layers:
+        score[layer.name], evidence[layer.name] = {}, {}
+        for name in knowledge.formats:
+            if name in measured.get(layer.name, {}):
+                score[layer.name][name] = measured[layer.name][name]
+                evidence[layer.name][name] = "measured"
+            elif layer.name in fisher.damage:
+                score[layer.name][name] = fisher.score_db(layer.name, name)
+                evidence[layer.name][name] = "fisher"
     logit_leaves = len(index[0]) if index else 0
     return Calibration(len(batches), stats, sqnr, metric, logit_leaves,
-                       kl if logit_leaves else {}, agreement if logit_leaves else {}, score)
+                       kl if logit_leaves else {}, agreement if logit_leaves else {}, score,
+                       fisher, evidence)
+
+
+def _to_measure(fisher: Fisher, layers: Sequence[Layer], formats: Mapping[str, Any],
+                top: int | None) -> set[tuple[str, str]]:
+    """(layer, format) pairs to measure: the `top` worst by the Fisher per format, or all."""
+    live = [layer.name for layer in layers if not layer.weight.is_meta]
+    if top is None:
+        return {(name, fmt) for name in live for fmt in formats}
+    chosen = set()
+    for fmt in formats:
+        ranked = sorted(live, key=lambda n: fisher.score_db(n, fmt))
+        chosen |= {(name, fmt) for name in ranked[:top]}
+    return chosen
+
+
+def _measure(module: torch.nn.Module, layers: Sequence[Layer], batches: Sequence[Inputs],
+             knowledge: QuantKnowledge, activations: bool, chosen: set[tuple[str, str]],
+             index: Sequence[frozenset[int]], reference: _Outputs,
+             on_step: Callable[[str], None]
+             ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]],
+                        dict[str, dict[str, float]]]:
+    """(output SQNR, KL, top-1 agreement) per layer and format, for the chosen pairs."""
+    sqnr: dict[str, dict[str, float]] = {}
+    kl: dict[str, dict[str, float]] = {}
+    agreement: dict[str, dict[str, float]] = {}
+    done = 0
+    for layer in layers:
+        for name, fmt in knowledge.formats.items():
+            if (layer.name, name) not in chosen:
+                continue
+            done += 1
+            on_step(f"calibration {done}/{len(chosen)}: {layer.name or '(root)'} at {name}")
+            act = (knowledge.activation_format(fmt) if activations
+                   and layer.module_type not in knowledge.embedding_types else None)
+            outputs = _collect(_quantized_run(module, layer, fmt, act, batches), index)
+            sqnr.setdefault(layer.name, {})[name] = sqnr_db(reference.flat, outputs.flat)
+            if reference.logits:
+                kl.setdefault(layer.name, {})[name], agreement.setdefault(layer.name, {})[
+                    name] = softmax_damage(reference.logits, outputs.logits)
+    return sqnr, kl, agreement
+
+
+def output_model(module: torch.nn.Module, layers: Sequence[Layer], batch: Inputs,
+                 knowledge: QuantKnowledge) -> tuple[str, OutputModel]:
+    """(metric, how the Fisher reads the output) by the ``auto`` rule, from one forward."""
+    runs, heads, _ = _reference(module, layers, [batch], knowledge)
+    index = _logit_leaves(runs[0], heads[0], True)
+    return ("kl", OutputModel("kl", index)) if index else ("sqnr", OutputModel("gaussian"))
 
 
 def _logit_leaves(leaves: Sequence[torch.Tensor], heads: Sequence[weakref.ref[torch.Tensor]],
@@ -207,7 +282,7 @@ def _quantized_run(module: torch.nn.Module, layer: Layer, fmt: NumberFormatLike,
             return args
         handle = layer.module.register_forward_pre_hook(quantize_input)
     try:
-        weight.data = fmt.fake_quantize(original, layer.axis)
+        weight.data = layer.quantize(fmt)
         return [run_model(module, b) for b in batches]
     finally:
         weight.data = original

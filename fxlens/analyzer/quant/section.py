@@ -5,9 +5,19 @@ The section's shape is `fxlens.analyzer.core.sections.Quant` (rows: `QuantLayer`
 dB figures are higher-is-safer. ``calibrated_score_db`` is the damage measure the calibration
 ``metric`` names (`fxlens.analyzer.quant.calibrated`): the output SQNR (``sqnr``), or for a
 model returning logits ``−10·log10(KL)`` (``kl``, the ``auto`` choice) or the top-1 flip rate in
-dB (``agreement``); it is what ranks the layers. ``output_kl`` and ``top1_agreement`` are
-present only when the outputs hold logits. The plan keeps using the output SQNR (its
-thresholds are SQNR). Non-finite values (an exact format) are written as None.
+dB (``agreement``) — measured for the layers the Fisher puts on top, the Fisher's prediction
+for the rest. ``data_free_sqnr_db`` is, where the example inputs can run, the Fisher on
+synthetic inputs in the same unit (``Quant.score_metric``), else the weights-only prior
+(`fxlens.analyzer.quant.weights`); ``Quant.data_free_evidence`` says which.
+
+One score per layer and format ranks, gives the verdicts and sizes the plan: the calibrated
+score when calibration ran, else the data-free one. NB: the verdict thresholds are in dB of
+that score's damage, 30 dB = an output error power of 0.1 % or a KL of 10⁻³ nats per row.
+``output_kl`` and ``top1_agreement`` are present only when the outputs hold logits.
+Non-finite values (an exact format) are written as None.
+
+A data-free Fisher that cannot run (the model raises on synthetic inputs) falls back to the
+prior and says why in the notes; it never fails the report.
 """
 
 from __future__ import annotations
@@ -22,19 +32,27 @@ from torch import nn
 from fxlens.analyzer.core.graph import Graph
 from fxlens.analyzer.core.sections import Quant, QuantCalibration, QuantLayer, QuantPlan, QuantRisk
 from fxlens.analyzer.quant.calibrated import Calibration, Inputs, calibrate
+from fxlens.analyzer.quant.fisher import top_share
 from fxlens.analyzer.quant.plan import PlanLayer, make_plan
+from fxlens.analyzer.quant.synthetic import SyntheticFisher, synthetic_fisher
 from fxlens.analyzer.quant.types import LayerView, PlanRequest, QuantKnowledge, Risk
 from fxlens.analyzer.quant.weights import (
     DataFree,
     Layer,
     data_free,
     find_layers,
+    fold_batch_norms,
     layer_views,
 )
 
 # NB: a KL (nats) below this for the worst layer at every format is indistinguishable from
 # rounding noise in the logits.
 KL_NEAR_ZERO = 1e-6
+# NB: calibration is "dominated by a few samples" when the top 5 % of the examples carry more
+# than half of the Fisher damage (a uniform spread gives them 5 %; a heavy-tailed but healthy
+# spread on the bench's models gave them at most 35 %).
+FEW_SAMPLES_FRACTION = 0.05
+FEW_SAMPLES_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -45,40 +63,92 @@ class QuantSettings:
     score_format: str = "int8_per_tensor"           # the format `score_db` columns rank by
     metric: str = "auto"                            # calibrated ranking: auto|sqnr|kl|agreement
     plan: PlanRequest | None = None
+    example_inputs: Inputs | None = None            # for the data-free Fisher; None: prior only
 
 
 def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
                   settings: QuantSettings, on_step: Callable[[str], None] = lambda _: None
                   ) -> Quant:
-    layers = find_layers(module, knowledge)
+    layers = fold_batch_norms(module, graph, find_layers(module, knowledge), knowledge)
     on_step("quantization: reading the graph around each layer")
     views = layer_views(graph, layers, knowledge)
     calibration = None
     if settings.calibration is not None:
         calibration = calibrate(module, layers, settings.calibration, knowledge,
-                                settings.activations, on_step, settings.metric)
+                                settings.activations, on_step, settings.metric,
+                                settings.score_format)
         views = {k: replace(v, residual_max_over_std=_out_ratio(calibration, k))
                  for k, v in views.items()}
     risks = {layer.name: knowledge.risks(views[layer.name]) for layer in layers}
     on_step("quantization: scoring weights")
-    free = {layer.name: data_free(layer, risks[layer.name], knowledge) for layer in layers}
+    free = {layer.name: data_free(layer, risks[layer.name], knowledge, views[layer.name])
+            for layer in layers}
+    synthetic = None
+    if settings.example_inputs is not None and any(f.status == "scored" for f in free.values()):
+        synthetic = synthetic_fisher(module, layers, settings.example_inputs, knowledge,
+                                     settings.score_format, on_step)
+    free = _data_free_scores(free, synthetic)
+    metric = (calibration.metric if calibration is not None
+              else synthetic.metric if synthetic is not None and synthetic.fisher else "sqnr")
+    rows = [_row(layer, free[layer.name], risks[layer.name], calibration, synthetic)
+            for layer in layers]
+    rows = [replace(row, verdicts=verdicts(row, knowledge)) for row in rows]
     plan = None
     if settings.plan is not None:
-        plan = _plan(module, layers, free, calibration, knowledge, settings.plan, risks)
-    rows = tuple(replace(row, verdicts=verdicts(row, knowledge))
-                 for row in (_row(layer, free[layer.name], risks[layer.name], calibration, plan)
-                             for layer in layers))
+        plan = _plan(module, layers, rows, knowledge, settings.plan)
+        rows = [replace(row, precision=plan.precision.get(row.layer)) for row in rows]
     return Quant(
         status=_status([f.status for f in free.values()]),
-        notes=tuple(_notes(free, layers, views) + _unscored(module, layers)
-                    + _calibration_health(calibration)),
+        notes=tuple(_notes(free, layers, views) + _unscored(module, layers, free, calibration)
+                    + _calibration_health(calibration)
+                    + ([synthetic.failure] if synthetic and synthetic.failure else [])),
         formats=tuple(knowledge.formats), score_format=settings.score_format,
         calibration=None if calibration is None else QuantCalibration(
             batches=calibration.batches, source=settings.calibration_source,
             activations=settings.activations, metric=calibration.metric,
             logit_leaves=calibration.logit_leaves),
-        layers=rows, risks=_risk_list(risks), plan=plan,
+        layers=tuple(rows), risks=_risk_list(risks), plan=plan,
+        data_free_evidence=_free_evidence(synthetic),
+        calibrated_evidence=_calibrated_evidence(calibration),
+        score_metric=metric,
     )
+
+
+def _data_free_scores(free: Mapping[str, DataFree], synthetic: SyntheticFisher | None
+                      ) -> dict[str, DataFree]:
+    """The data-free score: the synthetic-input Fisher where it ran, else the prior."""
+    if synthetic is None or synthetic.fisher is None:
+        return dict(free)
+    fisher = synthetic.fisher
+    return {name: replace(f, score_db={fmt: fisher.score_db(name, fmt) for fmt in f.score_db})
+            if f.status == "scored" and name in fisher.damage else f
+            for name, f in free.items()}
+
+
+def _free_evidence(synthetic: SyntheticFisher | None) -> str:
+    if synthetic is None or synthetic.fisher is None:
+        return ("weights-only prior: per-channel weight SQNR after BatchNorm folding, minus "
+                "structural terms for depth, first/last layers, embeddings and risks")
+    return (f"diagonal Fisher on {synthetic.fisher.examples} synthetic examples "
+            f"{synthetic.source}, labels sampled from the model's own output "
+            f"({'KL' if synthetic.fisher.kind == 'kl' else 'output SQNR'}); "
+            "BatchNorms folded before quantizing")
+
+
+def _calibrated_evidence(calibration: Calibration | None) -> str | None:
+    if calibration is None:
+        return None
+    fisher = calibration.fisher
+    measured = sorted({name for row in calibration.evidence.values()
+                       for fmt, name in row.items() if name == "measured"})
+    count = sum(1 for row in calibration.evidence.values() for v in row.values()
+                if v == "measured")
+    total = sum(len(row) for row in calibration.evidence.values())
+    head = (f"diagonal Fisher on {fisher.examples} calibration examples (one backward each, "
+            "labels sampled from the model's own output)" if fisher else "")
+    return (f"{head}; measured {calibration.metric} for {count} of {total} layer × format "
+            "pairs (the Fisher's worst per format), Fisher elsewhere" if measured
+            else head)
 
 
 def _out_ratio(calibration: Calibration, name: str) -> float | None:
@@ -95,7 +165,8 @@ def _rounded(values: Mapping[str, float]) -> dict[str, float]:
 
 
 def _row(layer: Layer, free: DataFree, risks: Sequence[Risk], calibration: Calibration | None,
-         plan: QuantPlan | None) -> QuantLayer:
+         synthetic: SyntheticFisher | None) -> QuantLayer:
+    fisher = synthetic.fisher if synthetic is not None else None
     row = QuantLayer(
         layer=layer.name, type=layer.module_type, params=layer.weight.numel(),
         status=free.status, reason=free.reason,
@@ -104,12 +175,16 @@ def _row(layer: Layer, free: DataFree, risks: Sequence[Risk], calibration: Calib
         weight_sqnr_db=_db(free.weight_sqnr_db), data_free_sqnr_db=_db(free.score_db),
         risks=tuple(r.code for r in risks),
         risk_details={r.code: r.detail for r in risks if r.detail},
-        precision=plan.precision.get(layer.name) if plan is not None else None,
+        data_free_fisher=(_rounded(fisher.damage[layer.name]) if fisher is not None
+                          and free.status == "scored" and layer.name in fisher.damage
+                          else None),
+        folded_into=layer.folded_into or None,
     )
     if calibration is None:
         return row
     stats = calibration.activations.get(layer.name)
     logits = bool(calibration.logit_leaves)
+    damage = calibration.fisher.damage.get(layer.name) if calibration.fisher else None
     return replace(
         row,
         output_sqnr_db=_db(calibration.output_sqnr_db.get(layer.name, {})),
@@ -119,16 +194,25 @@ def _row(layer: Layer, free: DataFree, risks: Sequence[Risk], calibration: Calib
         calibrated_score_db=_db(calibration.score_db.get(layer.name, {})),
         activation={k: round(v, 4) if isinstance(v, float) else v
                     for k, v in asdict(stats).items()} if stats else {},
+        fisher_damage=_rounded(damage) if damage is not None else None,
+        calibrated_evidence=dict(calibration.evidence.get(layer.name, {})) or None,
     )
 
 
+def score_of(row: QuantLayer) -> Mapping[str, float | None]:
+    """The one score that ranks, decides the verdicts and sizes the plan: calibrated when
+    calibration ran, else data-free."""
+    if row.calibrated_score_db is not None:
+        return row.calibrated_score_db
+    return row.data_free_sqnr_db
+
+
 def verdicts(row: QuantLayer, knowledge: QuantKnowledge) -> dict[str, str]:
-    """Per format, can this layer go there: "ok" at an SQNR of at least ``verdict_db[0]``,
-    "risky" down to ``verdict_db[1]``, else "keep higher"; a format under 8 bits is "keep
-    higher" for a layer whose structural risks say to keep it at 8 bits. The SQNR is the
-    measured output SQNR when calibrated, else the data-free score."""
+    """Per format, can this layer go there: "ok" at a score (`score_of`) of at least
+    ``verdict_db[0]``, "risky" down to ``verdict_db[1]``, else "keep higher"; a format under
+    8 bits is "keep higher" for a layer whose structural risks say to keep it at 8 bits."""
     ok_db, risky_db = knowledge.verdict_db
-    scores = row.output_sqnr_db if row.output_sqnr_db is not None else row.data_free_sqnr_db
+    scores = score_of(row)
     keep = bool(set(row.risks) & knowledge.keep_8_bits)
     out = {}
     for name, fmt in knowledge.formats.items():
@@ -171,33 +255,58 @@ def _notes(free: Mapping[str, DataFree], layers: Sequence[Layer],
     return notes
 
 
-def _unscored(module: nn.Module, layers: Sequence[Layer]) -> list[str]:
-    """Weight matrices no layer covers (recurrent weights, custom parameters), never silent:
-    named, with their share of the model's weights."""
-    covered = {id(layer.weight) for layer in layers}
+def _unscored(module: nn.Module, layers: Sequence[Layer], free: Mapping[str, DataFree],
+              calibration: Calibration | None) -> list[str]:
+    """Weight matrices without a score, never silent: each kind named with its reason and its
+    share of the model's matrix weights."""
     matrices = {id(p): (name, p.numel()) for name, p in module.named_parameters()
                 if p.dim() >= 2}
-    left = [(name, n) for key, (name, n) in matrices.items() if key not in covered]
-    if not left:
-        return []
-    share = sum(n for _, n in left) / max(sum(n for _, n in matrices.values()), 1)
-    names = ", ".join(name for name, _ in left[:5]) + (" …" if len(left) > 5 else "")
-    return [f"{len(left)} weight matrices ({share:.0%} of matrix weights) are not scored "
-            f"(no quantizable layer type holds them): {names}"]
+    total = max(sum(n for _, n in matrices.values()), 1)
+    covered = {id(layer.weight) for layer in layers}
+    groups: dict[str, list[tuple[str, int]]] = {
+        "no quantizable layer type holds them": [
+            (name, n) for key, (name, n) in matrices.items() if key not in covered]}
+    for layer in layers:
+        status = free[layer.name].status
+        if status != "scored":
+            reason = ("weights on the meta device" if status == "meta"
+                      else "they look like random initialisation")
+            groups.setdefault(reason, []).append((layer.name, layer.weight.numel()))
+    silent = calibration.fisher.silent if calibration and calibration.fisher else ()
+    groups["no gradient reached them on the calibration data (unused or behind a "
+           "non-differentiable op): damage 0 by the Fisher"] = [
+        (layer.name, layer.weight.numel()) for layer in layers if layer.name in silent]
+    notes = []
+    for reason, left in groups.items():
+        if not left:
+            continue
+        share = sum(n for _, n in left) / total
+        names = ", ".join(name for name, _ in left[:5]) + (" …" if len(left) > 5 else "")
+        notes.append(f"{len(left)} weight matrices ({share:.0%} of matrix weights) are not "
+                     f"scored ({reason}): {names}")
+    return notes
 
 
 def _calibration_health(calibration: Calibration | None) -> list[str]:
-    """A warning when the measured damage is near zero everywhere: calibration data the model
-    memorised (or too easy) ranks layers by noise."""
-    if calibration is None or not calibration.output_kl:
+    """Warnings when the calibration cannot rank: the measured damage near zero everywhere
+    (data the model memorised, or too easy), or the Fisher's damage carried by a few
+    examples (a ranking of those examples, not of the data)."""
+    if calibration is None:
         return []
+    notes = []
     worst = max((kl for per_format in calibration.output_kl.values()
-                 for kl in per_format.values()), default=0.0)
-    if worst >= KL_NEAR_ZERO:
-        return []
-    return [f"calibration KL is below {KL_NEAR_ZERO:g} for every layer and format: the "
-            "calibration data may be memorised or too easy, so the ranking is unreliable; "
-            "calibrate on held-out data"]
+                 for kl in per_format.values()), default=None)
+    if worst is not None and worst < KL_NEAR_ZERO:
+        notes.append(f"calibration KL is below {KL_NEAR_ZERO:g} for every layer and format: "
+                     "the calibration data may be memorised or too easy, so the ranking is "
+                     "unreliable; calibrate on held-out data")
+    shares = calibration.fisher.per_example if calibration.fisher else ()
+    k, share = top_share(shares, FEW_SAMPLES_FRACTION)
+    if len(shares) >= 10 and share > FEW_SAMPLES_SHARE:
+        notes.append(f"calibration is dominated by a few samples: {k} of {len(shares)} "
+                     f"examples carry {share:.0%} of the predicted damage; the ranking "
+                     "follows them — calibrate on more, and more varied, data")
+    return notes
 
 
 def _risk_list(risks: Mapping[str, Sequence[Risk]]) -> tuple[QuantRisk, ...]:
@@ -210,23 +319,23 @@ def _risk_list(risks: Mapping[str, Sequence[Risk]]) -> tuple[QuantRisk, ...]:
                  for code in sorted(by_code))
 
 
-def _plan(module: nn.Module, layers: Sequence[Layer], free: Mapping[str, DataFree],
-          calibration: Calibration | None, knowledge: QuantKnowledge, request: PlanRequest,
-          risks: Mapping[str, Sequence[Risk]]) -> QuantPlan:
+def _plan(module: nn.Module, layers: Sequence[Layer], rows: Sequence[QuantLayer],
+          knowledge: QuantKnowledge, request: PlanRequest) -> QuantPlan:
+    """The plan sized by the same score that ranks and gives the verdicts (`score_of`); its
+    predicted output figure is in that score's unit (`Quant.score_metric`)."""
     formats = {**knowledge.formats, **knowledge.extra_formats}
     eight_bit = next((i for i, f in enumerate(request.ladder) if formats[f].bits >= 8), 0)
     entries, bases = [], set()
-    for layer in layers:
+    for layer, row in zip(layers, rows, strict=True):
         shape = tuple(layer.weight.shape)
         sizes = {f: formats[f].storage_bytes(shape, layer.axis) for f in request.ladder}
-        if calibration is not None:
-            scores, basis = calibration.output_sqnr_db.get(layer.name, {}), "calibrated"
-        elif free[layer.name].status == "scored":
-            scores, basis = free[layer.name].score_db, "data-free"
+        if row.status == "scored":
+            scores = {f: (math.inf if v is None else v) for f, v in score_of(row).items()}
+            basis = "calibrated" if row.calibrated_score_db is not None else "data-free"
         else:
-            scores, basis = request.nominal_sqnr_db, "nominal"
+            scores, basis = dict(request.nominal_sqnr_db), "nominal"
         bases.add(basis)
-        keep = any(r.code in knowledge.keep_8_bits for r in risks[layer.name])
+        keep = bool(set(row.risks) & knowledge.keep_8_bits)
         entries.append(PlanLayer(layer.name, sizes, {f: scores[f] for f in request.ladder
                                                      if f in scores},
                                  min_rung=eight_bit if keep else 0))

@@ -9,7 +9,7 @@ format: `fxlens.analyzer.core.coded`), and `risk` turns a match into the `Risk` 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -50,6 +50,7 @@ class LayerView:
     is_last: bool = False
     feeds_residual: bool = False
     residual_max_over_std: float | None = None
+    position: float = 0.0      # where its first application runs: 0 first … 1 last layer
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,12 @@ class QuantKnowledge:
     keep_8_bits: frozenset[str] = frozenset()
     # a format is "ok" for a layer at ≥ [0] dB SQNR, "risky" at ≥ [1], else "keep higher"
     verdict_db: tuple[float, float] = (30.0, 20.0)
+    # (parameter name, channel axis) of each weight matrix a module holds itself
+    weight_matrices: Callable[[nn.Module], Sequence[tuple[str, int]]] | None = None
+    batch_norm_types: tuple[str, ...] = ()
+    foldable_types: tuple[str, ...] = ()         # layer types a following batch norm folds into
+    propagation_db: float = 0.0                   # weights-only prior: first vs last layer
+    role_db: float = 0.0                          # weights-only prior: first, embedding, head
 
 
 @dataclass(frozen=True)
