@@ -38,6 +38,7 @@ SUBCOMMAND_HELP = """subcommands:
   analyze validate TARGET       run the captured graph for real: predicted vs measured time
   analyze calibrate             measure this machine; save a profile for --device cpu|cuda
   analyze explain [CODE]        what a rule (FUS002, QNT001) or an op's cost rule says
+  analyze sweep TARGET…         a grid of analyses (--set k=a,b --seq-len …) in one table
 
 exit codes: 0 ok, 1 a gate tripped (--fail-on), 2 bad input, 3 internal error (a bug)"""
 

@@ -42,6 +42,7 @@ SUBCOMMANDS: dict[str, str] = {
     "validate": "fxlens.cli.validate",
     "calibrate": "fxlens.cli.calibrate",
     "explain": "fxlens.cli.explain",
+    "sweep": "fxlens.cli.sweep",
 }
 
 

@@ -67,6 +67,14 @@ class Memory(Section):
     live_at_peak_by_module: Mapping[str, int] = field(default_factory=dict)
     eager: EagerPeak | None = optional()
 
+    @property
+    def activation_peak_bytes(self) -> int:
+        """The peak a user running PyTorch eagerly sees: the simulated eager peak when there
+        is one, else the graph executor's (tensors freed at their last use)."""
+        if self.eager is not None and self.eager.peak_bytes is not None:
+            return self.eager.peak_bytes
+        return self.peak_activation_bytes
+
 
 # --- training ----------------------------------------------------------------------------------
 

@@ -29,11 +29,12 @@ def inputs_text(report: Report) -> str:
 def activation_peak(memory: Memory) -> tuple[int, str]:
     """The activation peak a user running PyTorch eagerly sees, and what it is: the simulated
     eager peak when there is one, else the graph executor's."""
-    eager = memory.eager
-    if eager is not None and eager.peak_bytes is not None:
-        return eager.peak_bytes, (f"eager forward (simulated); a graph executor peaks at "
-                                  f"{binary_bytes(memory.peak_activation_bytes)}")
-    return memory.peak_activation_bytes, "graph executor (tensors freed at last use)"
+    if memory.eager is not None and memory.eager.peak_bytes is not None:
+        what = (f"eager forward (simulated); a graph executor peaks at "
+                f"{binary_bytes(memory.peak_activation_bytes)}")
+    else:
+        what = "graph executor (tensors freed at last use)"
+    return memory.activation_peak_bytes, what
 
 
 def headline(report: Report) -> tuple[Figure, ...]:

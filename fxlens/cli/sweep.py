@@ -1,0 +1,174 @@
+"""``analyze sweep``: one analysis per point of a grid, or per model, in one table.
+
+    analyze sweep hf:llama-3-8b --set num_hidden_layers=16,32,48 --seq-len 1024,4096 --csv s.csv
+    analyze sweep models/*.py --workers 2
+    analyze sweep hf:gpt2 --batch 1,8 --device h100,a100-80gb --ray auto
+
+Axes are comma lists (``--set`` once per key; ``--strategy`` once per layout, since a layout
+has commas of its own). Rows stream to ``OUT/points.jsonl``; ``--resume`` skips the points
+that already succeeded there. Pages: ``OUT/sweep.html`` (table and charts against the swept
+axis) and ``OUT/sweep.md``.
+
+Exit codes: 0 every point ran, 1 some points failed (their rows say why), 2 bad input, 3 a bug.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from fxlens.cli.args import (
+    OPTIMIZERS,
+    PRECISIONS,
+    Parser,
+    count,
+    key_value,
+    non_negative_float,
+    positive_int,
+)
+
+DEFAULT_OUT = Path("fxlens-out") / "sweep"
+
+
+def comma_ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers like 1,8,32, got {text!r}"
+                                         ) from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected whole numbers ≥ 1, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="analyze sweep",
+                    description="Analyze every point of a grid (or every model) into one "
+                                "table, CSV, JSON and page with charts.")
+    parser.add_argument("targets", nargs="+", metavar="TARGET",
+                        help="model files, hf: presets or module:attr, as for analyze")
+    grid = parser.add_argument_group("axes (comma lists)")
+    grid.add_argument("--set", dest="sets", action="append", type=key_value, default=[],
+                      metavar="KEY=V1,V2", help="a config override swept over values")
+    grid.add_argument("--batch", type=comma_ints, metavar="N,…")
+    grid.add_argument("--seq-len", type=comma_ints, metavar="N,…")
+    grid.add_argument("--device", metavar="NAME,…", help="roofline devices (h100,a100-80gb)")
+    grid.add_argument("--strategy", action="append", metavar="TEXT",
+                      help="a plan layout (repeat the flag per layout)")
+    grid.add_argument("--entry", help="the model file's builder function")
+    shared = parser.add_argument_group("options every point shares")
+    shared.add_argument("--train", action="store_true")
+    shared.add_argument("--precision", choices=PRECISIONS)
+    shared.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    shared.add_argument("--checkpoint", action="store_true")
+    shared.add_argument("--plan", action="store_true", help="a parallel plan per point")
+    shared.add_argument("--gpus", type=positive_int)
+    shared.add_argument("--search", action="store_true")
+    shared.add_argument("--max-gpus", type=positive_int)
+    shared.add_argument("--micro-batches", type=positive_int, default=1)
+    shared.add_argument("--tokens", type=count)
+    shared.add_argument("--price", type=non_negative_float)
+    where = parser.add_argument_group("where and what to write")
+    where.add_argument("--workers", type=positive_int, default=1,
+                       help="local worker processes (default 1: this process)")
+    where.add_argument("--ray", metavar="ADDRESS", help="run on a Ray cluster (or 'auto')")
+    where.add_argument("--resume", action="store_true",
+                       help="skip the points OUT/points.jsonl already has results for")
+    where.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                       help=f"folder for points.jsonl and the pages (default {DEFAULT_OUT})")
+    where.add_argument("--csv", type=Path, metavar="PATH")
+    where.add_argument("--json", metavar="PATH", help="every row as JSON ('-' for stdout)")
+    where.add_argument("--no-pages", action="store_true", help="no sweep.html / sweep.md")
+    where.add_argument("--quiet", action="store_true", help="no table or progress")
+    where.add_argument("--debug", action="store_true", help="tracebacks and debug logging")
+    return parser
+
+
+def points_and_spec(args: argparse.Namespace) -> tuple[list[Any], Any]:
+    """The grid and the shared options, every option checked before any model runs."""
+    from types import SimpleNamespace
+
+    from fxlens.analyzer.core.errors import LoadError
+    from fxlens.checks import check_options
+    from fxlens.sweep import SweepSpec, grid
+
+    sets: dict[str, list[str]] = {}
+    for key, values in args.sets:
+        if key in sets:
+            raise LoadError(f"--set {key}: give its values once, comma-separated")
+        sets[key] = [v for v in values.split(",") if v != ""] or [values]
+    devices = [d.strip() for d in args.device.split(",")] if args.device else [None]
+    strategies = args.strategy or [None]
+    spec = SweepSpec(train=args.train or args.plan, plan=args.plan, gpus=args.gpus,
+                     search=args.search, max_gpus=args.max_gpus,
+                     micro_batches=args.micro_batches, precision=args.precision,
+                     optimizer=args.optimizer, checkpoint=args.checkpoint, tokens=args.tokens,
+                     price=args.price, entry=args.entry)
+    for device in devices:
+        for strategy in strategies:
+            check_options(SimpleNamespace(
+                sizes={}, context=None, group_size=128, precision=spec.precision,
+                optimizer=spec.optimizer, device_memory=None, budget=None, quant_plan=None,
+                device=device, devices_file=None, profile=None, plan=spec.plan,
+                train=spec.train, strategy=strategy, gpus=spec.gpus, search=spec.search,
+                max_gpus=spec.max_gpus, micro_batches=spec.micro_batches, global_batch=None,
+                tokens=spec.tokens, price=spec.price))
+    points = grid(args.targets, sets, args.batch or [None], args.seq_len or [None], devices,
+                  strategies)
+    return points, spec
+
+
+def run(args: argparse.Namespace) -> int:
+    import json
+
+    from fxlens.analyzer.core.files import check_writable, write_atomic
+    from fxlens.cli.console import EXIT_OK, err, out, say
+    from fxlens.reports.sweep import render_sweep_html, render_sweep_markdown, sweep_view
+    from fxlens.reports.terminal import render_view
+    from fxlens.sweep import axis_value, run_sweep, swept_axes, write_csv
+
+    points, spec = points_and_spec(args)
+    for path in (args.csv, None if args.json in (None, "-") else Path(args.json)):
+        if path is not None:
+            check_writable(path)
+    tables = err if args.json == "-" else out
+    progress = _progress(len(points), args.quiet)
+    with progress:
+        task = progress.add_task("sweep", total=len(points))
+        rows = run_sweep(points, spec, args.out, args.workers, args.ray, args.resume,
+                         on_row=lambda row: progress.advance(task))
+    axes = swept_axes(rows)
+    written = [args.out / "points.jsonl"]
+    if args.csv is not None:
+        write_csv(rows, args.csv)
+        written.append(args.csv)
+    if args.json == "-":
+        print(json.dumps(rows, indent=1, sort_keys=True))
+    elif args.json is not None:
+        write_atomic(Path(args.json), json.dumps(rows, indent=1, sort_keys=True) + "\n")
+        written.append(Path(args.json))
+    if not args.no_pages:
+        for name, text in (("sweep.html", render_sweep_html(rows, axes, axis_value)),
+                           ("sweep.md", render_sweep_markdown(rows, axes, axis_value))):
+            write_atomic(args.out / name, text)
+            written.append(args.out / name)
+    if not args.quiet:
+        tables.print(render_view(sweep_view(rows, axes, axis_value)))
+        for path in written:
+            say(f"wrote {path}")
+    failed = sum(1 for r in rows if r.get("status") != "ok")
+    if failed:
+        err.print(f"{failed} of {len(rows)} points failed; their rows say why")
+        return 1
+    return EXIT_OK
+
+
+def _progress(total: int, quiet: bool) -> Any:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    from fxlens.cli.console import err
+
+    return Progress("[progress.description]{task.description}", BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), console=err,
+                    disable=quiet or total < 2, transient=True)
