@@ -10,6 +10,9 @@ with every SDPA call intercepted (`torch.nn.functional.scaled_dot_product_attent
 GEMM and convolution FLOPs outside attention must equal ours, and each attention call must be
 counted causal exactly when the eager kernel did causal work (``is_causal=True``, or an
 explicit mask whose values are exactly causal) — whatever the graph's mask looked like.
+The zoo holds our own models, the transformers and diffusers architectures of
+`tests.models.hf_zoo` and `tests.models.diffusers_zoo`, and three decoders given an
+``attention_mask`` of ones (``+ones_mask``), as a tokenizer gives for an unpadded batch.
 """
 
 from __future__ import annotations
@@ -38,9 +41,21 @@ from tests.models import OWN_ZOO, tiny_gpt
 from tests.models.diffusers_zoo import ZOO as DIFFUSERS_ZOO
 from tests.models.hf_zoo import ZOO as HF_ZOO
 
+
+def with_ones_mask(build: Callable[[], Any]) -> Callable[[], Any]:
+    """`build` given ``attention_mask`` of ones, as a tokenizer gives for an unpadded batch:
+    an eager transformers run drops it (``is_causal=True``), the graph reads it as an input."""
+    def built() -> Any:
+        module, inputs = build()
+        return module, {**inputs, "attention_mask": torch.ones_like(inputs["input_ids"])}
+    return built
+
+
+ONES_MASK = ("llama", "gpt_neox", "mistral")
 ZOO: dict[str, Callable[[], Any]] = {
     **OWN_ZOO, **{f"hf-{k}": v for k, v in HF_ZOO.items()},
     **{f"diffusers-{k}": v for k, v in DIFFUSERS_ZOO.items()},
+    **{f"hf-{k}+ones_mask": with_ones_mask(HF_ZOO[k]) for k in ONES_MASK},
 }
 
 # Packets FlopCounterMode has formulas for, or that decompose into those when replayed.
@@ -307,7 +322,8 @@ def test_analyzing_a_moe_leaves_stderr_clean(tmp_path: Any, capfd: pytest.Captur
     assert not re.search(r"WARNING|ERROR|Traceback|^[EW]\d{4} ", err, re.MULTILINE), err
 
 
-CAUSAL_DECODERS = ["hf-gpt_neox", "hf-opt", "hf-phi3", "hf-qwen3_moe", "hf-llava", "hf-llama"]
+CAUSAL_DECODERS = ["hf-gpt_neox", "hf-opt", "hf-phi3", "hf-qwen3_moe", "hf-llava", "hf-llama",
+                   "hf-llama+ones_mask"]
 
 
 @pytest.mark.slow

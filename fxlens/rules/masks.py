@@ -11,36 +11,51 @@ The rule (`mask_convention`), for the ``attn_mask`` / ``attn_bias`` argument of 
 
 1. No mask: the call's own ``is_causal`` decides.
 2. The mask is a constant of the graph when every op that builds it starts from factories
-   (``arange``, ``ones``, ``full``…) and reaches no graph input, parameter, buffer or lifted
-   constant — the positions-only masks of causal LMs. Such a mask is evaluated on CPU
-   (real tensors, only its own ops) and compared with the top-left causal pattern (query i
-   sees keys j ≤ i, SDPA's ``is_causal``) and, when T_q ≠ T_k, the bottom-right one (query i
-   sees keys j ≤ i + T_k − T_q: new tokens after a cache), broadcast over batch and heads.
+   (``arange``, ``ones``, ``full``…) and reaches no parameter, buffer or lifted constant —
+   the positions-only masks of causal LMs. An integer graph input of at most two dims it
+   reads (a padding ``attention_mask``) is taken as all ones: the unpadded batch a tokenizer
+   gives, for which an eager ``transformers`` run drops the mask and calls SDPA with
+   ``is_causal=True``. Such a mask is evaluated on CPU (real tensors, only its own ops) and
+   compared with the top-left causal pattern (query i sees keys j ≤ i, SDPA's ``is_causal``)
+   and, when T_q ≠ T_k, the bottom-right one (query i sees keys j ≤ i + T_k − T_q: new
+   tokens after a cache), broadcast over batch and heads.
    A bool mask allows its True entries; a float mask allows the entries above the dtype's
    lowest finite value (``-inf`` and ``finfo.min`` both block), and is causal only when every
    allowed entry is exactly 0 (a bias such as ALiBi is not).
 3. Exactly causal → counted causal, as a fused kernel called with ``is_causal=True`` computes
    it. All allowed → counted dense (the mask removes nothing). Anything else — sliding windows,
-   packed sequences, prefixes, a mask read from the inputs, buffers or constants whose values
-   fake tensors do not hold, or a mask too large to evaluate — is counted dense: a kernel
-   handed an explicit mask computes every score (the convention of `fxlens.rules.attention`).
+   packed sequences, prefixes, an explicit mask read from the inputs, buffers or constants
+   whose values fake tensors do not hold, or a mask that cannot be evaluated — is counted
+   dense: a kernel handed an explicit mask computes every score (the convention of
+   `fxlens.rules.attention`).
 
 Every verdict carries a note (`MaskVerdict.note`) saying which convention was applied and why.
 
-Known limitations: a mask is evaluated only while every tensor that builds it holds at most
+Large masks are never materialised: a tensor that builds the mask is held whole only up to
 ``MAX_MASK_ELEMENTS`` elements (64 Mi: one 8192 × 8192 square, whatever the batch, since
-copies along batch and head dims are kept once; a few hundred MiB while it runs); beyond, it
-is counted dense and the note says so. Input-dependent masks (an ``attention_mask`` of ones
-passed by the user) are counted dense although an eager ``transformers`` run would drop an
-all-ones padding mask: fake tensors do not hold its values. Sliding-window and block-sparse
-masks count every score, not the fraction a block-sparse kernel (flex attention) would skip.
+copies along batch and head dims are kept once). Beyond, an elementwise (broadcast) op's
+result is kept as a recipe (`_Lazy`) and computed, and judged, a block of query rows at a
+time (``BLOCK_ELEMENTS`` per block), so a 16 k or 128 k context costs time, not memory.
+
+Known limitations: only elementwise ops and views that keep the last two dims (``expand``,
+leading ``unsqueeze``) run on such a recipe; any other op on a mask beyond the limit (a
+reduction, an index, a slice of the square) counts dense, and the note says so. A recipe of
+more than ``MAX_LAZY_ELEMENTS`` scores (a 128 k context: 2^34) would take minutes to read
+whole, so it is judged on row blocks evenly spread over it, the first and last among them,
+and the note says how many rows were read: a window, packed documents or padding show in
+every block past their first boundary, but a defect confined to unread rows would be missed.
+A padding mask from the inputs is assumed all ones (no padding): for a padded batch the eager
+run hands SDPA an explicit mask, a dense count, and we count causal (the note says what was
+assumed). Sliding-window and block-sparse masks count every score, not the fraction a
+block-sparse kernel (flex attention) would skip.
 """
 
 from __future__ import annotations
 
 import math
 import weakref
-from dataclasses import dataclass
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -51,6 +66,8 @@ from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorS
 from fxlens.rules.pointwise import POINTWISE
 
 MAX_MASK_ELEMENTS = 2**26
+MAX_LAZY_ELEMENTS = 2**30   # 32 k × 32 k scores read whole: seconds; beyond, rows sampled
+BLOCK_ELEMENTS = 2**22      # per block of query rows of a mask too large to hold
 MAX_MASK_NODES = 400        # a positions-only mask takes tens of ops; more means something else
 MASK_ARGUMENTS = ("attn_mask", "attn_bias", "bias")
 
@@ -93,53 +110,128 @@ def _cached(graph: Graph, ref: TensorRef, t_q: int, t_k: int) -> MaskVerdict:
 def classify(graph: Graph, ref: TensorRef, t_q: int, t_k: int) -> MaskVerdict:
     """The verdict for the mask `ref` of `graph` on `t_q` queries and `t_k` keys (see the
     module docstring)."""
-    nodes, reason = _constant_subgraph(graph, ref)
+    nodes, padding, reason = _constant_subgraph(graph, ref)
     if reason:
         return MaskVerdict(False, f"dense: the mask {reason}")
-    value = _evaluate(graph, nodes, ref)
+    value = _evaluate(graph, nodes, ref, padding)
     if isinstance(value, str):
         return MaskVerdict(False, f"dense: the mask {value}")
     try:
-        return _judge(value, t_q, t_k)
+        verdict = _judge(value, t_q, t_k)
     except RuntimeError as error:  # a mask that does not broadcast to (T_q, T_k): say so
         return MaskVerdict(False, f"dense: the mask could not be compared ({error})"[:200])
+    if not padding:
+        return verdict
+    names = ", ".join(n.target for n in padding)
+    return MaskVerdict(verdict.causal, f"{verdict.note}; the input {names} taken as all ones "
+                       "(no padding, as a tokenizer gives an unpadded batch)", verdict.bottom_right)
 
 
-def _constant_subgraph(graph: Graph, ref: TensorRef) -> tuple[list[Node], str]:
-    """The call nodes that build `ref`, in graph order, or why it is not a graph constant."""
+def _constant_subgraph(graph: Graph, ref: TensorRef) -> tuple[list[Node], list[Node], str]:
+    """The call nodes that build `ref`, in graph order, and the padding masks among the graph
+    inputs they read (taken as all ones); or why it is not a graph constant."""
     seen: set[int] = set()
+    padding: dict[int, Node] = {}
     todo = [ref.node]
     while todo:
         node = graph.nodes[todo.pop()]
-        if node.id in seen:
+        if node.id in seen or node.id in padding:
+            continue
+        if node.kind is NodeKind.INPUT and _is_padding_mask(node):
+            padding[node.id] = node
             continue
         if node.kind is not NodeKind.CALL:
             what = {NodeKind.INPUT: "an input", NodeKind.PARAM: "a parameter",
                     NodeKind.BUFFER: "a buffer"}[node.kind]
-            return [], f"depends on {what} ({node.target}), whose values fake tensors lack"
+            return [], [], f"depends on {what} ({node.target}), whose values fake tensors lack"
         if not node.target.startswith("aten."):
-            return [], f"is built by {node.target}, which is not evaluated"
+            return [], [], f"is built by {node.target}, which is not evaluated"
         seen.add(node.id)
         if len(seen) > MAX_MASK_NODES:
-            return [], f"is built by more than {MAX_MASK_NODES} ops"
+            return [], [], f"is built by more than {MAX_MASK_NODES} ops"
         todo.extend(r.node for r in node.input_refs())
-    return [graph.nodes[i] for i in sorted(seen)], ""
+    return [graph.nodes[i] for i in sorted(seen)], [padding[i] for i in sorted(padding)], ""
+
+
+def _is_padding_mask(node: Node) -> bool:
+    """An integer input of at most two dims: a tokenizer's (B, T) ``attention_mask``, 1 where
+    a token is real. NB: a bool or float input, or one of more dims, is an explicit attention
+    mask whose values cannot be guessed."""
+    spec = node.outputs[0] if len(node.outputs) == 1 else None
+    return spec is not None and len(spec.shape) <= 2 and spec.dtype.startswith(("int", "uint"))
 
 
 # Ops whose output element depends only on the inputs' elements at the same (broadcast)
 # position: evaluated on their inputs' bases (broadcast dims of size 1), then expanded.
 BROADCAST_OPS = frozenset(POINTWISE) | {"aten.to", "aten._to_copy", "aten.clone",
-                                        "aten.type_as", "aten.alias"}
+                                        "aten.type_as", "aten.alias", "aten.where",
+                                        "aten.masked_fill"}
+# Views that a recipe (`_Lazy`) passes through: they change only the leading dims.
+LAZY_VIEWS = frozenset({"aten.expand", "aten.unsqueeze", "aten.alias", "aten.view",
+                        "aten._unsafe_view", "aten.reshape"})
 
 
-def _evaluate(graph: Graph, nodes: list[Node], ref: TensorRef) -> torch.Tensor | str:
-    """Run `nodes` on CPU; the value of `ref`, or why it could not be computed.
+@dataclass(frozen=True)
+class _Lazy:
+    """An elementwise op's result too large to hold: the op and its arguments (tensors or
+    recipes), computed a block of query rows (dim -2) at a time, broadcast like its output."""
+
+    op: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    shape: tuple[int, ...] = ()
+
+    def rows(self, start: int, stop: int) -> torch.Tensor:
+        """Query rows ``start:stop`` of the value (its other dims possibly still of size 1)."""
+        def part(v: Any) -> Any:
+            if isinstance(v, _Lazy):
+                return v.rows(start, stop) if _has_rows(v.shape) else v.rows(0, 1)
+            if isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[-2] > 1:
+                return v.narrow(-2, start, stop - start)
+            if isinstance(v, (list, tuple)):
+                return type(v)(part(x) for x in v)
+            return v
+
+        return self.op(*map(part, self.args), **{k: part(v) for k, v in self.kwargs.items()})
+
+
+def _has_rows(shape: tuple[int, ...]) -> bool:
+    return len(shape) >= 2 and shape[-2] > 1
+
+
+def _passes_through(value: torch.Tensor, *_: Any) -> torch.Tensor:
+    return value
+
+
+def _lazy(node: Node, op: Any, args: dict[str, Any], broadcast: bool) -> _Lazy | None:
+    """`node` as a recipe when it can be computed by rows: an elementwise op, or a view of a
+    recipe that keeps its last two dims. None when it cannot."""
+    shape = node.outputs[0].shape if node.outputs and node.outputs[0] is not None else ()
+    if broadcast:
+        positional = tuple(args[a.name] for a in op._schema.arguments
+                           if not a.kwarg_only and a.name in args)
+        keywords = {a.name: args[a.name] for a in op._schema.arguments
+                    if a.kwarg_only and a.name in args}
+        return _Lazy(op, positional, keywords, shape)
+    source = args.get("self")
+    if node.packet in LAZY_VIEWS and isinstance(source, _Lazy) and len(shape) >= 2 and (
+            shape[-2:] == source.shape[-2:] or node.packet == "aten.expand"):
+        return _Lazy(_passes_through, (source,), {}, shape)
+    return None
+
+
+def _evaluate(graph: Graph, nodes: list[Node], ref: TensorRef, padding: list[Node]
+              ) -> torch.Tensor | _Lazy | str:
+    """Run `nodes` on CPU, the `padding` inputs all ones; the value of `ref` (a recipe when
+    too large to hold), or why it could not be computed.
 
     NB: values are kept small: a pointwise op runs on its inputs' bases and its result is
     expanded (a view), and a result that repeats along a leading (batch, head) dim is kept
     as one slice expanded — so a batch of B copies of one T × T mask costs one T × T.
     """
-    values: dict[TensorRef, torch.Tensor] = {}
+    values: dict[TensorRef, Any] = {
+        TensorRef(n.id, 0): torch.ones(n.outputs[0].shape, dtype=getattr(torch, n.outputs[0].dtype))
+        for n in padding if n.outputs[0] is not None}
     last_use = {r: n.id for n in nodes for r in n.input_refs()}
 
     for node in nodes:
@@ -149,9 +241,15 @@ def _evaluate(graph: Graph, nodes: list[Node], ref: TensorRef) -> torch.Tensor |
         args = {k: torch.device("cpu") if k == "device" and v is not None else
                 _real(v, values, broadcast, op._schema.is_mutable)
                 for k, v in node.args.items()}
+        lazy_input = any(isinstance(v, _Lazy) for v in _flat(args.values()))
         size = _result_elements(node, op, args, broadcast)
-        if size > MAX_MASK_ELEMENTS:
-            return f"needs a tensor of {size:,} elements to evaluate (limit {MAX_MASK_ELEMENTS:,})"
+        if size > MAX_MASK_ELEMENTS or lazy_input:
+            recipe = _lazy(node, op, args, broadcast)
+            if recipe is None:
+                return (f"needs a tensor of {size:,} elements to evaluate (limit "
+                        f"{MAX_MASK_ELEMENTS:,}) and {node.target} cannot be computed by rows")
+            values[TensorRef(node.id, 0)] = recipe
+            continue
         positional = [args[a.name] for a in op._schema.arguments
                       if not a.kwarg_only and a.name in args]
         keywords = {a.name: args[a.name] for a in op._schema.arguments
@@ -177,6 +275,8 @@ def _real(value: Any, values: dict[TensorRef, torch.Tensor], broadcast: bool, mu
     an input gets a copy (values are shared views)."""
     if isinstance(value, TensorRef):
         tensor = values[value]
+        if isinstance(tensor, _Lazy):
+            return tensor
         return _base(tensor) if broadcast else (tensor.clone() if mutable else tensor)
     if isinstance(value, (list, tuple)):
         return type(value)(_real(v, values, broadcast, mutable) for v in value)
@@ -186,20 +286,21 @@ def _real(value: Any, values: dict[TensorRef, torch.Tensor], broadcast: bool, mu
 def _result_elements(node: Node, op: Any, args: dict[str, Any], broadcast: bool) -> int:
     """Elements the op's result will really hold (see `_evaluate`); a view holds none."""
     if broadcast:
-        shapes = [t.shape for t in _tensors(args.values())]
+        shapes = [t.shape for t in _flat(args.values())]
         return math.prod(torch.broadcast_shapes(*shapes)) if shapes else 1
     if any(r.alias_info is not None for r in op._schema.returns):
         return 0
     return max((_elements(o) for o in node.outputs if o is not None), default=0)
 
 
-def _tensors(values: Any) -> list[torch.Tensor]:
-    found: list[torch.Tensor] = []
+def _flat(values: Any) -> list[Any]:
+    """The tensors and recipes among `values`, lists unpacked."""
+    found: list[Any] = []
     for v in values:
-        if isinstance(v, torch.Tensor):
+        if isinstance(v, (torch.Tensor, _Lazy)):
             found.append(v)
         elif isinstance(v, (list, tuple)):
-            found.extend(_tensors(v))
+            found.extend(_flat(v))
     return found
 
 
@@ -226,27 +327,75 @@ def _fold_repeats(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _judge(mask: torch.Tensor, t_q: int, t_k: int) -> MaskVerdict:
-    """Causal, all allowed or other, for a mask broadcast to (…, T_q, T_k)."""
-    mask = _base(mask)
-    if mask.dim() < 2:
-        mask = mask.reshape(1, 1) if mask.dim() == 0 else mask.unsqueeze(0)
-    mask = _base(mask.expand(*mask.shape[:-2], t_q, t_k))
-    if mask.dtype == torch.bool:
-        allowed, exact = mask, True
-    else:
-        lowest = torch.finfo(mask.dtype).min if mask.is_floating_point() else None
-        allowed = mask > lowest if lowest is not None else mask != 0
-        exact = bool((mask[allowed] == 0).all()) if mask.is_floating_point() else True
-    if bool(allowed.all()):
-        return MaskVerdict(False, "dense: the mask allows every score")
-    top_left = torch.ones(t_q, t_k, dtype=torch.bool).tril()
-    if exact and bool((allowed == top_left).all()):
-        return MaskVerdict(True, "causal: the mask built in the graph is exactly causal "
-                                 "(the eager run calls a fused kernel with is_causal=True)")
-    bottom_right = torch.ones(t_q, t_k, dtype=torch.bool).tril(diagonal=t_k - t_q)
-    if exact and bool((allowed == bottom_right).all()):
-        return MaskVerdict(True, "causal: the mask built in the graph is exactly causal, "
-                                 "aligned to the last key (as a kernel with a KV cache)", True)
+def _judge(mask: torch.Tensor | _Lazy, t_q: int, t_k: int) -> MaskVerdict:
+    """Causal, all allowed or other, for a mask broadcast to (…, T_q, T_k), a block of query
+    rows at a time (one block when the mask is held whole)."""
+    all_allowed = exact = top_left = bottom_right = True
+    starts, step = _row_starts(mask, t_q, t_k)
+    for start, block in _row_blocks(mask, t_q, t_k, starts, step):
+        if block.dtype == torch.bool:
+            allowed = block
+        else:
+            lowest = torch.finfo(block.dtype).min if block.is_floating_point() else None
+            allowed = block > lowest if lowest is not None else block != 0
+            exact = exact and (not block.is_floating_point() or bool((block[allowed] == 0).all()))
+        all_allowed = all_allowed and bool(allowed.all())
+        top_left = top_left and _matches(allowed, start, t_k, 0)
+        bottom_right = top_left if t_q == t_k else (
+            bottom_right and _matches(allowed, start, t_k, t_k - t_q))
+        if not (all_allowed or top_left or bottom_right) and not exact:
+            break
+    judged = min(t_q, len(starts) * step)
+    sampled = "" if judged == t_q else (
+        f" (judged on {judged:,} of its {t_q:,} query rows, in {len(starts)} blocks evenly "
+        "spread: a square this large is too slow to read whole)")
+    if all_allowed:
+        return MaskVerdict(False, f"dense: the mask allows every score{sampled}")
+    if exact and top_left:
+        return MaskVerdict(True, "causal: the mask built in the graph is exactly causal (the "
+                                 f"eager run calls a fused kernel with is_causal=True){sampled}")
+    if exact and bottom_right:
+        return MaskVerdict(True, "causal: the mask built in the graph is exactly causal, aligned "
+                                 f"to the last key (as a kernel with a KV cache){sampled}", True)
     what = "adds a bias" if not exact else "is not causal (window, padding or custom)"
     return MaskVerdict(False, f"dense: the mask {what}; a kernel given it computes every score")
+
+
+def _row_starts(mask: torch.Tensor | _Lazy, t_q: int, t_k: int) -> tuple[list[int], int]:
+    """The first rows of the blocks to judge, and the rows per block: every block, or for a
+    recipe of more than `MAX_LAZY_ELEMENTS` scores as many as that allows, evenly spread
+    (the first and the last always among them)."""
+    if isinstance(mask, torch.Tensor) or not _has_rows(mask.shape):
+        return [0], t_q
+    step = max(1, BLOCK_ELEMENTS // max(t_k, 1))
+    starts = list(range(0, t_q, step))
+    budget = max(2, MAX_LAZY_ELEMENTS // (step * t_k))
+    if len(starts) <= budget:
+        return starts, step
+    picks = sorted({round(i * (len(starts) - 1) / (budget - 1)) for i in range(budget)})
+    return [starts[i] for i in picks], step
+
+
+def _matches(allowed: torch.Tensor, start: int, t_k: int, offset: int) -> bool:
+    """Rows ``start…`` of `allowed` (…, rows, T_k) are causal: query i sees keys j ≤ i + offset."""
+    rows = torch.arange(start, start + allowed.shape[-2])[:, None] + offset
+    causal = torch.arange(t_k)[None, :] <= rows
+    return torch.equal(allowed, causal.expand(allowed.shape))
+
+
+def _row_blocks(mask: torch.Tensor | _Lazy, t_q: int, t_k: int, starts: list[int], step: int
+                ) -> Iterator[tuple[int, torch.Tensor]]:
+    """(first row, rows of the mask as (…, rows, T_k) without broadcast copies) per start."""
+    if isinstance(mask, torch.Tensor) or not _has_rows(mask.shape):
+        whole = mask if isinstance(mask, torch.Tensor) else mask.rows(0, 1)
+        whole = _base(whole)
+        if whole.dim() < 2:
+            whole = whole.reshape(1, 1) if whole.dim() == 0 else whole.unsqueeze(0)
+        yield 0, _base(whole.expand(*whole.shape[:-2], t_q, t_k))
+        return
+    if mask.shape[-2] != t_q:
+        raise RuntimeError(f"a mask of {mask.shape[-2]} rows for {t_q} queries")
+    for start in starts:
+        stop = min(start + step, t_q)
+        block = _base(mask.rows(start, stop))
+        yield start, _base(block.expand(*block.shape[:-2], stop - start, t_k))

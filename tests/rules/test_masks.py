@@ -142,10 +142,95 @@ def test_bottom_right_causal_with_fewer_queries_than_keys() -> None:
     assert cost.flops == B * H * causal_scores(t_q, t_k, t_k - t_q) * (4 * D + SOFTMAX)
 
 
-def test_a_mask_too_large_to_evaluate_counts_dense(monkeypatch: pytest.MonkeyPatch) -> None:
+def all_allowed(q: torch.Tensor) -> torch.Tensor:
+    qi, kj = positions(q.shape[-2])
+    return kj >= qi - q.shape[-2]
+
+
+LARGE = [  # masks built by elementwise ops only, so they can be judged by rows
+    ("kv <= q, batch-expanded", kv_le_q, CAUSAL, "causal: the mask built"),
+    ("window wider than T", window(T), CAUSAL, "causal: the mask built"),
+    ("window narrower than T", window(3), DENSE, "dense: the mask is not causal"),
+    ("ALiBi bias + causal", alibi_causal, DENSE, "dense: the mask adds a bias"),
+    ("all allowed", all_allowed, DENSE, "dense: the mask allows every score"),
+]
+
+
+@pytest.mark.parametrize(("label", "build", "scores", "note"), LARGE, ids=[c[0] for c in LARGE])
+def test_a_mask_too_large_to_hold_is_judged_by_rows(
+        monkeypatch: pytest.MonkeyPatch, label: str, build: MaskFn, scores: int, note: str
+) -> None:
+    """Beyond `MAX_MASK_ELEMENTS` the square is never held: 3 query rows at a time here."""
+    monkeypatch.setattr(masks, "MAX_MASK_ELEMENTS", T)
+    monkeypatch.setattr(masks, "BLOCK_ELEMENTS", 3 * T)
+    blocks: list[int] = []
+    real = masks._Lazy.rows
+    monkeypatch.setattr(masks._Lazy, "rows",
+                        lambda self, a, b: blocks.append(b - a) or real(self, a, b))
+    cost = sdpa_cost(Masked(build), q)
+    assert cost.note.startswith(note)
+    assert cost.flops == flops(scores)
+    assert blocks and max(blocks) <= 3
+
+
+def test_a_large_mask_built_by_other_ops_counts_dense(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tril`` is not elementwise: beyond the limit its square cannot be computed by rows."""
     monkeypatch.setattr(masks, "MAX_MASK_ELEMENTS", T * T - 1)
-    cost = sdpa_cost(Masked(kv_le_q), q)
+    cost = sdpa_cost(Masked(lambda q: torch.ones(T, T, dtype=torch.bool).tril()), q)
     assert cost.note.startswith("dense: the mask needs a tensor of 64 elements")
+    assert "cannot be computed by rows" in cost.note
+    assert cost.flops == flops(DENSE)
+
+
+@pytest.mark.parametrize(("build", "note"), [(kv_le_q, "causal: the mask built"),
+                                              (window(T - 1), "dense: the mask is not causal")])
+def test_a_mask_beyond_the_scores_read_whole_is_judged_on_sampled_rows(
+        monkeypatch: pytest.MonkeyPatch, build: MaskFn, note: str) -> None:
+    """2 of the 8 one-row blocks are read, the first and the last; the window shows in the
+    last, and the note says what was read."""
+    monkeypatch.setattr(masks, "MAX_MASK_ELEMENTS", T)
+    monkeypatch.setattr(masks, "BLOCK_ELEMENTS", T)
+    monkeypatch.setattr(masks, "MAX_LAZY_ELEMENTS", 2 * T)
+    starts: list[int] = []
+    real = masks._Lazy.rows
+    monkeypatch.setattr(masks._Lazy, "rows",
+                        lambda self, a, b: starts.append(a) or real(self, a, b))
+    cost = sdpa_cost(Masked(build), q)
+    assert cost.note.startswith(note)
+    assert sorted(set(starts)) == [0, T - 1]
+    if note.startswith("causal"):
+        assert cost.note.endswith("(judged on 2 of its 8 query rows, in 2 blocks evenly spread: "
+                                  "a square this large is too slow to read whole)")
+        assert cost.flops == flops(CAUSAL)
+
+
+class Padded(torch.nn.Module):
+    """transformers' shape of it: causal positions AND a (B, T) padding mask from the inputs."""
+
+    def forward(self, q: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        mask = kv_le_q(q) & attention_mask.bool()[:, None, None, :]
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_an_integer_padding_mask_input_is_taken_as_all_ones(dtype: torch.dtype) -> None:
+    """Its values are not traced; a tokenizer's unpadded batch is all ones, for which the
+    eager run is causal. The note says what was assumed."""
+    cost = sdpa_cost(Padded(), q, torch.ones(B, T, dtype=dtype))
+    assert cost.note.startswith("causal: the mask built")
+    assert "taken as all ones" in cost.note
+    assert cost.flops == flops(CAUSAL)
+
+
+def test_a_padding_mask_of_more_than_two_dims_counts_dense() -> None:
+    """A 4-D integer input is an explicit mask, not a tokenizer's padding: nothing assumed."""
+
+    class Explicit(torch.nn.Module):
+        def forward(self, q: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+            return F.scaled_dot_product_attention(q, q, q, attn_mask=mask.bool() & kv_le_q(q))
+
+    cost = sdpa_cost(Explicit(), q, torch.ones(B, 1, T, T, dtype=torch.int64))
+    assert cost.note.startswith("dense: the mask depends on an input")
     assert cost.flops == flops(DENSE)
 
 
