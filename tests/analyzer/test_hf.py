@@ -66,6 +66,29 @@ def test_every_required_preset_ships() -> None:
     assert set(PUBLISHED_PARAMS) == set(preset_names()), "add the published count of new presets"
 
 
+# Family names users ask for (issue 19), each an alias of one shipped preset.
+REQUIRED_ALIASES = {"qwen3-moe": "qwen3-30b-a3b", "gemma-3": "gemma-3-1b",
+                    "phi-3": "phi-3-mini"}
+
+
+def test_family_aliases_name_shipped_presets_and_shadow_none() -> None:
+    assert dict(hf.ALIASES) == REQUIRED_ALIASES
+    assert set(hf.ALIASES.values()) <= set(preset_names())
+    assert not set(hf.ALIASES) & set(preset_names())
+
+
+@pytest.mark.parametrize("alias", sorted(REQUIRED_ALIASES))
+def test_an_alias_builds_its_preset_and_says_so(alias: str) -> None:
+    target = REQUIRED_ALIASES[alias]
+    assert read_preset(alias) == read_preset(target)
+    loaded = load_preset(alias, {"num_hidden_layers": "1"}, seq_len=8)
+    assert loaded.name == target
+    assert loaded.source.startswith(f"preset {alias} → {target}: config of ")
+    direct = load_preset(target, {"num_hidden_layers": "1"}, seq_len=8).module
+    assert loaded.module.config.to_dict() == direct.config.to_dict()
+    assert n_params(loaded.module) == n_params(direct)
+
+
 @pytest.mark.parametrize("name", preset_names())
 def test_preset_file_is_well_formed(name: str) -> None:
     raw = json.loads((hf.PRESET_DIR / f"{name}.json").read_text())
@@ -161,6 +184,8 @@ def test_unknown_preset_lists_the_known_ones() -> None:
     with pytest.raises(LoadError, match="unknown preset 'llama-9'") as info:
         load_preset("llama-9")
     assert all(name in str(info.value) for name in REQUIRED)
+    assert "aliases: gemma-3 (gemma-3-1b), phi-3 (phi-3-mini), qwen3-moe (qwen3-30b-a3b)" in str(
+        info.value)
 
 
 def test_seq_len_beyond_learned_positions_is_an_error() -> None:
@@ -266,20 +291,26 @@ CLOSED_FORMS: dict[str, tuple[dict[str, str], Any]] = {
     "gemma-3-1b": ({}, dense_decoder),
     "qwen3-30b-a3b": ({}, qwen3_moe),
     "deepseek-v3": ({"first_k_dense_replace": "1"}, deepseek_v3),  # one dense, one MoE layer
+    # the family names users type, through their aliases
+    "qwen3-moe": ({}, qwen3_moe),
+    "gemma-3": ({}, dense_decoder),
 }
 
 
 def flops_by_family(name: str, overrides: dict[str, str], seq_len: int) -> tuple[Any, Any]:
-    """(config, FLOPs per rule family) of preset `name` at 2 layers, batch 2."""
+    """(config, FLOPs per rule family) of preset `name` at 2 layers, batch 2; the attention
+    nodes' notes (the convention applied) under ``"notes"``."""
     loaded = load_preset(name, {"num_hidden_layers": "2", **overrides}, batch=2, seq_len=seq_len)
     registry = load_rules()
     graph = capture(loaded.module, loaded.inputs, registry)
     report = analyze(graph, registry, strict=True)
     assert report.coverage.complete, report.coverage.unsupported
-    families: dict[str, int] = {}
+    families: dict[str, Any] = {"notes": set()}
     for node, costed in zip(graph.calls(), report.nodes, strict=True):
         family = getattr(registry.lookup(node), "__module__", "").rpartition(".")[2]
         families[family] = families.get(family, 0) + costed.flops
+        if family == "attention":
+            families["notes"].add(costed.note)
     families["total"] = report.totals.flops
     return loaded.module.config, families
 
@@ -313,3 +344,26 @@ def test_sliding_window_beyond_the_window_is_counted_dense() -> None:
     d = config.hidden_size // config.num_attention_heads
     dense = config.num_hidden_layers * 2 * config.num_attention_heads * t * t * (4 * d + 8)
     assert flops["attention"] == dense
+
+
+@pytest.mark.slow
+def test_llama_3_1_8b_attention_at_16k_is_counted_causal() -> None:
+    """Past 8192 × 8192 the exported mask is no longer evaluated whole but by blocks of rows
+    (fxlens.rules.masks): still exactly causal, counted as the lower triangle."""
+    config, flops = flops_by_family("llama-3.1-8b", {}, seq_len=16384)
+    gemm, attention = dense_decoder(config, 2, 16384)
+    assert (flops["matmul"], flops["attention"]) == (gemm, attention)
+    (note,) = flops["notes"]
+    assert note.startswith("causal: the mask built in the graph is exactly causal"), note
+
+
+@pytest.mark.slow
+def test_sliding_window_at_16k_is_counted_dense() -> None:
+    """Mistral-7B's 4096-token window at 16 k tokens: judged by rows too, and banded."""
+    t = 16384
+    config, flops = flops_by_family("mistral-7b", {}, seq_len=t)
+    d = config.hidden_size // config.num_attention_heads
+    dense = config.num_hidden_layers * 2 * config.num_attention_heads * t * t * (4 * d + 8)
+    assert flops["attention"] == dense
+    (note,) = flops["notes"]
+    assert note.startswith("dense: the mask is not causal (window"), note

@@ -18,6 +18,10 @@ Input kinds and their example inputs (keyword arguments), with ``B`` batch, ``T`
   audio    input_features (B, num_mel_bins, 2 * max_source_positions) at the parameter dtype,
            and decoder_input_ids (B, T) int64 (Whisper's 30 s window is 3000 frames)
 
+Family names users type (``hf:qwen3-moe``, ``hf:gemma-3``, ``hf:phi-3``) are aliases
+(`ALIASES`) of one shipped preset each, the family's model of that name: the report and its
+source line name the preset built.
+
 Known limitations: ``dtype=None`` means the preset's published dtype (float32 where the
 config names none), not torch's default. ``image_size`` rebuilds the model for that resolution
 (position embeddings sized for it) instead of interpolating. Overrides are checked against
@@ -70,17 +74,30 @@ class Preset:
     image_size: int | None = None
 
 
+# A family name → the shipped preset it builds: Qwen3's MoE and Gemma-3 as text-only
+# decoders at the sizes most asked for (the 30B-A3B, whose architecture the 235B shares
+# with more layers and experts; the 1B, the text-only Gemma-3), Phi-3 as its mini.
+ALIASES: Mapping[str, str] = {
+    "qwen3-moe": "qwen3-30b-a3b",
+    "gemma-3": "gemma-3-1b",
+    "phi-3": "phi-3-mini",
+}
+
+
 def preset_names() -> list[str]:
-    """Names of every shipped preset, sorted."""
+    """Names of every shipped preset, sorted (aliases are in `ALIASES`)."""
     return sorted(p.stem for p in PRESET_DIR.glob("*.json"))
 
 
 def read_preset(name: str) -> Preset:
-    """The preset `name`; `LoadError` listing the known names when there is none."""
+    """The preset `name` or the one it is an alias of; `LoadError` listing the known names
+    when there is none."""
+    name = ALIASES.get(name, name)
     path = PRESET_DIR / f"{name}.json"
     if name not in preset_names():
         known = ", ".join(preset_names())
-        raise LoadError(f"unknown preset {name!r}; known presets: {known}")
+        aliases = ", ".join(f"{a} ({p})" for a, p in sorted(ALIASES.items()))
+        raise LoadError(f"unknown preset {name!r}; known presets: {known}; aliases: {aliases}")
     raw = json.loads(path.read_text(encoding="utf-8"))
     inputs = raw.get("inputs", {})
     return Preset(
@@ -151,8 +168,9 @@ def load_preset(
             raise LoadError(f"preset {name!r}: building {preset.model_class} failed: {e}") from e
     module.eval()
     inputs = _example_inputs(preset, config, batch, seq_len, torch_dtype)
-    source = f"preset {name}: config of {preset.source} (transformers {transformers.__version__})"
-    return LoadedModel(module=module, inputs=inputs, name=name, source=source)
+    asked = f"{name} → {preset.name}" if name != preset.name else name
+    source = f"preset {asked}: config of {preset.source} (transformers {transformers.__version__})"
+    return LoadedModel(module=module, inputs=inputs, name=preset.name, source=source)
 
 
 def _import_transformers() -> Any:
