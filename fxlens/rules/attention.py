@@ -26,11 +26,11 @@ alone: a call with ``is_causal=False`` and an explicit mask that is *exactly* ca
 the graph from positions only, as `transformers` does when it detects tracing, where its eager
 run passes ``is_causal=True`` instead) is counted causal; any other explicit mask is counted
 dense, since a kernel handed a mask computes every score. A mask built from positions only
-(no model input, parameter or buffer reaches it) is evaluated on CPU and compared with the
-causal pattern (top-left, or bottom-right when T_q ≠ T_k). Limits: masks beyond 8192 × 8192
-(`fxlens.rules.masks.MAX_MASK_ELEMENTS`) are not evaluated and count dense; a mask that
-depends on the inputs (padding from ``attention_mask``) counts dense even when it would be all
-ones; sliding windows count dense (an explicit banded mask). Details in `fxlens.rules.masks`.
+(no parameter or buffer reaches it; a (B, T) integer ``attention_mask`` input is taken as all
+ones, a tokenizer's unpadded batch) is evaluated on CPU and compared with the causal pattern
+(top-left, or bottom-right when T_q ≠ T_k); beyond 8192 × 8192 it is judged by blocks of
+rows, never held whole. Limits: a padded batch is still counted as unpadded; sliding windows
+count dense (an explicit banded mask). Details in `fxlens.rules.masks`.
 Every attention cost carries a note (`Cost.note`) naming the convention applied and why.
 
 Grouped-query attention (fewer key/value heads, ``enable_gqa``): FLOPs follow the query
