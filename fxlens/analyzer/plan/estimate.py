@@ -5,7 +5,8 @@ vocab-parallel embedding and head) are divided by t, expert parameters by t·ep,
 partitions over the data-parallel group (experts over dp/ep): stage 1 the optimizer state and
 master weights, stage 2 also the gradients, stage 3 also the weights (Rajbhandari et al. 2020:
 DDP 16Ψ, ZeRO-1 4Ψ + 12Ψ/N_d, ZeRO-2 2Ψ + 14Ψ/N_d, ZeRO-3 16Ψ/N_d under AMP + Adam), plus under
-ZeRO-3 the unsharded weights of two units (the one computing and the one prefetched).
+ZeRO-3 what FSDP holds unsharded: the weights of two units (the one computing and the one
+prefetched) and one unit's gradients (the reduce-scatter's input).
 Activations: what the units of a stage save, on 1/t of the features inside tensor-parallel
 pairs and everywhere with sequence parallel (Korthikanti et al. 2022); with checkpointing only
 each block's input, plus one block's saved set while it is recomputed; a 1F1B pipeline keeps
@@ -197,7 +198,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     expert = StateBytes()
     for u in units:
         dense = dense.plus(_scaled(u.states_split, **_all(t))).plus(u.states_whole)
-        expert = expert.plus(_scaled(u.states_expert, **_all(t * s.ep)))
+        expert = expert.plus(_scaled(u.states_expert, **_all(t * s.ep)))   # ZeRO: other groups
     shard = _shard_group(s, device)
     expert_shard = max(1, shard.size // s.ep)
     held = _zero(dense, s.zero, shard.size).plus(_zero(expert, s.zero, expert_shard))
@@ -225,11 +226,10 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     temporaries = facts.optimizer_temporaries_bytes / (t * optimizer_shard)
     gathered = 0
     if s.zero == 3 and shard.size > 1:
-        unit_weights = [_scaled(u.states_split, **_all(t)).weights_bytes
-                        + u.states_whole.weights_bytes
-                        + _scaled(u.states_expert, **_all(t * s.ep)).weights_bytes
-                        for u in units]
-        gathered = sum(sorted(unit_weights, reverse=True)[:ZERO3_UNITS_GATHERED])
+        unsharded = [_unit_state(u, t, s.ep) for u in units]
+        weights = sorted((u.weights_bytes for u in unsharded), reverse=True)
+        gathered = (sum(weights[:ZERO3_UNITS_GATHERED])
+                    + max((u.grad_bytes for u in unsharded), default=0))
     buckets = DDP_BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES if s.zero < 3 and s.dp > 1 else 0
     persistent = held.weights_bytes + held.master_bytes + held.optimizer_bytes + held.buffer_bytes
     working = max(activations + transient + grads_at_peak, held.grad_bytes + temporaries)
@@ -257,6 +257,12 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         data_parallel=_data_parallel(s, device, dense, expert, shard),
         boundary_bytes=round(nxt.input_bytes / seq_div) if nxt is not None else 0,
     )
+
+
+def _unit_state(unit: Unit, t: int, ep: int) -> StateBytes:
+    """One unit's state on one GPU before ZeRO: split over t, experts over t·ep."""
+    return (_scaled(unit.states_split, **_all(t)).plus(unit.states_whole)
+            .plus(_scaled(unit.states_expert, **_all(t * ep))))
 
 
 def _all(divisor: float) -> dict[str, float]:
@@ -296,10 +302,10 @@ def _tensor_parallel(s: Strategy, device: Links, units: Sequence[Unit]) -> list[
     calls = reduces * passes * s.micro_batches
     group = Group(s.tp, 1)
     if s.sp:
-        return [_collective(kind, "tensor-parallel activations (sequence parallel)", group,
+        return [_collective(kind, "tp activations (sp)", group,
                             payload, calls, device, False)
                 for kind in ("reduce-scatter", "all-gather")]
-    return [_collective("all-reduce", "tensor-parallel activations", group, payload, calls,
+    return [_collective("all-reduce", "tp activations", group, payload, calls,
                         device, False)]
 
 
@@ -308,7 +314,7 @@ def _expert_parallel(s: Strategy, device: Links, units: Sequence[Unit]) -> list[
     if s.ep == 1 or not routed:
         return []
     passes = 6 if s.checkpoint else 4          # to the experts and back, forward and backward
-    return [_collective("all-to-all", "expert-parallel token routing", Group(s.ep, s.tp),
+    return [_collective("all-to-all", "expert routing", Group(s.ep, s.tp),
                         routed, passes * s.micro_batches, device, False)]
 
 
@@ -331,14 +337,14 @@ def _data_parallel(s: Strategy, device: Links, dense: StateBytes, expert: StateB
         else:
             inner = Group(min(shard.size, size), group.stride)
             m = s.micro_batches
-            out.append(_collective("all-gather", f"{label}weights, forward and backward "
-                                   "(ZeRO-3)", inner, weights, 2 * m, device, True))
+            out.append(_collective("all-gather", f"{label}weights (ZeRO-3)", inner, weights,
+                                   2 * m, device, True))
             out.append(_collective("reduce-scatter", f"{label}gradients (ZeRO-3)", inner, grads,
                                    m, device, True))
             replicas = size // inner.size
             if replicas > 1:
-                out.append(_collective("all-reduce", f"{label}gradient shards across nodes "
-                                       "(hybrid)", Group(replicas, group.stride * inner.size),
+                out.append(_collective("all-reduce", f"{label}gradient shards (hybrid)",
+                                       Group(replicas, group.stride * inner.size),
                                        grads / inner.size, 1, device, True))
     return out
 
@@ -350,7 +356,7 @@ def _pipeline_transfer(s: Strategy, device: Links, evaluated: Sequence[_Stage]
     payload = max(e.boundary_bytes for e in evaluated)
     group = Group(2, s.tp * s.dp)
     # Each micro-batch: the activation forward, its gradient backward.
-    return _collective("p2p", "pipeline stage boundary", group, payload,
+    return _collective("p2p", "stage boundary", group, payload,
                        2 * s.micro_batches, device, False)
 
 

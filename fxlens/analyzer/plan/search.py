@@ -75,8 +75,9 @@ def _inner(facts: ModelFacts, dp: int, tp: int, pp: int, batch: int, gpus_per_no
     eps = [e for e in _powers(dp) if facts.experts and facts.experts % e == 0] or [1]
     for ep in eps:
         for zero, hybrid in ((0, False), (1, False), (2, False), (3, False), (3, True)):
-            if (dp == 1 and zero) or (hybrid and dp * tp <= gpus_per_node):
-                continue   # nothing to shard, or hybrid is plain ZeRO-3 inside one node
+            shard = gpus_per_node // tp
+            if (dp == 1 and zero) or (hybrid and not 1 < shard < dp):
+                continue   # nothing to shard, or hybrid would be plain ZeRO-3 or DDP
             for checkpoint in (False, True):
                 yield Strategy(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, hybrid=hybrid,
                                sp=tp > 1, checkpoint=checkpoint, micro_batches=m)
@@ -144,8 +145,7 @@ def _search(facts: ModelFacts, request: PlanRequest, device: Links
         else:
             reasons["does not fit"] += 1
             dropped.append((-layout.headroom_bytes, DroppedLayout(
-                layout.strategy, f"needs {layout.memory.peak_bytes} B per GPU of "
-                f"{device.memory_bytes}")))
+                layout.strategy, "does not fit", needed_bytes=layout.memory.peak_bytes)))
     fitting.sort(key=lambda layout: _objective(layout, request))
     return fitting, dropped, reasons, considered
 

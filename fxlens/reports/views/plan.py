@@ -71,7 +71,7 @@ def _memory(layout: PlanLayout, plan: Plan) -> Table:
             ("weights", m.weights_bytes), ("gradients", m.gradients_bytes),
             ("master weights", m.master_bytes), ("optimizer state", m.optimizer_bytes),
             ("buffers", m.buffers_bytes), ("saved activations", m.activations_bytes),
-            ("temporaries", m.temporaries_bytes), ("gathered weights (ZeRO-3)",
+            ("temporaries", m.temporaries_bytes), ("unsharded weights and gradients (ZeRO-3)",
                                                    m.gathered_bytes),
             ("communication buckets", m.communication_bytes)) if value]
     rows.append((Cell("peak", Tone.STRONG), Cell(binary_bytes(m.peak_bytes), Tone.STRONG)))
@@ -103,17 +103,19 @@ def _time(layout: PlanLayout) -> Table:
 
 
 def _transfers(layout: PlanLayout) -> Table:
-    rows = [(c.cause, c.kind, str(c.group), "across nodes" if c.across_nodes else "in a node",
+    rows = [(c.cause, c.kind, f"{c.group} {'across nodes' if c.across_nodes else 'in a node'}",
              binary_bytes(c.bytes), str(c.calls), seconds(c.time_s),
-             "overlapped" if c.overlapped else "on the critical path")
+             "yes" if c.overlapped else "no")
             for c in layout.collectives]
     return Table.of(f"transfers per step per GPU · {layout.strategy}",
-                    columns(("cause", "kind"), ("GPUs", "where", "bytes per call", "calls",
-                                                "time", "")), rows)
+                    columns(("cause", "kind", "GPUs"), ("per call", "calls", "time", "hidden")),
+                    rows, caption="hidden: overlapped with compute, up to the compute's length")
 
 
 def _dropped(plan: Plan, top: int) -> Table:
-    rows = [(d.strategy, d.reason) for d in plan.dropped[:top]]
+    rows = [(d.strategy, d.reason if d.needed_bytes is None else
+             f"needs {binary_bytes(d.needed_bytes)} per GPU of "
+             f"{binary_bytes(plan.device_bytes)}") for d in plan.dropped[:top]]
     reasons = ", ".join(f"{n} {reason}" for reason, n in plan.dropped_by_reason.items())
     return Table.of(f"dropped layouts ({sum(plan.dropped_by_reason.values())}: {reasons})",
                     (Column("layout"), Column("why")), rows)
