@@ -136,8 +136,8 @@ def test_script_module_name_does_not_run(browser: Any, evil_report: Report,
 
 
 def test_every_section_renders_without_overlapping_tables(browser: Any, tmp_path: Path) -> None:
-    """A training + KV cache + quantization + roofline report: each section is on the page,
-    visible, and no two tables' boxes intersect at 1400 px."""
+    """A training + KV cache + quantization + roofline + plan report: each section is on the
+    page, visible, and no two tables' boxes intersect at 1400 px."""
     from fxlens.analyzer.core.loaded import LoadedModel
     from fxlens.api import AnalysisOptions, analyze_loaded
     from tests.models import tiny_gpt
@@ -145,10 +145,11 @@ def test_every_section_renders_without_overlapping_tables(browser: Any, tmp_path
     module, inputs = tiny_gpt.build()
     report = analyze_loaded(LoadedModel(module, inputs, "tiny_gpt", "tiny_gpt.py"),
                             AnalysisOptions(train=True, quant=True, kv_cache=True,
-                                            device="h100", checkpoint=True))
+                                            device="h100", checkpoint=True, plan=True,
+                                            gpus=8))
     open_page(browser, report, tmp_path, "sections")
     assert console_errors(browser) == []
-    for key in ("training", "kv-cache", "roofline", "fusion", "quant"):
+    for key in ("training", "kv-cache", "roofline", "fusion", "quant", "plan"):
         height = browser.execute_script(
             f"return document.getElementById('{key}').getBoundingClientRect().height")
         assert height > 40, key
