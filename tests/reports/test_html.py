@@ -103,3 +103,42 @@ def test_one_escaper_per_format(text: str) -> None:
     assert "<" not in json_script({"k": text}) and json.loads(json_script({"k": text}))["k"] == text
     assert re.fullmatch(r'([^"\\]|\\.)*', dot_escape(text))
     assert "\n" not in markdown_escape(text) and "<" not in markdown_escape(text)
+
+
+@pytest.fixture(scope="module")
+def step_report() -> Report:
+    from fxlens.analyzer.core.loaded import LoadedModel
+    from fxlens.api import AnalysisOptions, analyze_loaded
+    from tests.models import tiny_gpt
+
+    module, inputs = tiny_gpt.build()
+    return analyze_loaded(LoadedModel(module, inputs, "tiny_gpt", "tiny_gpt.py"),
+                          AnalysisOptions(train=True, device="h100", strict=True))
+
+
+def test_memory_chart_has_tooltips_and_the_room_a_device_leaves(step_report: Report) -> None:
+    from dataclasses import replace
+
+    from fxlens.analyzer.core.sections import Memory, Training
+
+    page = render_html(step_report, None)
+    chart = page[page.index('<svg id="memory-chart"'):]
+    chart = chart[:chart.index("</svg>")]
+    assert chart.count('class="tip"') >= 20 and "live after #" in chart
+    assert 'class="capacity"><title>' not in chart and "(off the chart)" in chart  # 80 GiB ≫ peak
+    training = step_report.require(Training)
+    assert training.fit is not None
+    peak = max(step_report.require(Memory).timeline)
+    tight = replace(training.fit, device_bytes=training.peak_breakdown.persistent_bytes
+                    + peak // 2)
+    crowded = render_html(step_report.with_(replace(training, fit=tight)), None)
+    line = re.search(r'<line [^>]*class="capacity"><title>([^<]*)</title>', crowded)
+    assert line is not None and "left for these" in line.group(1)
+
+
+def test_roofline_chart_has_ticks_on_both_log_axes(step_report: Report) -> None:
+    page = render_html(step_report, None)
+    chart = page[page.index('<svg id="roofline-chart"'):]
+    chart = chart[:chart.index("</svg>")]
+    labels = re.findall(r'class="tick" text-anchor="(?:middle|end)">([^<]+)</text>', chart)
+    assert {"1", "10"} <= set(labels) and any(label.endswith(" G") for label in labels)
