@@ -108,6 +108,9 @@ class Calibration:
     score_db: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # ranks; ↑ safer
     fisher: Fisher | None = None
     evidence: Mapping[str, Mapping[str, str]] = field(default_factory=dict)  # measured|fisher
+    # each calibration row's share of the damage at the score format (measured KL per logit
+    # row, each measured layer weighing alike; else the Fisher per example): health checks
+    row_damage: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -183,8 +186,11 @@ def calibrate(module: torch.nn.Module, layers: Sequence[Layer], batches: Iterabl
         if activations or metric == "agreement":
             measure_top = None
         chosen = _to_measure(fisher, layers, knowledge.formats, measure_top)
-        sqnr, kl, agreement = _measure(module, layers, batches, knowledge, activations,
-                                       chosen, index, _collect(runs, index), on_step)
+        score_format = score_format if score_format in knowledge.formats else next(
+            iter(knowledge.formats))
+        sqnr, kl, agreement, rows = _measure(module, layers, batches, knowledge, activations,
+                                             chosen, index, _collect(runs, index), on_step,
+                                             score_format)
     finally:
         module.train(was_training)
     measured = {
@@ -205,9 +211,11 @@ def calibrate(module: torch.nn.Module, layers: Sequence[Layer], batches: Iterabl
                 score[layer.name][name] = fisher.score_db(layer.name, name)
                 evidence[layer.name][name] = "fisher"
     logit_leaves = len(index[0]) if index else 0
+    row_damage = (tuple(rows.tolist()) if rows is not None and logit_leaves
+                  else fisher.per_example)
     return Calibration(len(batches), stats, sqnr, metric, logit_leaves,
                        kl if logit_leaves else {}, agreement if logit_leaves else {}, score,
-                       fisher, evidence)
+                       fisher, evidence, row_damage)
 
 
 def _to_measure(fisher: Fisher, layers: Sequence[Layer], formats: Mapping[str, Any],
@@ -226,13 +234,15 @@ def _to_measure(fisher: Fisher, layers: Sequence[Layer], formats: Mapping[str, A
 def _measure(module: torch.nn.Module, layers: Sequence[Layer], batches: Sequence[Inputs],
              knowledge: QuantKnowledge, activations: bool, chosen: set[tuple[str, str]],
              index: Sequence[frozenset[int]], reference: _Outputs,
-             on_step: Callable[[str], None]
+             on_step: Callable[[str], None], score_format: str
              ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]],
-                        dict[str, dict[str, float]]]:
-    """(output SQNR, KL, top-1 agreement) per layer and format, for the chosen pairs."""
+                        dict[str, dict[str, float]], torch.Tensor | None]:
+    """(output SQNR, KL, top-1 agreement) per layer and format, for the chosen pairs, and
+    the KL per logit row at the score format (each layer's rows normalised to mean 1)."""
     sqnr: dict[str, dict[str, float]] = {}
     kl: dict[str, dict[str, float]] = {}
     agreement: dict[str, dict[str, float]] = {}
+    rows: torch.Tensor | None = None
     done = 0
     for layer in layers:
         for name, fmt in knowledge.formats.items():
@@ -247,7 +257,20 @@ def _measure(module: torch.nn.Module, layers: Sequence[Layer], batches: Sequence
             if reference.logits:
                 kl.setdefault(layer.name, {})[name], agreement.setdefault(layer.name, {})[
                     name] = softmax_damage(reference.logits, outputs.logits)
-    return sqnr, kl, agreement
+                if name == score_format:
+                    per_row = row_kl(reference.logits, outputs.logits)
+                    per_row = per_row / per_row.mean().clamp(min=1e-300)
+                    rows = per_row if rows is None else rows + per_row
+    return sqnr, kl, agreement, rows
+
+
+def row_kl(reference: Sequence[torch.Tensor], quantized: Sequence[torch.Tensor]
+           ) -> torch.Tensor:
+    """KL(softmax(z) ‖ softmax(ẑ)) of every logit row, in nats (float64)."""
+    out = [(p.exp() * (p - q)).sum(-1).clamp(min=0)
+           for p, q in ((z.double().log_softmax(-1), zq.double().log_softmax(-1))
+                        for z, zq in zip(reference, quantized, strict=True))]
+    return torch.cat(out) if out else torch.zeros(0, dtype=torch.float64)
 
 
 def output_model(module: torch.nn.Module, layers: Sequence[Layer], batch: Inputs,

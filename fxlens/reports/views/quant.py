@@ -1,7 +1,9 @@
 """View of the quantization section: layers most sensitive first, the plan, the risks.
 
 dB figures are higher-is-safer; a layer ranks by its calibrated score when calibration ran,
-else by its data-free score.
+else by its data-free score — the same score that gives the verdicts and sizes the plan. The
+caption says what each score stands on (`Quant.data_free_evidence`, `calibrated_evidence`).
+Reports written before issue 16 have neither, nor a `score_metric`: their scores are SQNR.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ def quant_view(report: Report, detail: Detail) -> View | None:
         return None
     blocks: list[Block] = [layer_table(section, top, detail.full)]
     if section.plan is not None:
-        blocks.append(plan_table(section.plan))
+        blocks.append(plan_table(section.plan, section.score_metric or "sqnr"))
     if section.risks:
         blocks.append(risk_table(section.risks))
     return View("quant", "Quantization", tuple(blocks))
@@ -64,9 +66,10 @@ def layer_table(section: Quant, top: int, full: bool = False) -> Table:
     calibrated = section.calibration is not None
     metric = section.calibration.metric if section.calibration is not None else "sqnr"
     ranked = sorted(section.layers, key=lambda r: _rank_key(r, fmt))
+    free_kl = not calibrated and section.score_metric == "kl"
     by = ("calibrated KL of the softmax" if metric == "kl" else "calibrated top-1 flips"
           if metric == "agreement" else "calibrated output SQNR") if calibrated else (
-          "data-free SQNR")
+          "data-free KL" if free_kl else "data-free SQNR")
     shown = [f for f in section.formats if f == fmt or f.startswith("int4")]
     verdict_formats = [f for f in section.formats if f.startswith(VERDICT_FORMATS)] or shown
     names = ["layer", "params"] + [f"{_short(f)}?" for f in verdict_formats]
@@ -95,13 +98,16 @@ def layer_table(section: Quant, top: int, full: bool = False) -> Table:
         if section.plan is not None:
             cells.append(row.precision or "")
         rows.append(cells)
-    caption = " · ".join([f"{len(ranked)} layers; SQNR higher is safer; FORMAT? is the "
-                          "verdict: ok, risky, or keep higher", *section.notes])
+    evidence = [f"data-free: {section.data_free_evidence}"] if section.data_free_evidence else []
+    if section.calibrated_evidence:
+        evidence.append(f"calibrated: {section.calibrated_evidence}")
+    caption = " · ".join([f"{len(ranked)} layers; dB higher is safer; FORMAT? is the "
+                          "verdict: ok, risky, or keep higher", *evidence, *section.notes])
     return Table.of(f"quantization sensitivity · {section.status} · most sensitive first "
                     f"(by {by} at {fmt}, dB)", heads, rows, caption=caption)
 
 
-def plan_table(plan: QuantPlan) -> Table:
+def plan_table(plan: QuantPlan, metric: str = "sqnr") -> Table:
     counts: dict[str, int] = {}
     for fmt in plan.precision.values():
         counts[fmt] = counts.get(fmt, 0) + 1
@@ -113,8 +119,13 @@ def plan_table(plan: QuantPlan) -> Table:
     if plan.budget_bytes is not None:
         verdict = Cell("fits", Tone.GOOD) if plan.fits else Cell("does not fit", Tone.BAD)
         rows.append((f"budget {binary_bytes(plan.budget_bytes)}", verdict))
-    rows.append(("predicted output SQNR",
-                 f"{_db(plan.predicted_output_sqnr_db) or '∞'} dB ({plan.basis})"))
+    predicted = plan.predicted_output_sqnr_db
+    if metric == "kl":      # the plan's figure is −10·log10 of the summed KL
+        kl = "0" if predicted is None else f"{10 ** (-predicted / 10):.2g}"
+        rows.append(("predicted KL", f"{kl} nats per row ({_db(predicted) or '∞'} dB, "
+                                     f"{plan.basis})"))
+    else:
+        rows.append(("predicted output SQNR", f"{_db(predicted) or '∞'} dB ({plan.basis})"))
     return Table.of(f"quantization plan · {plan.name} · activations {plan.activations}",
                     (Column("", strong=True), Column("", right=True)), rows, show_header=False)
 
