@@ -529,7 +529,7 @@ class PlanMemory:
     buffers_bytes: int
     activations_bytes: int          # saved for the backward, every micro-batch in flight
     temporaries_bytes: int          # the working set beyond them at the peak
-    gathered_bytes: int             # ZeRO-3: unsharded weights of the units in flight
+    gathered_bytes: int             # ZeRO-3: unsharded weights and gradients in flight
     communication_bytes: int        # gradient buckets
     peak_bytes: int
     host_bytes: int = 0             # offloaded optimizer state and master weights
@@ -599,6 +599,7 @@ class PlanLayout:
 class DroppedLayout:
     strategy: str
     reason: str
+    needed_bytes: int | None = optional()     # per GPU, when it does not fit
 
 
 @section("plan")
