@@ -280,7 +280,7 @@ def test_recurrent_weights_are_candidates_and_unscored_ones_listed_with_share() 
     rows = _rows(section)
     assert {"gru.weight_ih_l0", "gru.weight_hh_l0", "head"} <= set(rows)
     assert rows["gru.weight_hh_l0"]["status"] == "random_init"     # U(±1/√hidden): its own
-    note = next(n for n in section["notes"] if "random initialisation)" in n)
+    note = next(n for n in section["notes"] if "look like random initialisation" in n)
     assert "gru.weight_ih_l0" in note and "gru.weight_hh_l0" in note and "head" not in note
     gru = 3 * 32 * 16 + 3 * 32 * 32
     assert f"{gru / (gru + 32 * 4):.0%} of matrix weights" in note
@@ -301,3 +301,26 @@ def test_a_parameter_no_layer_type_holds_is_a_candidate() -> None:
     row = _rows(section)["pos"]
     assert row["type"] == "Table" and row["status"] == "scored"
     assert row["data_free_fisher"]["int8_per_tensor"] > 0
+
+
+@pytest.mark.parametrize("calibrated", [False, True])
+def test_the_plan_is_sized_by_the_score_that_ranks_and_agrees_with_the_verdicts(
+        calibrated: bool) -> None:
+    """Without a budget every layer ends at a format its own verdict calls ok (or bf16), and
+    the plan's prediction is the sum of the ranking scores' damage at the chosen formats."""
+    from tests.analyzer import ranking_models as rm
+
+    pytest.importorskip("sklearn")
+    case = rm.deep_mlp(0, depth=8, epochs=12)
+    section = _section(case.model, case.example, plan=plan_request("auto", None),
+                       calibration=case.calibration if calibrated else None)
+    assert section["score_metric"] == "kl"          # a classifier's head: KL, either way
+    plan, noise = section["plan"], 0.0
+    for row in section["layers"]:
+        fmt = plan["precision"][row["layer"]]
+        score = (row.get("calibrated_score_db") or row["data_free_sqnr_db"]).get(fmt)
+        assert fmt == "bf16" or row["verdicts"][fmt] == "ok", row
+        noise += 0.0 if fmt == "bf16" or score is None else 10 ** (-score / 10)
+    assert plan["basis"] == ("calibrated" if calibrated else "data-free")
+    expected = None if noise == 0 else round(-10 * math.log10(noise), 3)
+    assert plan["predicted_output_sqnr_db"] == pytest.approx(expected, abs=2e-3)

@@ -241,13 +241,6 @@ def _status(statuses: list[str]) -> str:
 def _notes(free: Mapping[str, DataFree], layers: Sequence[Layer],
            views: Mapping[str, LayerView]) -> list[str]:
     notes = []
-    counts = {s: sum(f.status == s for f in free.values()) for s in ("meta", "random_init")}
-    if counts["meta"]:
-        notes.append(f"{counts['meta']} layer(s) have no weights (meta device): no data-free "
-                     "scores; load real weights to score them")
-    if counts["random_init"]:
-        notes.append(f"{counts['random_init']} layer(s) look like random initialisation: "
-                     "scores would describe the init, not a trained model, so none are given")
     unseen = [layer.name for layer in layers if not (views[layer.name].is_first
               or views[layer.name].is_last or views[layer.name].feeds)]
     if unseen:
@@ -270,8 +263,9 @@ def _unscored(module: nn.Module, layers: Sequence[Layer], free: Mapping[str, Dat
     for layer in layers:
         status = free[layer.name].status
         if status != "scored":
-            reason = ("weights on the meta device" if status == "meta"
-                      else "they look like random initialisation")
+            reason = ("weights on the meta device: load real weights to score them"
+                      if status == "meta" else "they look like random initialisation: a "
+                      "score would describe the init, not a trained model")
             groups.setdefault(reason, []).append((layer.name, layer.weight.numel()))
     silent = calibration.fisher.silent if calibration and calibration.fisher else ()
     groups["no gradient reached them on the calibration data (unused or behind a "
