@@ -108,3 +108,9 @@ def test_first_step_peak_within_10_percent_of_a_real_run(name: str) -> None:
     module.train()
     measured = measure_memory(module, inputs, train=True).peak_bytes
     assert predicted == pytest.approx(measured, rel=0.10)
+
+
+def test_the_step_names_its_inputs_as_forward_does() -> None:
+    report = step("tests/models/dict_io.py")
+    assert [i.name for i in report.model.inputs] == ["token_ids", "features", "mask"]
+    assert [i.name for i in step(GPT).model.inputs] == ["idx"]

@@ -26,6 +26,7 @@ stay on fake tensors and torch stays quiet.
 from __future__ import annotations
 
 import copy
+import inspect
 import logging
 import traceback
 from collections.abc import Callable, Iterator, Mapping
@@ -51,6 +52,27 @@ T = TypeVar("T")
 
 
 Where = tuple[str, str, str]   # module path, module type, source line
+
+
+def input_names(module: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]
+                ) -> dict[int, str]:
+    """Each input tensor's name from ``forward``'s signature (``idx``, ``attention_mask``;
+    ``past.0`` for the leaves of a container), by tensor id; empty when it does not bind."""
+    try:
+        bound = inspect.signature(module.forward).bind(*args, **kwargs)
+    except (TypeError, ValueError):
+        return {}
+    names: dict[int, str] = {}
+    for name, value in bound.arguments.items():
+        kind = bound.signature.parameters[name].kind
+        parts = (value.items() if kind is inspect.Parameter.VAR_KEYWORD else
+                 ((f"{name}{i}", v) for i, v in enumerate(value))
+                 if kind is inspect.Parameter.VAR_POSITIONAL else ((name, value),))
+        for label, part in parts:
+            leaves = [t for t in pytree.tree_leaves(part) if isinstance(t, torch.Tensor)]
+            for i, tensor in enumerate(leaves):
+                names.setdefault(id(tensor), label if len(leaves) == 1 else f"{label}.{i}")
+    return names
 
 
 class Recorder(TorchDispatchMode):
@@ -94,9 +116,10 @@ class Recorder(TorchDispatchMode):
         buffers = {n for n, _ in module.named_buffers()}
         inputs = {id(t): (NodeKind.BUFFER if n in buffers else NodeKind.PARAM, n, t)
                   for n, t in state.items()}
+        names = input_names(module, args, kwargs)
         for i, t in enumerate(pytree.tree_leaves((args, kwargs))):
             if isinstance(t, torch.Tensor):
-                inputs.setdefault(id(t), (NodeKind.INPUT, f"input{i}", t))
+                inputs.setdefault(id(t), (NodeKind.INPUT, names.get(id(t), f"input{i}"), t))
         return cls(known, decomposition_table(), inputs)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

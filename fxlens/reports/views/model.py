@@ -4,6 +4,7 @@ module tree and the top ops by FLOPs."""
 from __future__ import annotations
 
 from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.core.sections import Training
 from fxlens.reports.units import binary_bytes, percent, si
 from fxlens.reports.view import Cell, Column, Detail, Figure, Table, Tone, View, columns
 from fxlens.reports.views.headline import headline, inputs_text
@@ -44,8 +45,14 @@ def modules_view(report: Report, detail: Detail) -> View:
              for m in report.modules]
     rows = [(r.label, r.kind, si(r.figures[0]), si(r.figures[1]), percent(r.figures[1], total))
             for r in grouped_rows(nodes, depth)]
+    training = report.get(Training)
+    caption = ("" if training is None else
+               f"FLOPs of the forward and backward; the optimizer step's "
+               f"{si(training.optimizer_flops, 'FLOP')} belong to no module (step total "
+               f"{si(training.step_flops, 'FLOP')})")
     table = Table.of(f"modules (depth ≤ {depth}; runs of identical blocks as one row)",
-                     columns(("module", "type"), ("params", "FLOPs", "share")), rows)
+                     columns(("module", "type"), ("params", "FLOPs", "share")), rows,
+                     caption=caption)
     return View("modules", "Modules", (table,))
 
 
