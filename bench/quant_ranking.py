@@ -42,7 +42,7 @@ SCORES = ("calibrated", "fisher", "data-free", "prior")
 NEAR = 0.9      # in the summary's parentheses: rows whose first pick does ≥ 90 % of the worst
 
 
-def _summary(rows: list[rm.Row], metric: str) -> list[str]:
+def _summary(rows: list[rm.Row], metric: str, label: str = "all") -> list[str]:
     chosen = [r for r in rows if r.metric == metric]
     if not chosen:
         return []
@@ -52,7 +52,7 @@ def _summary(rows: list[rm.Row], metric: str) -> list[str]:
         first = sum(r.worst_first[kind] for r in chosen)
         near = sum(r.first_ratio[kind] >= NEAR for r in chosen)
         cells.append(f"{rho:.2f} · {first}/{len(chosen)} ({near})")
-    return [f"| **all, {metric}** | | {len(chosen)} rows | " + " | ".join(cells) + " |"]
+    return [f"| **{label}, {metric}** | | {len(chosen)} rows | " + " | ".join(cells) + " |"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -80,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  f"✗ {r.first_ratio[k]:.2f}") for k in SCORES]
                 lines.append(f"| {r.model} ({r.layers}) | {seed} | {r.format} · {r.metric} | "
                              + " | ".join(cells) + " |")
+    for model in dict.fromkeys(r.model for r in rows):
+        lines += _summary([r for r in rows if r.model == model], "distortion", model)
     lines += _summary(rows, "distortion") + _summary(rows, "loss")
     print("\n".join(lines))
     return 0

@@ -79,7 +79,7 @@ def _digits(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.
     x = torch.tensor(data.data, dtype=torch.float32) / 16.0
     y = torch.tensor(data.target)
     perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
-    return x, y, perm[:1100], perm[1100:1400], perm[1400:]
+    return x, y, perm[:900], perm[900:1400], perm[1400:]
 
 
 def _fit(model: nn.Module, batches: Callable[[torch.Generator], list[tuple[Any, Any]]],
@@ -365,7 +365,7 @@ def ranking_rows(case: Case, formats: Sequence[str] | None = None) -> list[Row]:
             keys = [_damage_key(score, n) for n in names]
             rho[kind] = spearman(keys, hurt)
             top = max(names, key=lambda n, s=score: _damage_key(s, n))
-            first[kind] = top == worst
+            first[kind] = damage[top] >= damage[worst]       # the worst, or tied with it
             ratio[kind] = damage[top] / damage[worst] if damage[worst] > 0 else 1.0
         rows.append(Row(case.name, fmt, metric, len(names), worst, rho, first, ratio))
     return rows
