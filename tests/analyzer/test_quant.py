@@ -324,3 +324,20 @@ def test_the_plan_is_sized_by_the_score_that_ranks_and_agrees_with_the_verdicts(
     assert plan["basis"] == ("calibrated" if calibrated else "data-free")
     expected = None if noise == 0 else round(-10 * math.log10(noise), 3)
     assert plan["predicted_output_sqnr_db"] == pytest.approx(expected, abs=2e-3)
+
+
+def test_a_report_from_before_the_fisher_scores_still_loads() -> None:
+    """Issue 16's fields are optional: a quant section without them decodes, as SQNR."""
+    from fxlens.analyzer.core.codec import decode
+    from fxlens.analyzer.core.sections import Quant
+
+    data = _section(Attention().eval(), (torch.randn(2, 5, 16),))
+    new = ("data_free_evidence", "calibrated_evidence", "score_metric")
+    assert set(new) & set(data)
+    old = {k: v for k, v in data.items() if k not in new}
+    old["layers"] = [{k: v for k, v in row.items() if k not in (
+        "fisher_damage", "data_free_fisher", "calibrated_evidence", "folded_into")}
+        for row in data["layers"]]
+    section = decode(Quant, old)
+    assert section.score_metric is None and section.layers[0].data_free_fisher is None
+    assert encode(section) == old
