@@ -92,19 +92,50 @@ def mask_convention(call: OpCall) -> MaskVerdict:
 
 
 Key = tuple[TensorRef, int, int]
-_CACHE: dict[int, tuple[weakref.ref[Graph], dict[Key, MaskVerdict]]] = {}
+_CACHE: dict[int, tuple[weakref.ref[Graph], dict[Any, MaskVerdict]]] = {}
 
 
 def _cached(graph: Graph, ref: TensorRef, t_q: int, t_k: int) -> MaskVerdict:
-    """`classify` once per mask of a graph: the layers of a model share one mask."""
+    """`classify` once per mask of a graph: the layers of a model share one mask.
+
+    A recorded training step hands each layer its own copy of the mask (autograd's SDPA
+    expands or casts it per call), so verdicts are also kept by the mask's *recipe*
+    (`_recipe`): the ops that build it with their arguments, node ids made relative. Two
+    masks with one recipe hold the same values, so `classify` would give the same verdict;
+    a window, a different shape or another dtype is another recipe."""
     entry = _CACHE.get(id(graph))
     if entry is None or entry[0]() is not graph:
         entry = (weakref.ref(graph, lambda _: _CACHE.pop(id(graph), None)), {})
         _CACHE[id(graph)] = entry
     verdicts = entry[1]
     if (ref, t_q, t_k) not in verdicts:
-        verdicts[(ref, t_q, t_k)] = classify(graph, ref, t_q, t_k)
+        built = _constant_subgraph(graph, ref)
+        recipe = (_recipe(built, ref), t_q, t_k) if not built[2] else None
+        if recipe is not None and recipe in verdicts:
+            verdicts[(ref, t_q, t_k)] = verdicts[recipe]
+        else:
+            verdicts[(ref, t_q, t_k)] = classify(graph, ref, t_q, t_k)
+            if recipe is not None:
+                verdicts[recipe] = verdicts[(ref, t_q, t_k)]
     return verdicts[(ref, t_q, t_k)]
+
+
+def _recipe(built: tuple[list[Node], list[Node], str], ref: TensorRef) -> tuple[Any, ...]:
+    """What `classify` reads of a mask, with node ids replaced by positions in the recipe:
+    each op's target, arguments and output specs, the padding inputs' names and specs."""
+    nodes, padding, _ = built
+    local = {n.id: i for i, n in enumerate([*padding, *nodes])}
+
+    def relative(value: Any) -> Any:
+        if isinstance(value, TensorRef):
+            return ("ref", local[value.node], value.index)
+        if isinstance(value, (list, tuple)):
+            return (type(value).__name__, *(relative(v) for v in value))
+        return (type(value).__name__, repr(value))
+
+    ops = tuple((n.target, tuple((k, relative(v)) for k, v in n.args.items()), n.outputs)
+                for n in nodes)
+    return (tuple((n.target, n.outputs) for n in padding), ops, relative(ref))
 
 
 def classify(graph: Graph, ref: TensorRef, t_q: int, t_k: int) -> MaskVerdict:

@@ -252,3 +252,33 @@ def test_one_mask_is_evaluated_once_per_graph(monkeypatch: pytest.MonkeyPatch) -
     costs = [registry.lookup(n)(OpCall(n, graph)) for n in nodes]  # type: ignore[operator]
     assert len(nodes) == 2 and len(calls) == 1
     assert all(c.flops == flops(CAUSAL) for c in costs)
+
+
+def test_masks_built_alike_are_judged_once_and_different_ones_apart(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Layers that each build their own copy of one mask (a recorded training step does) are
+    judged once, by the mask's recipe; a layer whose mask differs only by a window, or whose
+    queries are longer, is judged on its own and keeps its own verdict."""
+    calls = []
+    real = masks.classify
+    monkeypatch.setattr(masks, "classify", lambda g, r, *t: calls.append(r) or real(g, r, *t))
+
+    class FourLayers(torch.nn.Module):
+        def forward(self, q: torch.Tensor, long: torch.Tensor) -> torch.Tensor:
+            x = F.scaled_dot_product_attention(q, q, q, attn_mask=kv_le_q(q))
+            x = F.scaled_dot_product_attention(x, q, q, attn_mask=kv_le_q(q))
+            x = F.scaled_dot_product_attention(x, q, q, attn_mask=window(3)(q))
+            y = F.scaled_dot_product_attention(long, long, long, attn_mask=kv_le_q(long))
+            return x.sum() + y.sum()
+
+    registry = load_rules()
+    long = torch.randn(B, H, 2 * T, D)
+    graph = capture(FourLayers(), (q, long), registry, methods=("make_fx",))
+    nodes = [n for n in graph.calls() if n.packet == "aten.scaled_dot_product_attention"]
+    costs = [registry.lookup(n)(OpCall(n, graph)) for n in nodes]  # type: ignore[operator]
+    refs = [n.args["attn_mask"] for n in nodes]
+    assert len(nodes) == 4 and len(set(refs)) == 4           # four masks, built apart
+    assert len(calls) == 3                                    # causal T, window, causal 2T
+    assert [c.flops == flops(CAUSAL) for c in costs[:3]] == [True, True, False]
+    assert costs[2].flops == flops(DENSE) and "window" in costs[2].note
+    assert costs[3].note.startswith("causal")
