@@ -141,29 +141,45 @@ class _Groups:
         self.has_gemm[ra] = self.has_gemm[ra] or self.has_gemm.pop(rb)
 
 
-def _creates_cycle(fg: FusionGraph, groups: _Groups, a: int, node: int) -> bool:
+def _creates_cycle(users: _Users, groups: _Groups, a: int, node: int) -> bool:
     """Would merging group `a` with `node`'s group put another kernel between them?
 
     A path from group `a` to `node`'s group through an outside node; the nodes are in
     topological order, so only ids below `node` need a look."""
     ga, gb = groups.find(a), groups.find(node)
     inside = {ga, gb}
-    stack = [user for m in groups.members[ga] for user in _users(fg, m)
-             if user in groups.parent and groups.find(user) not in inside and user < node]
+    parent = groups.parent
+    stack = [user for m in groups.members[ga] for user in users(m)
+             if user in parent and groups.find(user) not in inside and user < node]
     seen: set[int] = set()
     while stack:
         current = stack.pop()
         if current in seen:
             continue
         seen.add(current)
-        for user in _users(fg, current):
-            if user not in groups.parent or user > node:
+        for user in users(current):
+            if user not in parent or user > node:
                 continue
             if groups.find(user) == gb:
                 return True
             if groups.find(user) != ga:
                 stack.append(user)
     return False
+
+
+class _Users:
+    """Readers of each node's outputs (`FusionGraph.consumers` by node id), looked up once:
+    the cycle check asks for the same nodes' readers many times."""
+
+    def __init__(self, fg: FusionGraph) -> None:
+        self._fg = fg
+        self._of: dict[int, list[int]] = {}
+
+    def __call__(self, node_id: int) -> list[int]:
+        found = self._of.get(node_id)
+        if found is None:
+            found = self._of[node_id] = list(_users(self._fg, node_id))
+        return found
 
 
 def _users(fg: FusionGraph, node_id: int) -> Iterable[int]:
@@ -175,6 +191,7 @@ def plan_kernels(fg: FusionGraph, costs: Mapping[int, NodeReport], policy: Polic
                  ) -> KernelPlan:
     """Group the call nodes into kernels (see the module docstring)."""
     groups = _Groups()
+    users = _Users(fg)
     calls = [n for n in fg.graph.calls() if fg.kind(n.id) is not OpKind.FREE]
     for node in calls:
         kind = fg.kind(node.id)
@@ -190,7 +207,7 @@ def plan_kernels(fg: FusionGraph, costs: Mapping[int, NodeReport], policy: Polic
                 policy.gemm_epilogues and pkind is OpKind.GEMM and kind is OpKind.POINTWISE)
             if groups.has_gemm[groups.find(producer)] and groups.has_gemm[groups.find(node.id)]:
                 fusable = False
-            if fusable and not _creates_cycle(fg, groups, producer, node.id):
+            if fusable and not _creates_cycle(users, groups, producer, node.id):
                 groups.union(producer, node.id)
     kernels = tuple(_kernel(fg, costs, sorted(members))
                     for members in sorted(groups.members.values(), key=min))
