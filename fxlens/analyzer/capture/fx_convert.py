@@ -13,9 +13,11 @@ rule knows, so it shows as unsupported instead of vanishing.
 
 from __future__ import annotations
 
+import functools
 import operator
 import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,8 +43,28 @@ def user_frame(frames: list[tuple[str, int]]) -> str:
     return ""
 
 
+def innermost_user_frame() -> str:
+    """`user_frame` of the running stack, walked from the innermost frame out: no
+    ``traceback.extract_stack`` (which builds every frame's summary and reads its source
+    line), since a recorded op asks this once per call."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        file = frame.f_code.co_filename
+        if not file.startswith((_TORCH_DIR, _FXLENS_DIR)) and not file.startswith("<"):
+            return f"{display_path(file)}:{frame.f_lineno or 0}"
+        frame = frame.f_back   # type: ignore[assignment]
+    return ""
+
+
 def display_path(file: str) -> str:
     """Site-packages paths from the package on; paths under the cwd relative to it."""
+    return _display_path(file, os.getcwd())
+
+
+@functools.lru_cache(maxsize=4096)
+def _display_path(file: str, cwd: str) -> str:
+    # NB: `cwd` is only the cache key (relpath reads the process's cwd): a model that
+    # changes directory gets fresh answers.
     if "site-packages" + os.sep in file:
         return file.split("site-packages" + os.sep, 1)[1]
     try:

@@ -28,7 +28,6 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -41,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
 from fxlens.analyzer.capture.decompose import decomposition_table
-from fxlens.analyzer.capture.fx_convert import type_name, user_frame
+from fxlens.analyzer.capture.fx_convert import innermost_user_frame, type_name
 from fxlens.analyzer.core.aten import bind_args, spec_of
 from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef
 
@@ -160,8 +159,7 @@ class Recorder(TorchDispatchMode):
     def _where(self) -> Where:
         if self.phase == "forward":
             module, module_type = self.module_stack[-1] if self.module_stack else ("", "")
-            frames = [(f.filename, f.lineno or 0) for f in traceback.extract_stack()]
-            where = (module, module_type, user_frame(frames))
+            where = (module, module_type, innermost_user_frame())
             # The autograd node of this op, if it has one, took the last sequence number.
             self._by_sequence_nr.setdefault(torch._C._autograd._get_sequence_nr() - 1, where)
             return where
