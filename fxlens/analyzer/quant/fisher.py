@@ -52,6 +52,7 @@ Inputs = tuple[Any, ...] | dict[str, Any]
 
 MAX_EXAMPLES = 256
 SYNTHETIC_ROWS = 16         # rows per synthetic batch (when the example has a batch axis)
+WIDEN_MAX_ELEMENTS = 2**20  # NB: a larger example (long sequences, big images) is not widened
 SYNTHETIC_BATCHES = 2
 DISTILL_STEPS = 60          # NB: ZeroQ uses 500; the ranking settles far earlier on small nets
 DISTILL_LR = 0.1
@@ -223,9 +224,10 @@ def _widen(example: Inputs) -> Inputs:
     tensors = [t for t in pytree.tree_leaves(example) if isinstance(t, torch.Tensor)]
     sizes = {t.shape[0] if t.dim() else -1 for t in tensors}
     size = sizes.pop() if len(sizes) == 1 else -1
-    if size < 1 or size >= SYNTHETIC_ROWS:
+    reps = math.ceil(SYNTHETIC_ROWS / max(size, 1))
+    if (size < 1 or size >= SYNTHETIC_ROWS
+            or reps * sum(t.numel() for t in tensors) > WIDEN_MAX_ELEMENTS):
         return example
-    reps = math.ceil(SYNTHETIC_ROWS / size)
     return pytree.tree_map(lambda t: t.repeat(reps, *[1] * (t.dim() - 1))[:SYNTHETIC_ROWS]
                            if isinstance(t, torch.Tensor) else t, example)
 

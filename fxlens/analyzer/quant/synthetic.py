@@ -26,6 +26,9 @@ from fxlens.analyzer.quant.weights import Layer
 log = logging.getLogger(__name__)
 
 MAX_SYNTHETIC_EXAMPLES = 32
+# NB: examples × parameters the data-free Fisher may spend (a backward each): 32 examples up to
+# 30M parameters, down to 4 for a model of 250M and more; a data-free run stays in seconds.
+SYNTHETIC_BUDGET = 10**9
 
 
 @dataclass(frozen=True)
@@ -43,8 +46,10 @@ def synthetic_fisher(module: nn.Module, layers: Sequence[Layer], example: Inputs
     try:
         batches, distilled = synthetic_batches(module, example, knowledge.batch_norm_types)
         metric, output = output_model(module, layers, batches[0], knowledge)
-        fisher = diagonal_fisher(module, layers, split_examples(batches, MAX_SYNTHETIC_EXAMPLES),
-                                 output, dict(knowledge.formats), score_format, on_step)
+        params = sum(p.numel() for p in module.parameters())
+        count = max(4, min(MAX_SYNTHETIC_EXAMPLES, SYNTHETIC_BUDGET // max(params, 1)))
+        fisher = diagonal_fisher(module, layers, split_examples(batches, count), output,
+                                 dict(knowledge.formats), score_format, on_step)
     except Exception as error:   # user code on inputs it never saw: recorded, never fatal
         log.debug("data-free Fisher failed", exc_info=True)
         return SyntheticFisher(None, "sqnr", "", (
