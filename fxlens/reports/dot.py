@@ -29,7 +29,7 @@ import math
 import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from fxlens.analyzer.core.errors import ReportError
 from fxlens.analyzer.core.graph import repeated_blocks
@@ -47,7 +47,8 @@ SHARED_FANOUT = 3        # a tensor feeding this many blocks is drawn as shared
 DOT_TIMEOUT_S = 300
 
 
-def render_dot(report: Report, color: str = "flops", expand: bool = False) -> str:
+def render_dot(report: Report, color: str = "flops", expand: bool = False,
+               title: str | None = None) -> str:
     """The report's graph as DOT, coloured by `color`, repeated blocks collapsed unless
     `expand`. Raises ReportError for an unknown metric or one the report does not hold."""
     values = metric_values(report, color)
@@ -57,7 +58,7 @@ def render_dot(report: Report, color: str = "flops", expand: bool = False) -> st
     lines = [f'digraph "{dot_escape(report.model.name)}" {{',
              '  graph [newrank=true, rankdir=TB, fontname="Helvetica", fontsize=11, nodesep=0.25, '
              'ranksep=0.35, labeljust=l, '
-             f'label="{dot_escape(_title(report, color))}", labelloc=t];',
+             f'label="{dot_escape(title or _title(report, color))}", labelloc=t];',
              '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=9, '
              'penwidth=0.6];',
              '  edge [fontname="Helvetica", fontsize=7, color="#777777", arrowsize=0.5];']
@@ -71,6 +72,27 @@ def render_dot(report: Report, color: str = "flops", expand: bool = False) -> st
 def collapsed_blocks(report: Report) -> tuple[str, ...]:
     """Module paths that collapse into one node each (in the report's module order)."""
     return repeated_blocks({m.path: m.type for m in report.modules})
+
+
+def block_runs(report: Report) -> list[list[int]]:
+    """Indices into `collapsed_blocks` grouped by run (the children of one parent)."""
+    runs: dict[str, list[int]] = {}
+    for index, block in enumerate(collapsed_blocks(report)):
+        runs.setdefault(block.rpartition(".")[0], []).append(index)
+    return list(runs.values())
+
+
+def render_block_dot(report: Report, index: int, color: str = "flops") -> str:
+    """Every op of collapsed block `index` as DOT: what its summary node stands for. The
+    memory colouring reads a timeline of the whole graph, so a block is coloured by FLOPs."""
+    block = collapsed_blocks(report)[index]
+    inside = tuple(n for n in report.nodes if _block_of(n.module, (block,)) is not None)
+    part = replace(report, nodes=inside, modules=tuple(
+        m for m in report.modules if m.path == block or m.path.startswith(block + ".")))
+    shown = "flops" if color == "memory" else color
+    flops = sum(n.flops for n in inside)
+    return render_dot(part, shown, expand=True, title=f"{block} · {len(inside)} ops · "
+                      f"{si(flops, 'FLOP')} · coloured by {shown}")
 
 
 def block_node_id(index: int) -> str:

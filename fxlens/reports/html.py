@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -55,7 +56,17 @@ TOOLTIP_POINTS = 240    # of which this many carry a tooltip
 TOP = 10
 
 
-def render_html(report: Report, svg: str | None, diff_html: str | None = None) -> str:
+@dataclass(frozen=True)
+class BlockGraphs:
+    """SVGs of repeated blocks with every op drawn (one per run) and, per collapsed block
+    index, which of them to show when its summary node is clicked."""
+
+    svgs: tuple[str, ...]
+    of_block: Mapping[int, int]
+
+
+def render_html(report: Report, svg: str | None, diff_html: str | None = None,
+                block_graphs: BlockGraphs | None = None) -> str:
     """The whole page. `svg`: graphviz's SVG of the graph (None: dot was not available)."""
     sections = [
         ("summary", "Summary", _summary_cards(report)),
@@ -68,15 +79,17 @@ def render_html(report: Report, svg: str | None, diff_html: str | None = None) -
         if view.key not in INTERACTIVE:
             chart = charts[view.key](report) if view.key in charts else ""
             sections.append((view.key, view.title, chart + render_view(view)))
-    sections.append(("graph", "Graph", _graph_section(svg)))
+    sections.append(("graph", "Graph", _graph_section(svg, block_graphs)))
     if diff_html:
         sections.append(("diff", "Diff", diff_html))
     nav = "".join(f'<a href="#{key}">{title}</a>' for key, title, _ in sections)
     body = "\n".join(f'<section id="{key}"><h2>{title}</h2>\n{html}\n</section>'
                      for key, title, html in sections)
-    data = {"report": report.to_dict(), "view": {"blocks": list(collapsed_blocks(report)),
-                                                  "times": _times_json(report),
-                                                  "module_times": module_times(report)}}
+    data = {"report": report.to_dict(), "view": {
+        "blocks": list(collapsed_blocks(report)), "times": _times_json(report),
+        "module_times": module_times(report),
+        "block_graphs": {str(k): v for k, v in (block_graphs.of_block.items()
+                                                if block_graphs else ())}}}
     title = esc(f"fxlens · {report.model.name}")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -439,15 +452,19 @@ def _cell(value: Any) -> str:
 # --- graph -----------------------------------------------------------------------------------
 
 
-def _graph_section(svg: str | None) -> str:
+def _graph_section(svg: str | None, blocks: BlockGraphs | None = None) -> str:
     if not svg:
         return ('<p class="muted" id="graph-missing">The graph image needs graphviz\'s '
                 "<code>dot</code> (apt-get install graphviz); graph.dot was written next to "
                 "this report.</p>")
+    templates = "".join(f'<template id="block-graph-{i}">{clean_svg(s)}</template>'
+                        for i, s in enumerate(blocks.svgs if blocks else ()))
+    hint = "click a block to see its ops in place" if blocks and blocks.svgs else ""
     return ('<div class="toolbar"><button id="zoom-in">+</button><button id="zoom-out">−'
-            '</button><button id="zoom-fit">fit</button><span class="muted">drag to pan, '
-            "wheel to zoom, click a node for its details</span></div>"
-            f'<div id="graph-view">{clean_svg(svg)}</div>')
+            '</button><button id="zoom-fit">fit</button><button id="graph-back" hidden>'
+            '← whole graph</button><span class="muted">drag to pan, wheel to zoom, click a '
+            f"node for its details{'; ' + hint if hint else ''}</span></div>"
+            f'<div id="graph-view">{clean_svg(svg)}</div>{templates}')
 
 
 def clean_svg(svg: str) -> str:

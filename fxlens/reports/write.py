@@ -15,8 +15,15 @@ from pathlib import Path
 from fxlens.analyzer.core.errors import ReportError
 from fxlens.analyzer.core.files import write_atomic
 from fxlens.analyzer.core.report import Report
-from fxlens.reports.dot import DOT_TIMEOUT_S, dot_binary, graphviz_render, render_dot
-from fxlens.reports.html import render_html
+from fxlens.reports.dot import (
+    DOT_TIMEOUT_S,
+    block_runs,
+    dot_binary,
+    graphviz_render,
+    render_block_dot,
+    render_dot,
+)
+from fxlens.reports.html import BlockGraphs, render_html
 from fxlens.reports.markdown import render_markdown
 
 DEFAULT_SVG_BUDGET_S = 10
@@ -66,9 +73,30 @@ def write_pages(report: Report, options: PageOptions) -> Written:
         except ReportError as error:
             written.notes.append(f"graph image skipped: {error}; graph.dot is written "
                                  f"(render it with --svg PATH, up to {DOT_TIMEOUT_S} s)")
-    _write(written, options.html or options.folder / "report.html", render_html(report, svg))
+    blocks = _block_graphs(report, options, written) if svg is not None else None
+    _write(written, options.html or options.folder / "report.html",
+           render_html(report, svg, block_graphs=blocks))
     _write(written, options.md or options.folder / "summary.md", render_markdown(report))
     return written
+
+
+def _block_graphs(report: Report, options: PageOptions, written: Written) -> BlockGraphs | None:
+    """Each run's first block with every op drawn, for the page to expand in place of the
+    run's summary nodes; skipped (with a note) past the SVG budget."""
+    if options.expand:
+        return None
+    runs = block_runs(report)
+    svgs: list[str] = []
+    of_block: dict[int, int] = {}
+    try:
+        for run in runs:
+            dot = render_block_dot(report, run[0], options.color)
+            svgs.append(graphviz_render(dot, "svg", DEFAULT_SVG_BUDGET_S).decode("utf-8"))
+            of_block.update({index: len(svgs) - 1 for index in run})
+    except ReportError as error:
+        written.notes.append(f"expanded blocks skipped on the page: {error}")
+        return None
+    return BlockGraphs(tuple(svgs), of_block)
 
 
 def _write(written: Written, path: Path, text: str) -> None:

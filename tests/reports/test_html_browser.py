@@ -191,3 +191,33 @@ def test_module_tree_groups_runs_of_identical_blocks(browser: Any, gpt_report: R
     click(browser, "#module-table tbody tr[data-path='blocks.0–1'] .toggle")
     shown = browser.execute_script(labels)
     assert "0" in shown and "1" in shown
+
+
+def test_a_collapsed_block_expands_in_place_and_back(browser: Any, gpt_report: Report,
+                                                     tmp_path: Path) -> None:
+    if dot_binary() is None:
+        pytest.skip("graphviz's dot is absent (scripts/setup.sh installs it)")
+    from fxlens.reports.write import PageOptions, write_pages
+
+    write_pages(gpt_report, PageOptions(folder=tmp_path))
+    browser.get_log("browser")
+    browser.get((tmp_path / "report.html").as_uri())
+    wait_ready(browser)
+    visible = ("return [...document.querySelectorAll('#graph-view svg')]"
+               ".filter(s => s.style.display !== 'none')"
+               ".map(s => [...s.querySelectorAll('g.node')].map(g => g.id))")
+    block0 = _block_ids(gpt_report, "blocks.0")
+    (whole,) = browser.execute_script(visible)
+    assert "b0" in whole and not any(i[0] == "n" and int(i[1:]) in block0 for i in whole)
+    click(browser, "#graph-view g.node[id='b1']")
+    (shown,) = browser.execute_script(visible)
+    assert shown and {int(i[1:]) for i in shown} <= block0      # blocks.0's ops, drawn
+    assert browser.find_element("id", "graph-back").is_displayed()
+    click(browser, "#graph-back")
+    (again,) = browser.execute_script(visible)
+    assert again == whole and not browser.find_element("id", "graph-back").is_displayed()
+    assert console_errors(browser) == []
+
+
+def _block_ids(report: Report, block: str) -> set[int]:
+    return {n.id for n in report.nodes if n.module == block or n.module.startswith(block + ".")}

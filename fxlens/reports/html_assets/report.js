@@ -439,13 +439,23 @@
     selected = view.querySelector("g.node[id='" + itemId + "']");
     if (selected) selected.classList.add("selected");
   }
+  // The graph view shows the whole graph, or one collapsed block expanded in its place
+  // (templates "block-graph-<i>"); pan and zoom act on whichever SVG is showing.
   function graph() {
     var view = document.getElementById("graph-view");
-    var svg = view ? view.querySelector("svg") : null;
-    if (!svg) return;
-    var base = svg.viewBox.baseVal;
-    var home = [base.x, base.y, base.width, base.height];
-    var box = home.slice();
+    var whole = view ? view.querySelector("svg") : null;
+    if (!whole) return;
+    var svg = null, home = null, box = null;
+    var back = document.getElementById("graph-back");
+    function show(next) {
+      if (svg && svg !== next) svg.style.display = "none";
+      svg = next;
+      svg.style.display = "";
+      var base = svg.viewBox.baseVal;
+      home = [base.x, base.y, base.width, base.height];
+      box = home.slice();
+      if (back) back.hidden = svg === whole;
+    }
     function apply() { svg.setAttribute("viewBox", box.join(" ")); }
     function toSvg(cx, cy) {
       var pt = svg.createSVGPoint();
@@ -461,6 +471,22 @@
              box[2] * factor, box[3] * factor];
       apply();
     }
+    var expanded = {};
+    function expand(index) {
+      var which = (VIEW.block_graphs || {})[index];
+      var template = which === undefined ? null :
+        document.getElementById("block-graph-" + which);
+      if (!template) return false;
+      if (!expanded[which]) {
+        var holder = document.createElement("div");
+        holder.innerHTML = template.innerHTML;
+        expanded[which] = holder.querySelector("svg");
+        view.appendChild(expanded[which]);
+      }
+      show(expanded[which]);
+      return true;
+    }
+    show(whole);
     view.addEventListener("wheel", function (e) {
       e.preventDefault();
       zoom(e.deltaY > 0 ? 1.15 : 1 / 1.15, e.clientX, e.clientY);
@@ -483,15 +509,20 @@
       view.classList.remove("dragging");
       setTimeout(function () { drag = null; }, 0);
     });
-    svg.addEventListener("click", function (e) {
+    view.addEventListener("click", function (e) {
       e.preventDefault();  // node anchors point at #n<id>; the page does not navigate
       if (drag && drag.moved > 4) return;
       var g = e.target.closest("g.node");
       if (!g) return;
       var id = g.id;
       if (id.charAt(0) === "n") showNode(Number(id.slice(1)));
-      else if (id.charAt(0) === "b") { showModule(blocks[Number(id.slice(1))]); highlight(id); }
+      else if (id.charAt(0) === "b") {
+        var index = Number(id.slice(1));
+        showModule(blocks[index]);
+        if (!expand(index)) highlight(id);
+      }
     });
+    if (back) back.addEventListener("click", function () { show(whole); });
     document.getElementById("zoom-in").addEventListener("click", function () { zoom(1 / 1.3); });
     document.getElementById("zoom-out").addEventListener("click", function () { zoom(1.3); });
     document.getElementById("zoom-fit").addEventListener("click", function () {
