@@ -119,9 +119,9 @@ def _by_export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str,
 
 def _lazy_recompile() -> contextlib.AbstractContextManager[Any]:
     """Export's own passes recompile the graph module's Python code again and again (splitting
-    it around ``set_grad_enabled`` regions, renaming placeholders): a third of its time on a
-    70B preset. We read the graph, never the code, so code is generated only if something
-    calls the module (torch's lazy graph modules; same nodes, same metadata)."""
+    it around ``set_grad_enabled`` regions, renaming placeholders). We read the graph, never
+    the code, so code is generated only if something calls the module (torch's lazy graph
+    modules; same nodes, same metadata). Measured in bench/README.md ("Issue 15")."""
     try:
         from torch.fx._lazy_graph_module import _use_lazy_graph_module
     except ImportError:   # a torch without it: eager recompiles, same graph
