@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from fxlens.analyzer.core.costs import Cost, CostRegistry, OpCall
@@ -95,3 +97,29 @@ def test_report_round_trips_through_json() -> None:
 def test_ancestors() -> None:
     assert ancestors("") == [""]
     assert ancestors("a.b") == ["", "a", "a.b"]
+
+
+def test_report_dict_is_dataclasses_asdict() -> None:
+    """`Report.to_dict`'s own converter gives what `dataclasses.asdict` gives (types included:
+    tuples stay tuples, named tuples and dicts are copies), on a report with every kind of
+    field, a frozen dataclass with a dict field among them."""
+    import dataclasses
+    from collections import namedtuple
+
+    from fxlens.analyzer.core.report import _as_dict
+
+    report = dataclasses.replace(analyze(graph(), registry()), meta={"k": [1, (2, 3)]})
+    bare = dataclasses.replace(report, sections={})
+    converted = _as_dict(bare)
+    assert converted == dataclasses.asdict(bare)
+    assert repr(converted) == repr(dataclasses.asdict(bare))
+    assert converted["meta"] is not bare.meta and converted["meta"]["k"] is not bare.meta["k"]
+    Pair = namedtuple("Pair", "spec sizes")
+
+    @dataclasses.dataclass(frozen=True)
+    class Holder:
+        pair: Any
+        table: dict[str, Any]
+
+    holder = Holder(Pair(T(2, 3), [1, 2]), {"a": (T(4),)})
+    assert repr(_as_dict(holder)) == repr(dataclasses.asdict(holder))

@@ -16,10 +16,12 @@ Bump `SCHEMA_VERSION` when a field changes meaning or disappears; adding a field
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -153,7 +155,7 @@ class Report:
         return replace(self, sections={**self.sections, **{s.key: s for s in sections}})
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(replace(self, sections={}))
+        data = _as_dict(replace(self, sections={}))
         data["coverage"]["ratio"] = self.coverage.ratio
         data.pop("sections")
         data.update({key: s.to_json() for key, s in self.sections.items()})
@@ -185,6 +187,31 @@ class Report:
             if module.path == path:
                 return module
         raise KeyError(path)
+
+
+_SCALARS = (int, float, str, bool, type(None))
+_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def _as_dict(obj: Any) -> Any:
+    """`dataclasses.asdict`, the same result, without its per-value ``copy.deepcopy`` of
+    scalars: a training step's report holds tens of thousands of nodes. Immutable scalars
+    are returned as they are (``deepcopy`` returns them too); containers are copied."""
+    kind = type(obj)
+    if kind in _SCALARS:
+        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        names = _FIELDS.get(kind)
+        if names is None:
+            names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(obj))
+        return {name: _as_dict(getattr(obj, name)) for name in names}
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):      # a named tuple
+        return kind(*[_as_dict(v) for v in obj])
+    if isinstance(obj, (list, tuple)):
+        return kind(_as_dict(v) for v in obj)
+    if isinstance(obj, dict):
+        return kind((_as_dict(k), _as_dict(v)) for k, v in obj.items())
+    return copy.deepcopy(obj)
 
 
 def write_report(report: Report, path: Path) -> None:
