@@ -127,11 +127,20 @@ def _model_info(graph: Graph, name: str, source: str) -> ModelInfo:
 def _roll_up(graph: Graph, nodes: tuple[NodeReport, ...]) -> tuple[ModuleReport, ...]:
     sums: dict[str, Counter[str]] = {p: Counter() for p in graph.module_types}
     sums.setdefault("", Counter())
+    # Each module's own nodes first, then each module's sums onto its ancestors: the same
+    # sums, and new paths join `sums` in the same order (a module's first node) as when
+    # every node is added to every ancestor.
+    own: dict[str, list[int]] = {}
     for node in nodes:
-        for path in ancestors(node.module):
+        acc_own = own.setdefault(node.module, [0, 0, 0, 0])
+        acc_own[0] += node.flops
+        acc_own[1] += node.bytes_read
+        acc_own[2] += node.bytes_written
+        acc_own[3] += 1
+    for module, (flops, read, written, count) in own.items():
+        for path in ancestors(module):
             acc = sums.setdefault(path, Counter())
-            acc.update(flops=node.flops, bytes_read=node.bytes_read,
-                       bytes_written=node.bytes_written, nodes=1)
+            acc.update(flops=flops, bytes_read=read, bytes_written=written, nodes=count)
     for param in graph.params:
         if param.is_buffer:
             continue
