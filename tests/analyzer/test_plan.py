@@ -78,6 +78,7 @@ def test_strategy_text_parses(text: str, gpus: int | None, expected: Strategy) -
     ("zero1,hybrid", 2, "unknown strategy 'hybrid'"),
     ("tp=two", 2, "whole number"),
     ("pp=0", 2, "≥ 1"),
+    ("fsdp", None, "--gpus N, or dp=N"),
 ])
 def test_bad_strategy_says_why(text: str, gpus: int | None, says: str) -> None:
     with pytest.raises(ValueError, match=says):
@@ -322,3 +323,39 @@ def test_moe_experts_are_sharded_by_ep_and_the_router_is_not_split() -> None:
     assert one - two == pytest.approx(expert_weights / 2, abs=len(blocks) * 8)
     (a2a,) = [c for c in layout(facts, "dp=2,ep=2", 2).collectives if c.kind == "all-to-all"]
     assert a2a.bytes == sum(u.routed_bytes for u in facts.units) and a2a.calls == 4
+
+
+# --- the command line -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--plan", "--strategy", "fsdp"], "--gpus N, or dp=N"),
+    (["--gpus", "4"], "add --plan"),
+    (["--plan", "--strategy", "ddp", "--search", "--gpus", "2"], "give one of them"),
+    (["--plan", "--tokens", "1.5"], "whole number"),
+    (["--plan", "--price", "-1"], "≥ 0"),
+])
+def test_plan_options_are_refused_before_the_model_runs(argv: list[str], says: str,
+                                                        capsys: pytest.CaptureFixture[str]
+                                                        ) -> None:
+    from fxlens.cli.main import main
+
+    try:
+        code = main([str(MODELS / "no_such_model.py"), *argv])   # refused before loading
+    except SystemExit as exit_:                                    # argparse's own refusals
+        code = exit_.code
+    assert code == 2 and says in capsys.readouterr().err
+
+
+def test_plan_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fxlens.cli.main import main
+
+    report = tmp_path / "r.json"
+    assert main([str(MODELS / "tiny_gpt.py"), "--plan", "--gpus", "4", "--tokens", "1e9",
+                 "--price", "2", "--no-pages", "--json", str(report)]) == 0
+    shown = capsys.readouterr().out
+    assert "plan · h100" in shown and "run days" in shown and "transfers per step" in shown
+    assert "$" in shown
+    plan = load_report(report).require(Plan)
+    assert plan.tokens == 10**9 and plan.layouts[0].run is not None
+    assert plan.layouts[0].run.cost == pytest.approx(plan.layouts[0].run.gpu_hours * 2)

@@ -10,8 +10,9 @@ optimizer state and master weights in host memory; ``v`` virtual stages per GPU 
 1F1B); ``micro_batches`` per step per data-parallel rank (gradient accumulation when pp = 1).
 
 Text: comma-separated names and ``key=value`` pairs, e.g. ``fsdp``, ``ddp``, ``zero2``,
-``hsdp``, ``dp=2,tp=4,pp=2,zero=1,sp``, ``tp=8,pp=4,v=2,ckpt``. A ``dp`` left out is filled from
-the GPU count. No torch here: the CLI checks the text before loading anything.
+``hsdp``, ``dp=2,tp=4,pp=2,zero=1,sp``, ``tp=8,pp=4,v=2,ckpt``. A ``dp`` left out is filled
+from the GPU count, which must then be given. No torch here: the CLI checks the text before
+loading anything.
 """
 
 from __future__ import annotations
@@ -105,12 +106,11 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
     strategy = replace(Strategy(micro_batches=micro_batches), **values)
     if "dp" not in values:
         if gpus is None:
-            strategy = replace(strategy, dp=1)
-        else:
-            inner = strategy.tp * strategy.pp
-            if gpus % inner:
-                raise ValueError(f"--gpus {gpus} is not a multiple of tp·pp = {inner}")
-            strategy = replace(strategy, dp=gpus // inner)
+            raise ValueError(f"{text!r} does not say how many GPUs: add --gpus N, or dp=N")
+        inner = strategy.tp * strategy.pp
+        if gpus % inner:
+            raise ValueError(f"--gpus {gpus} is not a multiple of tp·pp = {inner}")
+        strategy = replace(strategy, dp=gpus // inner)
     elif gpus is not None and strategy.gpus != gpus:
         raise ValueError(f"{text!r} uses dp·tp·pp = {strategy.gpus} GPUs, not --gpus {gpus}")
     problems = strategy.problems()

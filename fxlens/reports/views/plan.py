@@ -28,28 +28,29 @@ def plan_view(report: Report, detail: Detail) -> View | None:
 
 
 def _layouts(plan: Plan) -> Table:
+    """One row per layout; a whole run (``--tokens``) trades throughput and MFU (both in the
+    headline) for days and cost, so the table stays readable at 80 columns."""
     run = plan.tokens is not None
     cost = plan.price_per_gpu_hour is not None
-    heads = ["GPUs", "fits", "peak / GPU", "step", "tokens/s" if plan.micro_batch_tokens
-             else "samples/s", "MFU"]
-    if run:
-        heads += ["run days", "GPU-hours"]
-        if cost:
-            heads.append("cost")
+    heads = ["GPUs", "fits", "peak / GPU", "step"]
+    heads += (["run days", "cost" if cost else "GPU-hours"] if run else
+              ["tokens/s" if plan.micro_batch_tokens else "samples/s", "MFU"])
     rows = []
     for layout in plan.layouts:
         t = layout.time
-        rate = t.tokens_per_s if plan.micro_batch_tokens else (
-            t.samples_per_step / t.step_s if t.step_s else 0.0)
         row: list[str | Cell] = [
             layout.strategy, str(layout.gpus),
             Cell("yes", Tone.GOOD) if layout.fits else Cell("no", Tone.BAD),
-            binary_bytes(layout.memory.peak_bytes), seconds(t.step_s), si(rate),
-            f"{t.mfu:.1%}"]
-        if run and layout.run is not None:
-            row += [f"{layout.run.wall_s / DAY_S:.1f}", si(layout.run.gpu_hours)]
-            if cost:
-                row.append(f"${si(layout.run.cost or 0.0)}")
+            binary_bytes(layout.memory.peak_bytes), seconds(t.step_s)]
+        if run:
+            days = f"{layout.run.wall_s / DAY_S:.1f}" if layout.run else "-"
+            money = (f"${si(layout.run.cost)}" if layout.run and layout.run.cost is not None
+                     else si(layout.run.gpu_hours) if layout.run else "-")
+            row += [days, money]
+        else:
+            rate = t.tokens_per_s if plan.micro_batch_tokens else (
+                t.samples_per_step / t.step_s if t.step_s else 0.0)
+            row += [si(rate), f"{t.mfu:.1%}"]
         rows.append(tuple(row))
     what = ("requested layout" if plan.ranked_by == "requested"
             else f"best of {plan.considered} layouts by {plan.ranked_by}")
