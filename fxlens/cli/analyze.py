@@ -40,7 +40,8 @@ SUBCOMMAND_HELP = """subcommands:
   analyze explain [CODE]        what a rule (FUS002, QNT001) or an op's cost rule says
   analyze sweep TARGET…         a grid of analyses (--set k=a,b --seq-len …) in one table
 
-exit codes: 0 ok, 1 a gate tripped (--fail-on), 2 bad input, 3 internal error (a bug)"""
+exit codes: 0 ok, 1 a gate tripped (--fail-on) or a sweep point failed, 2 bad input,
+3 internal error (a bug)"""
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,7 +9,8 @@ exception text cannot drive the terminal, and keep each message on one line.
 Exit codes — CI reads them, so each means one thing:
 
     0  ok
-    1  a gate tripped (``--fail-on``); nothing else ever exits 1
+    1  a check tripped: a gate (``--fail-on``), or a point of ``analyze sweep`` that failed
+       (its row says why); nothing else exits 1
     2  bad input: the model, a report, an option, a path (one line on stderr)
     3  internal error: a bug in fxlens (one line and where to report it; ``--debug`` shows
        the traceback)

@@ -3,8 +3,8 @@
     analyze TARGET [options]          the analysis (`fxlens.cli.analyze`)
     analyze SUBCOMMAND ...            one of `SUBCOMMANDS`
 
-Exit codes (`fxlens.cli.console`): 0 ok, 1 a gate tripped and nothing else, 2 bad input,
-3 internal error.
+Exit codes (`fxlens.cli.console`): 0 ok, 1 a check tripped (a gate, a failed sweep point),
+2 bad input, 3 internal error.
 
 Tables go to stdout, diagnostics and progress to stderr (`fxlens.cli.console`). Building the
 parser imports neither torch nor the engine, so ``--help``, ``--version`` and a bad option

@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from fxlens.analyzer.core.files import check_writable, write_atomic
-    from fxlens.cli.console import EXIT_OK, err, out, say
+    from fxlens.cli.console import EXIT_GATE, EXIT_OK, err, out, say
     from fxlens.reports.sweep import render_sweep_html, render_sweep_markdown, sweep_view
     from fxlens.reports.terminal import render_view
     from fxlens.sweep import axis_value, run_sweep, swept_axes, write_csv
@@ -160,7 +160,7 @@ def run(args: argparse.Namespace) -> int:
     failed = sum(1 for r in rows if r.get("status") != "ok")
     if failed:
         err.print(f"{failed} of {len(rows)} points failed; their rows say why")
-        return 1
+        return EXIT_GATE
     return EXIT_OK
 
 
