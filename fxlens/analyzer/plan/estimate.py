@@ -34,8 +34,8 @@ last micro-batch's backward for DDP and ZeRO-1/2, every micro-batch's compute fo
 only the excess is exposed. The optimizer step scales with the state a GPU holds.
 NB: latency, congestion, NCCL's tree algorithms, and compute slowed by concurrent
 communication are not modelled: treat step times as lower bounds and rank layouts with them.
-NB: interleaved stages (v > 1) shrink the bubble here but not the first stage's memory, which
-in Megatron-LM's schedule holds up to (1 + (p − 1)/(p·v)) times more activations in flight.
+NB: interleaved stages (v > 1) shrink the bubble here, but the extra activations their
+schedule keeps in flight on the first stage (Narayanan et al. 2021) are not added.
 """
 
 from __future__ import annotations
