@@ -46,6 +46,9 @@ def check_options(options: Any) -> None:
     _parallel_plan(options)
 
 
+PLAN_DEVICE = "h100"     # what --plan lays out on without --device
+
+
 def _parallel_plan(options: Any) -> None:
     for flag in ("gpus", "max_gpus", "micro_batches", "global_batch", "tokens"):
         at_least_one(f"--{flag.replace('_', '-')}", getattr(options, flag))
@@ -66,6 +69,14 @@ def _parallel_plan(options: Any) -> None:
             parse_strategy(options.strategy, options.gpus, options.micro_batches)
         except ValueError as error:
             raise LoadError(f"--strategy: {error}") from None
+    if options.plan:
+        spec = resolve_device(options.device or PLAN_DEVICE, options.devices_file,
+                              options.profile)
+        if spec.inter_node_bytes_per_s <= 0 or (spec.gpus_per_node > 1
+                                                and spec.intra_node_bytes_per_s <= 0):
+            raise LoadError(f"--plan: device {spec.name!r} has no link bandwidths; give its "
+                            f"entry in the --devices file gpus_per_node, "
+                            f"intra_node_bytes_per_s and inter_node_bytes_per_s")
 
 
 def at_least_one(flag: str, value: int | None) -> None:

@@ -320,7 +320,7 @@ class PlanPass:
         assert ctx.step is not None, "a plan is made from the training step"
         ctx.on_step("laying the step out over GPUs")
         options = ctx.options
-        spec = ctx.device_spec() or resolve_device(DEFAULT_PLAN_DEVICE, options.devices_file,
+        spec = ctx.device_spec() or resolve_device(checks.PLAN_DEVICE, options.devices_file,
                                                    None)
         facts = plan_facts(ctx, report, spec)
         try:
@@ -336,9 +336,6 @@ class PlanPass:
         return (plan_section(facts, request, spec, assumptions, LINK_EFFICIENCY,
                              spec.link_source, spec.intra_node_bytes_per_s,
                              spec.inter_node_bytes_per_s),)
-
-
-DEFAULT_PLAN_DEVICE = "h100"
 
 
 def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:

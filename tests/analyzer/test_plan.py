@@ -10,6 +10,7 @@ not have (÷t only with sequence parallel), 2·sbh kept under full recompute.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterator
 from dataclasses import replace
@@ -359,3 +360,16 @@ def test_plan_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[
     plan = load_report(report).require(Plan)
     assert plan.tokens == 10**9 and plan.layouts[0].run is not None
     assert plan.layouts[0].run.cost == pytest.approx(plan.layouts[0].run.gpu_hours * 2)
+
+
+def test_a_device_without_links_is_refused_before_the_capture(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from fxlens.cli.main import main
+
+    devices = tmp_path / "devices.json"
+    devices.write_text(json.dumps({"devices": {"mygpu": {
+        "memory_bytes": 2**34, "bandwidth_bytes_per_s": 1e12, "peak_flops": {"bf16": 1e14}}}}))
+    argv = [str(MODELS / "no_such_model.py"), "--plan", "--gpus", "2", "--device", "mygpu",
+            "--devices", str(devices)]
+    assert main(argv) == 2
+    assert "no link bandwidths" in capsys.readouterr().err
