@@ -34,6 +34,7 @@ from fxlens.analyzer.capture.training import TrainingGraph, capture_training
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.core.graph import Graph
+from fxlens.analyzer.core.heap import settled_heap
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.passes import Pass, run_passes
 from fxlens.analyzer.core.report import Report
@@ -397,6 +398,11 @@ def run_pipeline(loaded: LoadedModel, options: AnalysisOptions,
 
 def run_context(ctx: Context) -> Report:
     """`run_pipeline` on a prepared context, whose graphs the caller may read afterwards."""
+    with settled_heap() as settle:   # the collector skips what the analysis keeps alive
+        return _run_context(ctx, settle)
+
+
+def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
     loaded, options, on_step = ctx.loaded, ctx.options, ctx.on_step
     check_options(options)
     ctx.device_spec()   # a bad --device fails before the capture, not after
@@ -418,6 +424,7 @@ def run_context(ctx: Context) -> Report:
                             f"(--precision {options.precision}): leave --precision out to "
                             f"record the model's own dtypes") from None
     graph = ctx.analysed()
+    settle()
     on_step("costing the step" if options.train else "costing ops")
     report = analyze(graph, ctx.registry, loaded.name, loaded.source, options.strict)
     return run_passes(PASSES, ctx, options, report)
