@@ -139,17 +139,15 @@ def _free_evidence(synthetic: SyntheticFisher | None) -> str:
 def _calibrated_evidence(calibration: Calibration | None) -> str | None:
     if calibration is None:
         return None
+    kinds = [v for row in calibration.evidence.values() for v in row.values()]
+    count = kinds.count("measured")
     fisher = calibration.fisher
-    measured = sorted({name for row in calibration.evidence.values()
-                       for fmt, name in row.items() if name == "measured"})
-    count = sum(1 for row in calibration.evidence.values() for v in row.values()
-                if v == "measured")
-    total = sum(len(row) for row in calibration.evidence.values())
     head = (f"diagonal Fisher on {fisher.examples} calibration examples (one backward each, "
             "labels sampled from the model's own output)" if fisher else "")
-    return (f"{head}; measured {calibration.metric} for {count} of {total} layer × format "
-            "pairs (the Fisher's worst per format), Fisher elsewhere" if measured
-            else head)
+    if count == len(kinds):
+        return f"{head}; {calibration.metric} measured for every layer and format"
+    return (f"{head}; {calibration.metric} measured for {count} of {len(kinds)} layer × "
+            "format pairs (the Fisher's worst per format), the Fisher's prediction elsewhere")
 
 
 def _out_ratio(calibration: Calibration, name: str) -> float | None:
