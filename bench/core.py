@@ -1,11 +1,22 @@
 """Core benchmark: wall time and peak RSS of `analyze` on big presets, beside FlopCounterMode.
 
-    .venv/bin/python bench/core.py [--repeat 3] [--out bench/results/core.md]
+    .venv/bin/python bench/core.py [--repeat 3] [--cases llama-2-7b llama-3-70b] [--out FILE]
+    .venv/bin/python bench/core.py --before /tmp/before-wt    # + fxlens from another checkout
+
+With ``--before CHECKOUT`` every case also runs fxlens from that checkout (``git worktree add
+--detach CHECKOUT <commit>``; run with ``PYTHONPATH=CHECKOUT``), interleaved with this one and
+the baseline case by case, so before and after share the machine's load.
 
 Each case runs in its own process (so peak RSS is that process's alone, read from wait4);
-times are medians over `--repeat` runs. Both tools load the same meta-device model. Targets
-(issue 2): llama-2-7b under 15 s and llama-3-70b under 40 s end to end at seq 2048, each
-under 1.5 GiB peak RSS; GPT-2 no more than 2× FlopCounterMode's time.
+times are medians over `--repeat` runs. Both tools load the same meta-device model.
+
+Rows (issue 15): the default command (report folder with its pages: JSON, DOT, SVG, HTML,
+Markdown) on GPT-2, Llama-2-7B and Llama-3-70B at their sequence length; the JSON alone
+(``--no-pages``) on Llama-2-7B; ``--train`` on Llama-2-7B against FlopCounterMode over a
+forward *and* backward; the presets Llama-3.1-405B and DeepSeek-V3 (default sequence
+length). Targets (issue 15): 7B and 70B default ≤ 1.0× FlopCounterMode, 70B < 15 s, the
+7B training step ≤ 1.0× FlopCounterMode forward+backward, 405B and DeepSeek-V3 < 20 s and
+< 1.5 GiB. `--cases extra` adds the slow profiling row (70B ``--train`` at seq 4096).
 """
 
 from __future__ import annotations
@@ -25,10 +36,29 @@ from pathlib import Path
 import torch
 
 HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    target: str
+    seq_len: int | None          # None: the preset's own
+    flags: tuple[str, ...] = ()  # fxlens flags beyond the target and sequence length
+    pages: bool = True           # the default command writes the pages
+    train: bool = False          # the baseline runs forward + backward
+    extra: bool = False          # only with --cases extra (or named)
+
+
 CASES = (
-    ("hf:gpt2", 1024),
-    ("hf:llama-2-7b", 2048),
-    ("hf:llama-3-70b", 2048),
+    Case("gpt2", "hf:gpt2", 1024),
+    Case("llama-2-7b", "hf:llama-2-7b", 2048),
+    Case("llama-2-7b-json", "hf:llama-2-7b", 2048, pages=False),
+    Case("llama-3-70b", "hf:llama-3-70b", 2048),
+    Case("llama-2-7b-train", "hf:llama-2-7b", 2048, ("--train",), train=True),
+    Case("llama-3.1-405b", "hf:llama-3.1-405b", None),
+    Case("deepseek-v3", "hf:deepseek-v3", None),
+    Case("llama-3-70b-train-4k", "hf:llama-3-70b", 4096, ("--train",), pages=False,
+         train=True, extra=True),
 )
 
 
@@ -39,55 +69,105 @@ class Run:
     output: str
 
 
-def run(command: list[str]) -> Run:
-    start = time.perf_counter()
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    _, status, usage = os.wait4(proc.pid, 0)
-    seconds = time.perf_counter() - start
-    out = proc.stdout.read() if proc.stdout else ""
-    err = proc.stderr.read() if proc.stderr else ""
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise RuntimeError(f"{' '.join(command)} failed:\n{err[-2000:]}")
-    return Run(seconds, usage.ru_maxrss * 1024, out.strip())
+def run_measured(command: list[str], checkout: Path | None = None) -> Run:
+    """`command` in its own process: wall time and that process's peak RSS (wait4); with
+    `checkout`, fxlens is imported from there."""
+    env = None if checkout is None else {**os.environ, "PYTHONPATH": str(checkout)}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(command, stdout=out, stderr=err, text=True, env=env,
+                                cwd=checkout)
+        _, status, usage = os.wait4(proc.pid, 0)
+        seconds = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)} failed:\n{err.read()[-2000:]}")
+        return Run(seconds, usage.ru_maxrss * 1024, out.read().strip())
 
 
-def median_run(command: list[str], repeat: int) -> tuple[float, int, str]:
-    runs = [run(command) for _ in range(repeat)]
+def median_run(command: list[str], repeat: int, checkout: Path | None = None
+               ) -> tuple[float, int, str]:
+    runs = [run_measured(command, checkout) for _ in range(repeat)]
     return (statistics.median(r.seconds for r in runs),
             max(r.peak_rss_bytes for r in runs), runs[-1].output)
+
+
+def fxlens_command(case: Case, folder: Path) -> list[str]:
+    command = [sys.executable, "-m", "fxlens", case.target, *case.flags]
+    if case.seq_len is not None:
+        command += ["--seq-len", str(case.seq_len)]
+    if case.pages:
+        return command + ["--out", str(folder)]     # the default command, in a temp folder
+    return command + ["--no-pages", "--quiet", "--json", str(folder / "report.json")]
+
+
+def baseline_command(case: Case) -> list[str]:
+    command = [sys.executable, str(HERE / "flop_counter_baseline.py"), case.target]
+    if case.seq_len is not None:
+        command += ["--seq-len", str(case.seq_len)]
+    return command + (["--train"] if case.train else [])
+
+
+def shown(case: Case) -> str:
+    command = ["analyze", case.target, *case.flags]
+    if case.seq_len is not None:
+        command += ["--seq-len", str(case.seq_len)]
+    command += [] if case.pages else ["--no-pages", "--json r.json"]
+    return "`" + " ".join(command) + "`"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--cases", nargs="*", help="case names (default: all but the extra "
+                        f"ones; 'extra' adds them): {', '.join(c.name for c in CASES)}")
+    parser.add_argument("--no-baseline", action="store_true", help="fxlens only")
+    parser.add_argument("--before", type=Path, help="also run fxlens from this checkout")
     parser.add_argument("--out", type=Path, default=HERE / "results" / "core.md")
     args = parser.parse_args()
+    wanted = set(args.cases or ())
+    cases = [c for c in CASES if (c.name in wanted) or
+             (not (wanted - {"extra"}) and (not c.extra or "extra" in wanted))]
     rows = []
-    with tempfile.TemporaryDirectory() as folder:
-        for target, seq_len in CASES:
-            report = Path(folder) / "report.json"
-            ours = median_run([sys.executable, "-m", "fxlens", target, "--seq-len", str(seq_len),
-                               "--quiet", "--json", str(report)], args.repeat)
-            ours = (*ours[:2], str(json.loads(report.read_text())["totals"]["flops"]))
-            theirs = median_run([sys.executable, str(HERE / "flop_counter_baseline.py"), target,
-                                 "--seq-len", str(seq_len)], args.repeat)
-            rows.append((target, seq_len, ours, theirs))
-            print(f"{target}: fxlens {ours[0]:.1f} s {ours[1] / 2**30:.2f} GiB · "
-                  f"FlopCounterMode {theirs[0]:.1f} s {theirs[1] / 2**30:.2f} GiB", file=sys.stderr)
+    for case in cases:
+        before = None
+        if args.before is not None:
+            with tempfile.TemporaryDirectory() as folder:
+                before = median_run(fxlens_command(case, Path(folder)), args.repeat,
+                                    args.before.resolve())
+        with tempfile.TemporaryDirectory() as folder:
+            ours = median_run(fxlens_command(case, Path(folder)), args.repeat)
+            flops = json.loads((Path(folder) / "report.json").read_text())["totals"]["flops"]
+        theirs = (None if args.no_baseline
+                  else median_run(baseline_command(case), args.repeat))
+        rows.append((case, before, ours, flops, theirs))
+        print(f"{case.name}: "
+              + ("" if before is None else f"before {before[0]:.1f} s {before[1] / 2**30:.2f} GiB"
+                 " · ")
+              + f"fxlens {ours[0]:.1f} s {ours[1] / 2**30:.2f} GiB"
+              + ("" if theirs is None else f" · FlopCounterMode {theirs[0]:.1f} s "
+                 f"{theirs[1] / 2**30:.2f} GiB"), file=sys.stderr, flush=True)
+    load = os.getloadavg()[0]
+    before_head = ("fxlens before | before peak RSS | " if args.before else "")
     lines = [
-        f"Measured {time.strftime('%Y-%m-%d')} on {platform.machine()}, {os.cpu_count()} cores, "
-        f"torch {torch.__version__}; median of {args.repeat} runs, each in its own process.",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {platform.machine()}, "
+        f"{os.cpu_count()} cores, torch {torch.__version__}; median of {args.repeat} run(s), "
+        f"each in its own process; 1-minute load average at the end {load:.1f}.",
         "",
-        "| model | seq | fxlens time | fxlens peak RSS | FlopCounterMode time | "
+        f"| case | command | {before_head}fxlens time | fxlens peak RSS | FlopCounterMode time | "
         "FlopCounterMode peak RSS | time ratio | fxlens FLOPs | FlopCounterMode FLOPs |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|" + ("---|---|" if args.before else "") + "---|---|---|---|---|---|---|",
     ]
-    for target, seq_len, ours, theirs in rows:
-        lines.append(
-            f"| {target} | {seq_len} | {ours[0]:.1f} s | {ours[1] / 2**30:.2f} GiB | "
-            f"{theirs[0]:.1f} s | {theirs[1] / 2**30:.2f} GiB | {ours[0] / theirs[0]:.2f}× | "
-            f"{float(ours[2]):.3e} | {float(theirs[2]):.3e} |"
-        )
+    for case, before, ours, flops, theirs in rows:
+        base = (f"— | — | — | {float(flops):.3e} | —" if theirs is None else
+                f"{theirs[0]:.1f} s | {theirs[1] / 2**30:.2f} GiB | {ours[0] / theirs[0]:.2f}× | "
+                f"{float(flops):.3e} | {float(theirs[2]):.3e}")
+        then = ("" if before is None else
+                f"{before[0]:.1f} s | {before[1] / 2**30:.2f} GiB | ")
+        lines.append(f"| {case.name} | {shown(case)} | {then}{ours[0]:.1f} s | "
+                     f"{ours[1] / 2**30:.2f} GiB | {base} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
