@@ -236,6 +236,7 @@ def _check_before(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
     baseline report, output paths, every option's value); the baseline review to do after."""
     from types import SimpleNamespace
 
+    from fxlens.analyzer.capture.target import check_target
     from fxlens.analyzer.core.errors import LoadError
     from fxlens.analyzer.core.files import check_writable
     from fxlens.checks import check_options
@@ -251,6 +252,7 @@ def _check_before(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
     for path in _output_paths(args, "model"):
         check_writable(path)
     check_options(SimpleNamespace(**settings))
+    check_target(args.target, settings["overrides"])   # a missing file: before torch loads
     return review
 
 

@@ -143,3 +143,36 @@ def test_a_failing_model_file_is_unregistered_too(tmp_path: Path) -> None:
     with pytest.raises(LoadError):
         load(str(path))
     assert "fxlens_user_failing" not in sys.modules and sys.path == search_path
+
+
+@pytest.mark.parametrize("kind", ["missing.py", "folder", "report.json", "plain", "set"])
+def test_bad_targets_refused_before_torch_with_loads_words(
+        tmp_path: Path, kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A missing file, a folder, a JSON report, a target of no known form, --set on a file:
+    `check_target` (no torch) says what `load` says, and the CLI answers with it, exit 2,
+    without importing torch."""
+    import subprocess
+
+    from fxlens.analyzer.capture.target import check_target
+
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "report.json").write_text("{}")
+    (tmp_path / "model.py").write_text("")
+    target = {"missing.py": "missing.py", "folder": "folder", "report.json": "report.json",
+              "plain": "no_such_target", "set": "model.py"}[kind]
+    overrides = {"n_layer": "2"} if kind == "set" else {}
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(LoadError) as early:
+        check_target(target, overrides)
+    with pytest.raises(LoadError) as late:
+        load(target, overrides=overrides)
+    assert str(early.value) == str(late.value)
+    argv = [target, *(["--set", "n_layer=2"] if kind == "set" else [])]
+    probe = ("import sys; from fxlens.cli.main import main\n"
+             f"code = main({argv!r})\n"
+             "assert 'torch' not in sys.modules, 'torch imported'\n"
+             "sys.exit(code)")
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                            cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert str(early.value) in result.stderr

@@ -39,6 +39,7 @@ import torch.utils._pytree as pytree
 
 from fxlens.analyzer.capture.fx_convert import user_frame
 from fxlens.analyzer.capture.guard import user_code
+from fxlens.analyzer.capture.target import check_target
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.core.loaded import LoadedModel
 
@@ -62,30 +63,11 @@ def load(
         return load_preset(target[3:], overrides or {}, batch=given.get("batch", 1),
                            seq_len=given.get("seq_len"), image_size=given.get("image_size"),
                            allow_large=allow_large)
-    if overrides:
-        raise LoadError("--set overrides config fields of hf: presets only")
-    path = Path(target)
+    check_target(target, overrides)
     if target.endswith(".py"):
-        return _from_file(path, entry, given)
-    if path.exists():
-        raise LoadError(_not_a_model_file(path))
-    if ":" in target:
-        module_name, _, function = target.partition(":")
-        return _from_factory(_import(module_name), function, given, module_name)
-    raise LoadError(
-        f"cannot load {target!r}: expected a .py file, 'pkg.module:function' or 'hf:<preset>'"
-    )
-
-
-def _not_a_model_file(path: Path) -> str:
-    if path.is_dir():
-        return (f"{path} is a folder; expected a model .py file, 'pkg.module:function' or "
-                f"'hf:<preset>'")
-    if path.suffix == ".json":
-        return (f"{path} is a JSON file, not a model: analyze takes a model .py file; to "
-                f"compare reports use `analyze diff OLD.json NEW.json`")
-    return (f"{path} is not a Python file (expected a model .py file, 'pkg.module:function' "
-            f"or 'hf:<preset>')")
+        return _from_file(Path(target), entry, given)
+    module_name, _, function = target.partition(":")
+    return _from_factory(_import(module_name), function, given, module_name)
 
 
 def _from_file(path: Path, entry: str | None, sizes: Mapping[str, int]) -> LoadedModel:
