@@ -67,6 +67,7 @@ class Run:
     seconds: float
     peak_rss_bytes: int
     output: str
+    cpu_seconds: float = 0.0     # user + system time of the process (steadier on a shared box)
 
 
 def run_measured(command: list[str], checkout: Path | None = None) -> Run:
@@ -84,14 +85,17 @@ def run_measured(command: list[str], checkout: Path | None = None) -> Run:
         err.seek(0)
         if proc.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed:\n{err.read()[-2000:]}")
-        return Run(seconds, usage.ru_maxrss * 1024, out.read().strip())
+        return Run(seconds, usage.ru_maxrss * 1024, out.read().strip(),
+                   usage.ru_utime + usage.ru_stime)
 
 
 def median_run(command: list[str], repeat: int, checkout: Path | None = None
-               ) -> tuple[float, int, str]:
+               ) -> tuple[float, int, str, float]:
+    """Median wall time, peak RSS (max), the last run's output, median CPU time."""
     runs = [run_measured(command, checkout) for _ in range(repeat)]
     return (statistics.median(r.seconds for r in runs),
-            max(r.peak_rss_bytes for r in runs), runs[-1].output)
+            max(r.peak_rss_bytes for r in runs), runs[-1].output,
+            statistics.median(r.cpu_seconds for r in runs))
 
 
 def fxlens_command(case: Case, folder: Path) -> list[str]:
@@ -144,29 +148,32 @@ def main() -> None:
                   else median_run(baseline_command(case), args.repeat))
         rows.append((case, before, ours, flops, theirs))
         print(f"{case.name}: "
-              + ("" if before is None else f"before {before[0]:.1f} s {before[1] / 2**30:.2f} GiB"
-                 " · ")
-              + f"fxlens {ours[0]:.1f} s {ours[1] / 2**30:.2f} GiB"
+              + ("" if before is None else f"before {before[0]:.1f} s (cpu {before[3]:.1f} s) "
+                 f"{before[1] / 2**30:.2f} GiB · ")
+              + f"fxlens {ours[0]:.1f} s (cpu {ours[3]:.1f} s) {ours[1] / 2**30:.2f} GiB"
               + ("" if theirs is None else f" · FlopCounterMode {theirs[0]:.1f} s "
-                 f"{theirs[1] / 2**30:.2f} GiB"), file=sys.stderr, flush=True)
+                 f"(cpu {theirs[3]:.1f} s) {theirs[1] / 2**30:.2f} GiB"),
+              file=sys.stderr, flush=True)
     load = os.getloadavg()[0]
-    before_head = ("fxlens before | before peak RSS | " if args.before else "")
+    before_head = ("fxlens before (CPU) | before peak RSS | " if args.before else "")
     lines = [
         f"Measured {time.strftime('%Y-%m-%d %H:%M')} on {platform.machine()}, "
         f"{os.cpu_count()} cores, torch {torch.__version__}; median of {args.repeat} run(s), "
         f"each in its own process; 1-minute load average at the end {load:.1f}.",
         "",
-        f"| case | command | {before_head}fxlens time | fxlens peak RSS | FlopCounterMode time | "
-        "FlopCounterMode peak RSS | time ratio | fxlens FLOPs | FlopCounterMode FLOPs |",
+        f"| case | command | {before_head}fxlens time (CPU) | fxlens peak RSS | FlopCounterMode "
+        "time (CPU) | FlopCounterMode peak RSS | time ratio (CPU ratio) | fxlens FLOPs | "
+        "FlopCounterMode FLOPs |",
         "|---|---|" + ("---|---|" if args.before else "") + "---|---|---|---|---|---|---|",
     ]
     for case, before, ours, flops, theirs in rows:
         base = (f"— | — | — | {float(flops):.3e} | —" if theirs is None else
-                f"{theirs[0]:.1f} s | {theirs[1] / 2**30:.2f} GiB | {ours[0] / theirs[0]:.2f}× | "
+                f"{theirs[0]:.1f} s ({theirs[3]:.1f} s) | {theirs[1] / 2**30:.2f} GiB | "
+                f"{ours[0] / theirs[0]:.2f}× ({ours[3] / theirs[3]:.2f}×) | "
                 f"{float(flops):.3e} | {float(theirs[2]):.3e}")
         then = ("" if before is None else
-                f"{before[0]:.1f} s | {before[1] / 2**30:.2f} GiB | ")
-        lines.append(f"| {case.name} | {shown(case)} | {then}{ours[0]:.1f} s | "
+                f"{before[0]:.1f} s ({before[3]:.1f} s) | {before[1] / 2**30:.2f} GiB | ")
+        lines.append(f"| {case.name} | {shown(case)} | {then}{ours[0]:.1f} s ({ours[3]:.1f} s) | "
                      f"{ours[1] / 2**30:.2f} GiB | {base} |")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text("\n".join(lines) + "\n")
