@@ -381,7 +381,8 @@ def _plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFa
         "1F1B pipeline: bubble (p − 1)/v micro-batch times; stage i holds min(m, p − i) "
         "micro-batches of activations",
         "ranks laid out tp innermost, then dp (ep inside it), pp outermost",
-    )
+    ) + (("--tokens: the inputs hold no (batch, sequence) token tensor, so no run is "
+          "estimated",) if options.tokens and not facts.tokens else ())
 
 
 PASSES: tuple[Pass[Context], ...] = (InferenceMemory(), TrainingStep(), KVCachePass(),

@@ -57,10 +57,14 @@ def _layouts(plan: Plan) -> Table:
     caption = (f"{plan.gpus_per_node} GPUs per node; links per GPU "
                f"{si(plan.intra_node_bytes_per_s, 'B/s')} in a node, "
                f"{si(plan.inter_node_bytes_per_s, 'B/s')} across ({plan.link_source}). "
-               f"{plan.blocks} repeated blocks, {plan.tensor_parallel_pairs} tensor-parallel "
-               f"pairs per block found in the graph"
+               + (f"{plan.blocks} repeated blocks, {plan.tensor_parallel_pairs} tensor-"
+                  f"parallel pairs per block found in the graph" if plan.blocks else
+                  "no repeated blocks, so no pipeline stages")
                + (f", {plan.experts} experts per MoE layer" if plan.experts else "")
-               + f". {plan.assumptions[0]}; every assumption under --full and in the JSON.")
+               + f". {plan.assumptions[0]}"
+               + ("; no run: the inputs hold no token tensor" if plan.tokens is not None
+                  and not plan.micro_batch_tokens else "")
+               + "; every assumption under --full and in the JSON.")
     return Table.of(f"plan · {plan.device} ({binary_bytes(plan.device_bytes)}) · {what}",
                     columns(("layout",), tuple(heads)), rows, caption=caption)
 
