@@ -63,7 +63,7 @@ from fxlens.analyzer.memory.measure import simulate_eager_memory
 from fxlens.analyzer.memory.training_state import param_state, parse_bytes
 from fxlens.analyzer.memory.training_step import StepSettings, training_section
 from fxlens.analyzer.memory.types import KVLayout
-from fxlens.analyzer.plan.search import PlanRequest, plan_section
+from fxlens.analyzer.plan.search import PlanRequest, misfits, plan_section
 from fxlens.analyzer.plan.strategy import parse as parse_strategy
 from fxlens.analyzer.plan.structure import ModelFacts, WholeStep, read_facts
 from fxlens.analyzer.quant.section import QuantSettings, quant_section
@@ -329,6 +329,9 @@ class PlanPass:
                         if options.strategy else None)
         except ValueError as error:
             raise LoadError(f"--strategy: {error}") from None
+        problems = misfits(facts, strategy) if strategy is not None else []
+        if problems:
+            raise LoadError(f"--strategy {options.strategy}: {'; '.join(problems)}")
         request = PlanRequest(strategy=strategy, gpus=None if options.search else options.gpus,
                               max_gpus=options.max_gpus or options.gpus,
                               global_batch=options.global_batch, tokens=options.tokens,

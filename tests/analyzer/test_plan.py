@@ -373,3 +373,17 @@ def test_a_device_without_links_is_refused_before_the_capture(
             "--devices", str(devices)]
     assert main(argv) == 2
     assert "no link bandwidths" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, gpus, says", [
+    ("pp=4", 4, "pp=4 needs at least 4 repeated blocks"),
+    ("tp=3", 3, "tp=3 does not divide"),
+    ("dp=2,ep=2", None, "must divide the experts"),
+])
+def test_a_strategy_the_model_cannot_take_says_why(gpt: tuple[Report, ModelFacts], text: str,
+                                                   gpus: int | None, says: str) -> None:
+    from fxlens.analyzer.plan.search import misfits
+
+    _, facts = gpt
+    assert any(says in problem for problem in misfits(facts, parse(text, gpus)))
+    assert misfits(facts, parse("dp=2,tp=2,pp=2", None)) == []

@@ -83,6 +83,24 @@ def _inner(facts: ModelFacts, dp: int, tp: int, pp: int, batch: int, gpus_per_no
                                sp=tp > 1, checkpoint=checkpoint, micro_batches=m)
 
 
+def misfits(facts: ModelFacts, strategy: Strategy) -> list[str]:
+    """Why `strategy` cannot split this model (empty when it can): more stages than blocks,
+    a tp that does not divide a column-parallel width, an ep that does not divide the experts."""
+    found = []
+    if strategy.pp > max(facts.blocks, 1):
+        found.append(f"pp={strategy.pp} needs at least {strategy.pp} repeated blocks; the "
+                     f"model has {facts.blocks}")
+    widths = sorted({w for u in facts.units for w in u.column_widths})
+    if strategy.tp > 1 and not widths:
+        found.append("tp > 1 needs tensor-parallel pairs; none were found in the graph")
+    elif any(w % strategy.tp for w in widths):
+        found.append(f"tp={strategy.tp} does not divide every column-parallel width "
+                     f"({', '.join(map(str, widths))})")
+    if strategy.ep > 1 and (not facts.experts or facts.experts % strategy.ep):
+        found.append(f"ep={strategy.ep} must divide the experts per layer ({facts.experts})")
+    return found
+
+
 def _is_block(name: str) -> bool:
     return name not in ("pre", "post")
 
