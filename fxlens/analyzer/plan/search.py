@@ -47,7 +47,7 @@ def candidates(facts: ModelFacts, request: PlanRequest, gpus_per_node: int
     """Every layout the search considers, or why one cannot be laid out at all."""
     counts = ([request.gpus] if request.gpus else
               sorted({*_powers(request.max_gpus or 8), request.max_gpus or 8}))
-    widths = {w for u in facts.units if _is_block(u.name) for w in u.column_widths}
+    widths = _block_widths(facts)
     pairs = any(u.row_gemms for u in facts.units)
     batch = request.global_batch or facts.samples * max(counts)
     for n in counts:
@@ -90,8 +90,8 @@ def misfits(facts: ModelFacts, strategy: Strategy) -> list[str]:
     if strategy.pp > max(facts.blocks, 1):
         found.append(f"pp={strategy.pp} needs at least {strategy.pp} repeated blocks; the "
                      f"model has {facts.blocks}")
-    widths = sorted({w for u in facts.units for w in u.column_widths})
-    if strategy.tp > 1 and not widths:
+    widths = sorted(_block_widths(facts))
+    if strategy.tp > 1 and not any(u.row_gemms for u in facts.units):
         found.append("tp > 1 needs tensor-parallel pairs; none were found in the graph")
     elif any(w % strategy.tp for w in widths):
         found.append(f"tp={strategy.tp} does not divide every column-parallel width "
@@ -99,6 +99,12 @@ def misfits(facts: ModelFacts, strategy: Strategy) -> list[str]:
     if strategy.ep > 1 and (not facts.experts or facts.experts % strategy.ep):
         found.append(f"ep={strategy.ep} must divide the experts per layer ({facts.experts})")
     return found
+
+
+def _block_widths(facts: ModelFacts) -> set[int]:
+    """Column widths tp must divide: the blocks' (an LM head's vocabulary is padded to a
+    multiple of tp, as Megatron-LM does)."""
+    return {w for u in facts.units if _is_block(u.name) for w in u.column_widths}
 
 
 def _is_block(name: str) -> bool:
