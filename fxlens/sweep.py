@@ -4,7 +4,8 @@ A `Point` is one target with its overrides, batch, sequence length, device and s
 options every point shares are a `SweepSpec`. `grid` takes the product of every axis. Each
 point runs `run_point` — the same pipeline as ``analyze`` — and becomes one flat row
 (`COLUMNS`): the figures a sweep compares (parameters, FLOPs, peak memory, fit, time, and the
-plan's first layout), or its error: a failing point is a row, never a lost sweep.
+plan's first layout), or its error: a failing point is a row, never a lost sweep. Fusion
+findings are left out of every point (a sweep compares these figures; they cost time).
 
 Where points run: in this process (one worker), a local process pool (``spawn``: each worker
 imports torch once and runs many points), or an existing Ray cluster (`ray` is an optional
