@@ -208,19 +208,17 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     if s.offload:
         host = held.master_bytes + held.optimizer_bytes
         held = StateBytes(held.weights_bytes, 0, held.grad_bytes, 0, held.buffer_bytes)
-    saved_mb = sum(u.saved_split_bytes / t + u.saved_whole_bytes / seq_div for u in units)
     in_flight = min(m, s.pp - index)
     if s.checkpoint:
-        kept = sum(u.input_bytes / seq_div if _is_block(u)
-                   else u.saved_split_bytes / t + u.saved_whole_bytes / seq_div for u in units)
-        recompute = max((u.saved_split_bytes / t + u.saved_whole_bytes / seq_div
-                         for u in units if _is_block(u)), default=0.0)
+        kept = sum(u.input_bytes / seq_div if _is_block(u) else _saved_on_gpu(u, t, seq_div)
+                   for u in units)
+        recompute = max((_saved_on_gpu(u, t, seq_div) for u in units if _is_block(u)),
+                        default=0.0)
         activations = kept * in_flight + recompute
     else:
-        activations = saved_mb * in_flight
+        activations = sum(_saved_on_gpu(u, t, seq_div) for u in units) * in_flight
     total_saved = sum(u.saved_bytes for u in facts.units) or 1
-    all_saved_split = sum(u.saved_split_bytes / t + u.saved_whole_bytes / seq_div
-                          for u in facts.units)
+    all_saved_split = sum(_saved_on_gpu(u, t, seq_div) for u in facts.units)
     transient = facts.transient_bytes * all_saved_split / total_saved
     full_grads = facts.states.grad_bytes or 1
     grads_at_peak = facts.gradients_at_peak_bytes * held.grad_bytes / full_grads
@@ -259,6 +257,12 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         data_parallel=_data_parallel(s, device, dense, expert, shard),
         boundary_bytes=round(nxt.input_bytes / seq_div) if nxt is not None else 0,
     )
+
+
+def _saved_on_gpu(unit: Unit, t: int, seq_div: int) -> float:
+    """One micro-batch's saved activations of `unit` on one GPU: the split part over t, the
+    rest over t only with sequence parallel (`seq_div`)."""
+    return unit.saved_split_bytes / t + unit.saved_whole_bytes / seq_div
 
 
 def _unit_state(unit: Unit, t: int, ep: int) -> StateBytes:

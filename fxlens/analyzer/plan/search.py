@@ -120,13 +120,14 @@ def plan_section(facts: ModelFacts, request: PlanRequest, device: Links,
     reasons: Counter[str] = Counter()
     considered = 0
     if request.strategy is not None:
-        layouts.append(_evaluate(facts, request.strategy, device, request))
+        layouts.append(estimate(facts, request.strategy, device, request.tokens,
+                                request.price_per_gpu_hour))
         considered = 1
         ranked_by = "requested"
         if not layouts[0].fits:   # what would fit on the same GPUs
-            alternatives = _search(facts, replace(request, strategy=None,
-                                                  gpus=request.strategy.gpus), device)
-            layouts += alternatives[0][:SHOWN - 1]
+            fitting, *_ = _search(facts, replace(request, strategy=None,
+                                                 gpus=request.strategy.gpus), device)
+            layouts += fitting[:SHOWN - 1]
     else:
         fitting, dropped, reasons, considered = _search(facts, request, device)
         layouts = fitting[:SHOWN]
@@ -146,11 +147,6 @@ def plan_section(facts: ModelFacts, request: PlanRequest, device: Links,
     )
 
 
-def _evaluate(facts: ModelFacts, strategy: Strategy, device: Links, request: PlanRequest
-              ) -> PlanLayout:
-    return estimate(facts, strategy, device, request.tokens, request.price_per_gpu_hour)
-
-
 def _search(facts: ModelFacts, request: PlanRequest, device: Links
             ) -> tuple[list[PlanLayout], list[tuple[int, DroppedLayout]], Counter[str], int]:
     fitting: list[PlanLayout] = []
@@ -163,7 +159,7 @@ def _search(facts: ModelFacts, request: PlanRequest, device: Links
             reasons[item.reason.split(" (")[0].split(" of ")[0]] += 1
             dropped.append((1 << 62, item))
             continue
-        layout = _evaluate(facts, item, device, request)
+        layout = estimate(facts, item, device, request.tokens, request.price_per_gpu_hour)
         if layout.fits:
             fitting.append(layout)
         else:

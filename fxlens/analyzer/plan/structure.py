@@ -103,6 +103,16 @@ class ModelFacts:
         return sum(u.flops for u in self.units)
 
 
+@dataclass(frozen=True)
+class _Gemm:
+    node: int
+    weights: tuple[str, ...]
+    activations: tuple[TensorRef, ...]
+    in_features: int
+    out_features: int
+    output_bytes: int
+
+
 @dataclass
 class _Split:
     """Tensor-parallel roles found in one unit's forward."""
@@ -112,6 +122,7 @@ class _Split:
     split_nodes: set[int] = field(default_factory=set)
     split_params: set[str] = field(default_factory=set)
     reduce_bytes: int = 0
+    gemms: dict[int, _Gemm] = field(default_factory=dict)
 
 
 def unit_of_nodes(graph: Graph, blocks: Sequence[str]) -> dict[int, str]:
@@ -156,16 +167,6 @@ def _weight_param(graph: Graph, ref: TensorRef, knowledge: ParallelKnowledge) ->
     return None
 
 
-@dataclass(frozen=True)
-class _Gemm:
-    node: int
-    weights: tuple[str, ...]
-    activations: tuple[TensorRef, ...]
-    in_features: int
-    out_features: int
-    output_bytes: int
-
-
 def _gemms(graph: Graph, scope: Iterable[int], knowledge: ParallelKnowledge) -> dict[int, _Gemm]:
     found = {}
     for node_id in scope:
@@ -193,7 +194,7 @@ def _split(graph: Graph, scope: set[int], width: int, terminal_column: bool,
            knowledge: ParallelKnowledge) -> _Split:
     """Row/column pairs in `scope` (forward CALL nodes of one unit) of residual `width`."""
     gemms = _gemms(graph, sorted(scope), knowledge)
-    split = _Split()
+    split = _Split(gemms=gemms)
     region: set[int] = set()
     for row in (g for g in gemms.values() if g.out_features == width):
         columns, seen = set(), set()
@@ -274,8 +275,11 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
     blocks = repeated_blocks(graph.module_types)
     unit_names = ["pre", *blocks, "post"]
     of_node = unit_of_nodes(graph, blocks)
-    forward = {name: {n for n, u in of_node.items() if u == name
-                      and graph.nodes[n].phase == "forward"} for name in unit_names}
+    members: dict[str, list[int]] = {name: [] for name in unit_names}
+    for node_id, unit in of_node.items():
+        members[unit].append(node_id)
+    forward = {name: {n for n in members[name] if graph.nodes[n].phase == "forward"}
+               for name in unit_names}
     splits = {name: _split(graph, forward[name], _width(graph, forward[name]),
                            terminal_column=name == "post", knowledge=knowledge)
               for name in unit_names}
@@ -296,8 +300,8 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             kind = ("expert" if param in expert_params
                     else "split" if param in split_params else "whole")
             states[kind] = states[kind].plus(state_of.get(param, StateBytes()))
-        timing = _unit_times(graph, of_node, name, split_nodes, module_split, times)
-        gemms = _gemms(graph, forward[name], knowledge)
+        timing = _unit_times(graph, members[name], split_nodes, module_split, times)
+        gemms = splits[name].gemms
         embedded = _lookup_output(graph, forward[name], vocab)
         units.append(Unit(
             name=name, states_split=states["split"], states_whole=states["whole"],
@@ -306,7 +310,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             input_bytes=_entering_bytes(graph, forward[name]),
             forward_split_s=timing[0], forward_whole_s=timing[1], backward_split_s=timing[2],
             backward_whole_s=timing[3],
-            flops=sum(flops.get(n, 0) for n, u in of_node.items() if u == name),
+            flops=sum(flops.get(n, 0) for n in members[name]),
             tp_reduce_bytes=splits[name].reduce_bytes + embedded[0],
             tp_reduces=len(splits[name].rows) + embedded[1],
             routed_bytes=_routed_bytes(graph, gemms, splits[name].columns, expert_params),
@@ -417,14 +421,13 @@ def _module_split_share(graph: Graph, split_nodes: set[int], times: Mapping[int,
     return {m: split.get(m, 0.0) / t for m, t in total.items() if t > 0}
 
 
-def _unit_times(graph: Graph, of_node: Mapping[int, str], name: str, split_nodes: set[int],
+def _unit_times(graph: Graph, members: Iterable[int], split_nodes: set[int],
                 module_split: Mapping[str, float], times: Mapping[int, float]
                 ) -> tuple[float, float, float, float]:
-    """Forward split, forward replicated, backward split, backward replicated seconds."""
+    """Forward split, forward replicated, backward split, backward replicated seconds of one
+    unit's nodes (`members`)."""
     fs = fw = bs = bw = 0.0
-    for node_id, unit in of_node.items():
-        if unit != name:
-            continue
+    for node_id in members:
         node: Node = graph.nodes[node_id]
         seconds = times.get(node_id, 0.0)
         if node.phase == "forward":
