@@ -21,7 +21,7 @@ import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -71,7 +71,19 @@ class SweepSpec:
     tokens: int | None = None
     price: float | None = None
     entry: str | None = None
-    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def options(self, point: Point) -> Any:
+        """The `fxlens.pipeline.AnalysisOptions` of `point` (imports torch)."""
+        from fxlens.pipeline import AnalysisOptions
+
+        return AnalysisOptions(
+            entry=self.entry, overrides=dict(point.overrides),
+            sizes={"batch": point.batch, "seq_len": point.seq_len},
+            train=self.train or self.plan, plan=self.plan, gpus=self.gpus, search=self.search,
+            max_gpus=self.max_gpus, micro_batches=self.micro_batches,
+            precision=self.precision, optimizer=self.optimizer, checkpoint=self.checkpoint,
+            tokens=self.tokens, price=self.price, device=point.device,
+            strategy=point.strategy, fusion=False)
 
 
 def grid(targets: Sequence[str], sets: Mapping[str, Sequence[str]] | None = None,
@@ -92,17 +104,9 @@ def run_point(point: Point, spec: SweepSpec) -> dict[str, Any]:
     started = time.perf_counter()
     row: dict[str, Any] = {**point.axes(), **dict.fromkeys(FIGURES)}
     try:
-        from fxlens.api import AnalysisOptions, analyze_target
+        from fxlens.api import analyze_target
 
-        options = AnalysisOptions(
-            entry=spec.entry, overrides=dict(point.overrides),
-            sizes={"batch": point.batch, "seq_len": point.seq_len},
-            train=spec.train or spec.plan, plan=spec.plan, gpus=spec.gpus, search=spec.search,
-            max_gpus=spec.max_gpus, micro_batches=spec.micro_batches,
-            precision=spec.precision, optimizer=spec.optimizer, checkpoint=spec.checkpoint,
-            tokens=spec.tokens, price=spec.price, device=point.device,
-            strategy=point.strategy, fusion=False, **dict(spec.extra))
-        row.update(figures(analyze_target(point.target, options)))
+        row.update(figures(analyze_target(point.target, spec.options(point))))
         row["status"] = "ok"
     except (Exception, SystemExit) as error:   # noqa: BLE001 - a row records any failure
         row.update(status="error", error=f"{type(error).__name__}: {error}"[:500])

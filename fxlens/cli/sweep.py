@@ -87,10 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def points_and_spec(args: argparse.Namespace) -> tuple[list[Any], Any]:
     """The grid and the shared options, every option checked before any model runs."""
-    from types import SimpleNamespace
-
     from fxlens.analyzer.core.errors import LoadError
-    from fxlens.checks import check_options
+    from fxlens.pipeline import check_options
     from fxlens.sweep import SweepSpec, grid
 
     sets: dict[str, list[str]] = {}
@@ -105,17 +103,10 @@ def points_and_spec(args: argparse.Namespace) -> tuple[list[Any], Any]:
                      micro_batches=args.micro_batches, precision=args.precision,
                      optimizer=args.optimizer, checkpoint=args.checkpoint, tokens=args.tokens,
                      price=args.price, entry=args.entry)
-    for device in devices:
-        for strategy in strategies:
-            check_options(SimpleNamespace(
-                sizes={}, context=None, group_size=128, precision=spec.precision,
-                optimizer=spec.optimizer, device_memory=None, budget=None, quant_plan=None,
-                device=device, devices_file=None, profile=None, plan=spec.plan,
-                train=spec.train, strategy=strategy, gpus=spec.gpus, search=spec.search,
-                max_gpus=spec.max_gpus, micro_batches=spec.micro_batches, global_batch=None,
-                tokens=spec.tokens, price=spec.price))
     points = grid(args.targets, sets, args.batch or [None], args.seq_len or [None], devices,
                   strategies)
+    for point in {(p.device, p.strategy): p for p in points}.values():
+        check_options(spec.options(point))   # each device and layout, before any point runs
     return points, spec
 
 
