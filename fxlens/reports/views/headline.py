@@ -30,8 +30,9 @@ def activation_peak(memory: Memory) -> tuple[int, str]:
     """The activation peak a user running PyTorch eagerly sees, and what it is: the simulated
     eager peak when there is one, else the graph executor's."""
     if memory.eager is not None and memory.eager.peak_bytes is not None:
-        what = (f"eager forward (simulated); a graph executor peaks at "
-                f"{binary_bytes(memory.peak_activation_bytes)}")
+        graph = ("the same" if memory.peak_activation_bytes == memory.eager.peak_bytes else
+                 f"at {binary_bytes(memory.peak_activation_bytes)}")
+        what = f"eager forward (simulated); a graph executor peaks {graph}"
     else:
         what = "graph executor (tensors freed at last use)"
     return memory.activation_peak_bytes, what
