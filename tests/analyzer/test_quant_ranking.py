@@ -127,3 +127,15 @@ def test_memorised_calibration_is_warned() -> None:
                 layer.weight.mul_(0.0).add_(torch.eye(*layer.weight.shape) * 1e-3)
     section = rm.fxlens_section(case)
     assert any("KL is below" in n for n in section["notes"])
+
+
+def test_fisher_damage_predicts_the_measured_output_error_of_a_regression() -> None:
+    """A regression's Fisher reads the noise power over the signal power of all examples, the
+    output SQNR calibration measures (not a mean relative error per example, which the outputs
+    near zero dominate): 2·½·Σ F·Δw² ≈ 10^(−SQNR/10)."""
+    section = rm.fxlens_section(rm.regression_outliers(0))
+    assert section["calibration"]["metric"] == "sqnr"
+    ratios = [10 ** (-r["output_sqnr_db"][fmt] / 10) / (2 * r["fisher_damage"][fmt])
+              for r in section["layers"] for fmt in ("int8_per_tensor", "int8_per_channel")]
+    assert len(ratios) == 16
+    assert 0.3 <= statistics.median(ratios) <= 3.0, ratios

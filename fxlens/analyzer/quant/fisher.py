@@ -13,9 +13,13 @@ The output distribution read (`OutputModel`):
 - ``kl``: a categorical over the class axis of the logit leaves, one label per row; the damage
   is then the expected ``KL(p ‖ p_quantized)`` per row, in nats, the quantity calibration
   measures (`fxlens.analyzer.quant.calibrated`);
-- ``gaussian``: every floating output as a Gaussian of variance ``σ² = E[y²]·n`` (n outputs
-  per example); the damage is then ``½ · E[Σ(y − ŷ)²] / E[Σy²]``, i.e. output SQNR
-  ``= −10·log10(2·damage)``.
+- ``gaussian``: every floating output as a Gaussian of one variance for all examples; the
+  damage is then ``½ · E[Σ(y − ŷ)²] / E[Σy²]``, i.e. output SQNR ``= −10·log10(2·damage)``,
+  the noise power over the signal power of *all* examples, as calibration measures it. NB: each
+  example is not normalised by its own power: a regression's outputs near zero would then
+  weigh as much as its largest, and the score would be a mean relative error per example
+  (before this was fixed, ½·Σ F·Δw² read 2·10² to 10⁴ × the measured noise power on the
+  regression MLP of bench/README.md).
 
 Examples: every batch is split along dim 0 when all its tensors share that size (a batch of B
 examples → B backward passes), else used whole; at most `max_examples`, evenly spaced. NB:
@@ -110,9 +114,11 @@ def forward_leaves(module: nn.Module, inputs: Inputs) -> list[torch.Tensor]:
 
 
 def _sampled_loss(leaves: Sequence[torch.Tensor], output: OutputModel, g: torch.Generator
-                  ) -> torch.Tensor | None:
-    """A loss whose gradient is ∂ log p(y|x) / ∂w for y drawn from the model's own output,
-    scaled so that ½ΔwᵀFΔw is the per-row KL (``kl``) or half the relative noise power."""
+                  ) -> tuple[torch.Tensor, float] | None:
+    """(a loss whose gradient is ∂ log p(y|x) / ∂w for y drawn from the model's own output,
+    this example's weight in the normaliser): ½ΔwᵀFΔw summed over examples and divided by
+    the summed weights is the per-row KL (``kl``: weight 1, the loss already averaged over
+    rows) or half the noise power over the signal power (``gaussian``: weight Σy²)."""
     if output.kind == "kl":
         rows = [t.reshape(-1, t.shape[-1]).float() for i, t in enumerate(leaves)
                 if i in output.leaves]
@@ -124,14 +130,13 @@ def _sampled_loss(leaves: Sequence[torch.Tensor], output: OutputModel, g: torch.
             logp = z.log_softmax(-1)
             y = torch.multinomial(logp.detach().exp(), 1, generator=g)
             loss = loss - logp.gather(1, y).sum()
-        return loss / math.sqrt(count)
+        return loss / math.sqrt(count), 1.0
     flat = [t.float().flatten() for t in leaves]
     if not flat:
         return None
     y = torch.cat(flat)
-    sigma = float(y.detach().pow(2).mean().sqrt().clamp(min=1e-12))
     noise = torch.randn(y.shape, generator=g)
-    return (noise * y).sum() / (sigma * math.sqrt(y.numel()))
+    return (noise * y).sum(), float(y.detach().double().pow(2).sum())
 
 
 def diagonal_fisher(module: nn.Module, layers: Sequence[Layer], examples: Sequence[Inputs],
@@ -147,6 +152,7 @@ def diagonal_fisher(module: nn.Module, layers: Sequence[Layer], examples: Sequen
     squares = [torch.zeros_like(d) for d in delta]
     reached = [False] * len(layers)
     per_example: list[float] = []
+    norm = 0.0                  # Σ of the examples' weights (`_sampled_loss`)
     g = torch.Generator().manual_seed(seed)
     saved = [(p, p.requires_grad) for p in module.parameters()]
     was_training = module.training
@@ -160,10 +166,11 @@ def diagonal_fisher(module: nn.Module, layers: Sequence[Layer], examples: Sequen
             if k % 16 == 0:
                 on_step(f"Fisher {k + 1}/{len(examples)}: one backward per example")
             with torch.enable_grad():
-                loss = _sampled_loss(forward_leaves(module, example), output, g)
-                if loss is None or not loss.requires_grad:
+                sampled = _sampled_loss(forward_leaves(module, example), output, g)
+                if sampled is None or not sampled[0].requires_grad:
                     continue
-                grads = torch.autograd.grad(loss, params, allow_unused=True)
+                grads = torch.autograd.grad(sampled[0], params, allow_unused=True)
+            norm += sampled[1]
             contribution = 0.0
             for i, grad in enumerate(grads):
                 if grad is None:
@@ -177,7 +184,7 @@ def diagonal_fisher(module: nn.Module, layers: Sequence[Layer], examples: Sequen
         for p, flag in saved:
             p.requires_grad_(flag)
         module.train(was_training)
-    n = max(len(per_example), 1)
+    n = norm if norm > 0 else 1.0
     damage = {}
     for layer, square in zip(layers, squares, strict=True):
         w = layer.weight.detach().float()
