@@ -10,8 +10,8 @@ fxlens's rankings are compared with it by Spearman ρ and by whether the layer f
 worst is the truly worst (✗ with the true damage of fxlens's pick ÷ the worst's; the summary
 counts in parentheses the rows where that pick does at least 90 % of the worst's damage):
 
-- calibrated: the section's calibrated score (Fisher on the calibration split, KL measured for
-  the Fisher's top 8 per format);
+- calibrated: the section's calibrated score (KL measured on the calibration split for every
+  layer when layers × formats ≤ 128, else for the Fisher's top 8 per format);
 - fisher: the calibrated Fisher alone;
 - data-free: the section's data-free score (Fisher on synthetic inputs shaped like the example
   inputs, distilled from BatchNorm statistics where there are any);

@@ -114,6 +114,26 @@ def test_calibration_measures_activations_and_output_sqnr() -> None:
         assert row["activation"]["input_absmax"] > 0
 
 
+@pytest.mark.parametrize("depth", [12, 40])
+def test_every_layer_is_measured_when_it_is_cheap(depth: int) -> None:
+    """Layers × formats up to MEASURE_ALL_PAIRS: the score is the measured damage for every
+    layer (the Fisher chooses nothing); beyond, the Fisher's MEASURE_TOP worst per format."""
+    from fxlens.analyzer.quant.calibrated import MEASURE_ALL_PAIRS, MEASURE_TOP, calibrate
+    from fxlens.analyzer.quant.weights import find_layers
+
+    torch.manual_seed(0)
+    model = nn.Sequential(*[m for _ in range(depth) for m in (nn.Linear(16, 16), nn.ReLU())],
+                          nn.Linear(16, 4)).eval()
+    known = knowledge()
+    layers = find_layers(model, known)
+    result = calibrate(model, layers, [(torch.randn(32, 16),)], known, max_examples=8)
+    measured = {fmt: sum(result.evidence[layer.name][fmt] == "measured" for layer in layers)
+                for fmt in known.formats}
+    cheap = len(layers) * len(known.formats) <= MEASURE_ALL_PAIRS
+    assert cheap == (depth == 12)
+    assert set(measured.values()) == {len(layers) if cheap else MEASURE_TOP}, measured
+
+
 class Normalised(nn.Module):
     """A linear layer whose output is post-processed (an embedding): not logits."""
 

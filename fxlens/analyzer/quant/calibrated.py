@@ -4,8 +4,9 @@
 reference: per layer the input activation range and outlier channels, the output max/std, and
 the model's outputs. Then one backward per calibration example gives the diagonal Fisher
 (`fxlens.analyzer.quant.fisher`), which predicts every layer's damage at every format at once
-in the units of the metric below (KL in nats, or output SQNR). The `measure_top` layers the
-Fisher finds most damaging at each format are then measured for real: only that layer's weight
+in the units of the metric below (KL in nats, or output SQNR). Every layer is then measured
+for real when layers × formats is at most `MEASURE_ALL_PAIRS`, else the `measure_top` layers the
+Fisher finds most damaging at each format: only that layer's weight
 is fake-quantized (and with ``activations`` its input too) and the damage to the outputs over
 all batches is measured three ways:
 
@@ -47,7 +48,8 @@ Fisher's prediction (`Calibration.evidence` says which). With ``activations`` or
 ``agreement`` metric (which no Fisher predicts) every layer is measured.
 
 Cost: one forward and backward per example (at most `MAX_EXAMPLES`), plus
-``min(layers, measure_top) × formats + 1`` forwards per batch. Progress goes to `on_step` as
+``layers × formats + 1`` forwards per batch up to `MEASURE_ALL_PAIRS` pairs, else
+``measure_top × formats + 1``. Progress goes to `on_step` as
 plain text (``calibration 3/40: fc1 at int8_per_channel``); drawing it is the caller's.
 """
 
@@ -76,6 +78,12 @@ from fxlens.analyzer.quant.weights import OUTLIER_RATIO, Layer, sqnr_db
 # NB: the Fisher ranks every layer; the few it finds worst per format are measured for real,
 # where second order under-reads large errors and where the ranking's top matters most.
 MEASURE_TOP = 8
+# NB: when every (layer, format) pair costs at most this many forwards over the calibration
+# batches, all are measured and the Fisher ranks nothing: the measured damage is the quantity
+# itself, the Fisher a diagonal second-order estimate of it (it under-reads structured errors,
+# e.g. int4 rounding a whole down-scaled input column to zero: 5–11× on bench/README.md's
+# regression MLP). Bigger models keep `MEASURE_TOP` per format, so their cost is unchanged.
+MEASURE_ALL_PAIRS = 128
 
 Inputs = tuple[Any, ...] | dict[str, Any]
 
@@ -220,9 +228,10 @@ def calibrate(module: torch.nn.Module, layers: Sequence[Layer], batches: Iterabl
 
 def _to_measure(fisher: Fisher, layers: Sequence[Layer], formats: Mapping[str, Any],
                 top: int | None) -> set[tuple[str, str]]:
-    """(layer, format) pairs to measure: the `top` worst by the Fisher per format, or all."""
+    """(layer, format) pairs to measure: all of them when there are at most
+    `MEASURE_ALL_PAIRS` (or `top` is None), else the `top` worst by the Fisher per format."""
     live = [layer.name for layer in layers if not layer.weight.is_meta]
-    if top is None:
+    if top is None or len(live) * len(formats) <= MEASURE_ALL_PAIRS:
         return {(name, fmt) for name in live for fmt in formats}
     chosen = set()
     for fmt in formats:

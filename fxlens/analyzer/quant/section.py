@@ -5,10 +5,12 @@ The section's shape is `fxlens.analyzer.core.sections.Quant` (rows: `QuantLayer`
 dB figures are higher-is-safer. ``calibrated_score_db`` is the damage measure the calibration
 ``metric`` names (`fxlens.analyzer.quant.calibrated`): the output SQNR (``sqnr``), or for a
 model returning logits ``−10·log10(KL)`` (``kl``, the ``auto`` choice) or the top-1 flip rate in
-dB (``agreement``) — measured for the layers the Fisher puts on top, the Fisher's prediction
-for the rest. ``data_free_sqnr_db`` is, where the example inputs can run, the Fisher on
-synthetic inputs in the same unit (``Quant.score_metric``), else the weights-only prior
-(`fxlens.analyzer.quant.weights`); ``Quant.data_free_evidence`` says which.
+dB (``agreement``) — measured for every layer when layers × formats is small
+(`fxlens.analyzer.quant.calibrated.MEASURE_ALL_PAIRS`), else for the layers the Fisher puts
+on top and the Fisher's prediction for the rest. ``data_free_sqnr_db`` is, where the example
+inputs can run, the Fisher on synthetic inputs in the same unit (``Quant.score_metric``), else
+the weights-only prior (`fxlens.analyzer.quant.weights`); ``Quant.data_free_evidence`` says
+which.
 
 One score per layer and format ranks, gives the verdicts and sizes the plan: the calibrated
 score when calibration ran, else the data-free one. NB: the verdict thresholds are in dB of
