@@ -59,7 +59,7 @@ from fxlens.analyzer.memory.kv_cache import (
     layers_from_graph,
 )
 from fxlens.analyzer.memory.liveness import liveness
-from fxlens.analyzer.memory.measure import simulate_eager_memory
+from fxlens.analyzer.memory.measure import EagerAlongside, MeasuredMemory, simulate_eager_memory
 from fxlens.analyzer.memory.training_state import param_state, parse_bytes
 from fxlens.analyzer.memory.training_step import StepSettings, training_section
 from fxlens.analyzer.memory.types import KVLayout
@@ -141,12 +141,16 @@ class Context:
     step: TrainingGraph | None = None
     graphs: dict[str, Graph] = field(default_factory=dict)
     fusion: FusionAnalysis | None = None
+    eager: MeasuredMemory | None = None            # the eager forward simulated by capture
 
     def forward(self) -> Graph:
-        """The inference forward on the example inputs."""
+        """The inference forward on the example inputs; for an inference report, the eager
+        memory simulation rides along the capture's fake forward when it runs one."""
         if "forward" not in self.graphs:
+            ride = None if self.options.train else EagerAlongside()
             graph = capture(self.loaded.module, self.loaded.inputs, self.registry,
-                            self.options.methods, self.on_step)
+                            self.options.methods, self.on_step, ride)
+            self.eager = ride.result if ride is not None else None
             mixed_dtypes(graph, SAME_DTYPE_OPERANDS)
             self.graphs["forward"] = graph
         return self.graphs["forward"]
@@ -176,7 +180,7 @@ class InferenceMemory:
     def run(self, ctx: Context, report: Report) -> Sequence[Section]:
         ctx.on_step("simulating the eager forward's memory on fake tensors")
         profile = liveness(ctx.forward(), ctx.registry)
-        return (profile.to_section(eager=_eager_peak(ctx.loaded)),)
+        return (profile.to_section(eager=_eager_peak(ctx.loaded, ctx.eager)),)
 
 
 class TrainingStep:
@@ -476,11 +480,12 @@ def kv_layout(module: torch.nn.Module, graph: Graph | None = None) -> KVLayout:
     return KVLayout(tuple(layers), cache_dtype_bytes(module, graph), source)
 
 
-def _eager_peak(loaded: LoadedModel) -> EagerPeak:
+def _eager_peak(loaded: LoadedModel, simulated: MeasuredMemory | None) -> EagerPeak:
     """The activation peak of eager PyTorch, Python's references included, from a forward
-    simulated on fake tensors; graph liveness gives the peak of a graph executor instead."""
+    simulated on fake tensors (`simulated` when the capture ran it already); graph liveness
+    gives the peak of a graph executor instead."""
     try:
-        simulated = simulate_eager_memory(loaded.module, loaded.inputs)
+        simulated = simulated or simulate_eager_memory(loaded.module, loaded.inputs)
     except Exception as error:  # an extra figure: the report stands without it, and says why
         log.warning("eager memory simulation failed: %s", error)
         return EagerPeak(peak_bytes=None, error=f"{type(error).__name__}: {error}"[:300])

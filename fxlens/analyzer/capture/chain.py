@@ -24,6 +24,7 @@ the example inputs take.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import traceback
 from collections.abc import Callable
@@ -38,6 +39,7 @@ from torch.export.graph_signature import InputKind
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from fxlens.analyzer.capture.blocks import Alongside, Repeats, find_repeats, splice, standing_in
 from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
 from fxlens.analyzer.capture.decompose import decompose_unknown
 from fxlens.analyzer.capture.fx_convert import FxConverter, type_name, user_frame
@@ -58,6 +60,7 @@ METHODS = ("export", "make_fx", "record")
 Inputs = tuple[Any, ...] | dict[str, Any]
 Captured = tuple[list[Node], tuple[TensorRef, ...], str]   # nodes, graph outputs, method label
 Step = Callable[[str], None]
+Capturer = Callable[[torch.nn.Module, tuple[Any, ...], dict[str, Any], CostRegistry], Captured]
 
 
 def capture(
@@ -66,16 +69,20 @@ def capture(
     registry: CostRegistry,
     methods: tuple[str, ...] = METHODS,
     on_step: Step = lambda _: None,
+    alongside: Alongside | None = None,
 ) -> Graph:
-    """Trace `module` on `inputs` with the first method of `methods` that succeeds."""
+    """Trace `module` on `inputs` with the first method of `methods` that succeeds;
+    `alongside` observes export's fake forward that proves blocks identical, if it runs."""
     args, kwargs = (tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((), dict(inputs))
+    capturers: dict[str, Capturer] = {
+        **_CAPTURERS, "export": functools.partial(_by_export, alongside=alongside)}
     notes: list[str] = []
     last_error: BaseException | None = None
     for method in methods:
         on_step(f"capturing with {method}")
         try:
             with torch_chatter_to_debug_log():
-                nodes, outputs, label = _CAPTURERS[method](module, args, kwargs, registry)
+                nodes, outputs, label = capturers[method](module, args, kwargs, registry)
         except CaptureError:
             raise
         except Exception as error:  # each link may fail in its own way; the next one tries
@@ -96,8 +103,21 @@ def capture(
 # --- 1. torch.export -------------------------------------------------------------------------
 
 def _by_export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-               registry: CostRegistry) -> Captured:
-    with _lazy_recompile():
+               registry: CostRegistry, alongside: Alongside | None = None) -> Captured:
+    """Blocks proven identical are traced once (`fxlens.analyzer.capture.blocks`); if that
+    trace is refused or not what the proof expected, every block is traced."""
+    repeats = find_repeats(module, args, kwargs, alongside)
+    if repeats.groups:
+        try:
+            return _export(module, args, kwargs, repeats)
+        except Exception as error:  # noqa: BLE001 - the whole export below decides
+            log.info("tracing each repeated block once failed (%s); tracing all", error)
+    return _export(module, args, kwargs, Repeats())
+
+
+def _export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+            repeats: Repeats) -> Captured:
+    with _lazy_recompile(), standing_in(module, repeats):
         program = torch.export.export(module, args, kwargs=kwargs, strict=False)
     kinds = {
         spec.arg.name: spec
@@ -114,7 +134,12 @@ def _by_export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str,
 
     converter = FxConverter(input_kind)
     converter.convert(program.graph_module.graph, program.graph_module)
-    return converter.nodes, _tensor_refs(converter.outputs), "torch.export (non-strict)"
+    nodes, outputs = converter.nodes, _tensor_refs(converter.outputs)
+    if repeats.groups:
+        weights = {name for name, _ in module.named_parameters(remove_duplicate=False)}
+        weights |= {name for name, _ in module.named_buffers(remove_duplicate=False)}
+        nodes, outputs = splice(nodes, outputs, repeats, weights)
+    return nodes, outputs, "torch.export (non-strict)"
 
 
 def _lazy_recompile() -> contextlib.AbstractContextManager[Any]:
@@ -198,7 +223,8 @@ def _record(
     return recorder.nodes, tuple(recorder.ref(t) for t in leaves)
 
 
-_CAPTURERS = {"export": _by_export, "make_fx": _by_make_fx, "record": _by_recording}
+_CAPTURERS: dict[str, Capturer] = {
+    "export": _by_export, "make_fx": _by_make_fx, "record": _by_recording}
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -196,8 +196,7 @@ def simulate_eager_memory(module: torch.nn.Module, inputs: Any) -> MeasuredMemor
     def run(real_or_fake: torch.nn.Module, state: dict[str, torch.Tensor],
             run_args: tuple[Any, ...], run_kwargs: dict[str, Any],
             fake_mode: FakeTensorMode | None) -> MeasuredMemory:
-        tracker = StorageTracker([*state.values(), *_state(torch.nn.Module(),
-                                                            (run_args, run_kwargs))])
+        tracker = _forward_tracker(state, run_args, run_kwargs)
         tensors = fake_mode if fake_mode is not None else contextlib.nullcontext()
         with tensors, torch.no_grad(), tracker:
             out = torch.func.functional_call(real_or_fake, state, run_args, run_kwargs)
@@ -206,3 +205,29 @@ def simulate_eager_memory(module: torch.nn.Module, inputs: Any) -> MeasuredMemor
         return result
 
     return fake_then_real(module, args, kwargs, run)[0]
+
+
+def _forward_tracker(state: dict[str, torch.Tensor], args: tuple[Any, ...],
+                     kwargs: dict[str, Any]) -> StorageTracker:
+    """A tracker of a forward that runs with `state` on `args` and `kwargs`, all existing."""
+    return StorageTracker([*state.values(), *_state(torch.nn.Module(), (args, kwargs))])
+
+
+class EagerAlongside:
+    """`simulate_eager_memory` riding along the capture's own fake forward (the proof of
+    repeated blocks, `fxlens.analyzer.capture.blocks.find_repeats`): the same fake tensors
+    in inference mode, so the same lifetimes, and one forward fewer. `result` stays None
+    when that forward did not run to the end."""
+
+    def __init__(self) -> None:
+        self.result: MeasuredMemory | None = None
+        self._tracker: StorageTracker | None = None
+
+    def start(self, state: dict[str, torch.Tensor], args: tuple[Any, ...],
+              kwargs: dict[str, Any]) -> StorageTracker:
+        self._tracker = _forward_tracker(state, args, kwargs)
+        return self._tracker
+
+    def finish(self) -> None:
+        assert self._tracker is not None, "finish() after start()"
+        self.result = self._tracker.result()

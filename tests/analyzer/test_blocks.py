@@ -1,0 +1,202 @@
+"""Repeated blocks traced once (`fxlens.analyzer.capture.blocks`): the spliced graph is the full
+export's, node for node; blocks that differ in any way are never merged; the model is left
+as it was; the eager memory simulated alongside is the standalone one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fxlens.analyzer.capture import chain
+from fxlens.analyzer.capture.blocks import Group, Repeats, SpliceError, find_repeats, splice
+from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef
+from fxlens.analyzer.memory.measure import EagerAlongside, simulate_eager_memory
+from tests.models import OWN_ZOO, tiny_gpt
+from tests.models.diffusers_zoo import ZOO as DIFFUSERS_ZOO
+from tests.models.hf_zoo import ZOO as HF_ZOO
+
+ZOO = {**OWN_ZOO, **{f"hf-{k}": v for k, v in HF_ZOO.items()},
+       **{f"diffusers-{k}": v for k, v in DIFFUSERS_ZOO.items()}}
+
+
+def _split(inputs):
+    return (tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((), dict(inputs))
+
+
+def _both(module: nn.Module, inputs) -> tuple[Repeats, chain.Captured, chain.Captured]:
+    args, kwargs = _split(inputs)
+    repeats = find_repeats(module, args, kwargs)
+    return (repeats, chain._export(module, args, kwargs, repeats),
+            chain._export(module, args, kwargs, Repeats()))
+
+
+def _assert_identical(spliced: chain.Captured, full: chain.Captured) -> None:
+    assert len(spliced[0]) == len(full[0])
+    for ours, theirs in zip(spliced[0], full[0], strict=True):
+        assert ours == theirs, f"first difference at node {theirs.id}: {ours} != {theirs}"
+    assert spliced[1] == full[1]
+
+
+class Block(nn.Module):
+    """A residual MLP block; `sliding` masks the hidden state with a band (an extra op on an
+    outside tensor), `width` changes its weights' shapes."""
+
+    def __init__(self, dim: int, width: int, sliding: bool = False) -> None:
+        super().__init__()
+        self.up, self.down, self.sliding = nn.Linear(dim, width), nn.Linear(width, dim), sliding
+
+    def forward(self, x: torch.Tensor, band: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        h = x * (band if self.sliding else full)
+        return x + self.down(F.gelu(self.up(h)))
+
+
+class Stack(nn.Module):
+    def __init__(self, blocks: list[Block]) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        band, full = torch.tril(torch.ones_like(x)), torch.ones_like(x)
+        for block in self.blocks:
+            x = block(x, band, full)
+        return x
+
+
+def _groups(repeats: Repeats) -> list[tuple[str, ...]]:
+    return [g.members for g in repeats.groups]
+
+
+def test_identical_blocks_are_traced_once_and_spliced_as_a_full_export_would():
+    model = Stack([Block(8, 16) for _ in range(4)])
+    repeats, spliced, full = _both(model, (torch.randn(8, 8),))
+    assert _groups(repeats) == [("blocks.0", "blocks.1", "blocks.2", "blocks.3")]
+    _assert_identical(spliced, full)
+    assert {n.module for n in spliced[0] if n.kind is NodeKind.CALL} >= {
+        f"blocks.{i}.up" for i in range(4)}
+
+
+def test_blocks_of_one_class_that_differ_are_never_merged():
+    """A sliding-window flag (same weights, another mask read) and another width (other
+    weight shapes) each make a block its own: only equal neighbours group."""
+    model = Stack([Block(8, 16), Block(8, 16, sliding=True), Block(8, 32), Block(8, 16),
+                   Block(8, 16, sliding=True)])
+    repeats, spliced, full = _both(model, (torch.randn(8, 8),))
+    assert _groups(repeats) == [("blocks.0", "blocks.3"), ("blocks.1", "blocks.4")]
+    _assert_identical(spliced, full)
+
+
+class StackByArgument(Stack):
+    """Gemma's pattern: every block has the same code, and the caller hands alternate blocks
+    another mask as an argument."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        band, full = torch.tril(torch.ones_like(x)), torch.ones_like(x)
+        for i, block in enumerate(self.blocks):
+            x = block(x, band, band) if i % 2 else block(x, full, full)
+        return x
+
+
+def test_blocks_given_other_inputs_are_one_group_and_each_copy_reads_its_own():
+    repeats, spliced, full = _both(StackByArgument([Block(8, 16) for _ in range(4)]),
+                                   (torch.randn(8, 8),))
+    assert len(repeats.groups) == 1
+    _assert_identical(spliced, full)
+    muls = [n for n in spliced[0] if n.target == "aten.mul.Tensor"]
+    assert [m.module for m in muls] == [f"blocks.{i}" for i in range(4)]
+    assert muls[0].args["other"] != muls[1].args["other"]      # full, then band
+    assert muls[0].args["other"] == muls[2].args["other"]
+
+
+class InPlace(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x.mul_(2)                         # writes to its input: a caller-visible effect
+        return self.proj(x)
+
+
+class Reused(nn.Module):
+    """One block called twice, and blocks that write to their input: neither is one
+    block's trace to copy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.shared = nn.ModuleList([Block(8, 8), Block(8, 8)])
+        self.writers = nn.ModuleList([InPlace(), InPlace()])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        one = torch.ones_like(x)
+        x = self.shared[0](self.shared[0](x, one, one), one, one)
+        x = self.shared[1](x, one, one)
+        for block in self.writers:
+            x = block(x.clone())
+        return x
+
+
+def test_blocks_called_twice_or_writing_to_their_inputs_are_traced_as_usual():
+    repeats, spliced, full = _both(Reused(), (torch.randn(4, 8),))
+    assert repeats.groups == ()
+    _assert_identical(spliced, full)
+
+
+def test_the_model_is_left_as_it_was():
+    model, inputs = tiny_gpt.build()
+    before = {p: dict(m.__dict__) for p, m in model.named_modules()}
+    repeats, spliced, full = _both(model, inputs)
+    assert len(repeats.groups) == 1
+    _assert_identical(spliced, full)
+    after = {p: dict(m.__dict__) for p, m in model.named_modules()}
+    assert after.keys() == before.keys()
+    for path in before:
+        assert after[path].keys() == before[path].keys(), path
+        assert "forward" not in after[path]
+
+
+def test_the_eager_peak_simulated_alongside_is_the_standalone_one():
+    model, inputs = tiny_gpt.build()
+    ride = EagerAlongside()
+    args, kwargs = _split(inputs)
+    assert find_repeats(model, args, kwargs, ride).groups
+    alone = simulate_eager_memory(model, inputs)
+    assert ride.result is not None
+    assert (ride.result.peak_bytes, ride.result.timeline) == (alone.peak_bytes, alone.timeline)
+
+
+def test_a_lifted_constant_inside_the_representative_is_refused():
+    """The splice cannot invent a placeholder a full export would lift per block."""
+    nodes = [
+        Node(0, NodeKind.BUFFER, "lifted_tensor_0", {}, ()),
+        Node(1, NodeKind.INPUT, "x", {}, ()),
+        Node(2, NodeKind.CALL, "fxlens_blocks.enter.default",
+             {"xs": [TensorRef(1)], "block": 0}, ()),
+        Node(3, NodeKind.CALL, "aten.mul.Tensor",
+             {"self": TensorRef(2), "other": TensorRef(0)}, (), module="blocks.0"),
+        Node(4, NodeKind.CALL, "fxlens_blocks.exit.default",
+             {"xs": [TensorRef(3)], "block": 0}, ()),
+        Node(5, NodeKind.CALL, "fxlens_blocks.stand_in.default",
+             {"xs": [TensorRef(4)], "block": 0, "member": 1}, ()),
+    ]
+    repeats = Repeats((Group(("blocks.0", "blocks.1"), None, ()),))
+    with pytest.raises(SpliceError, match="lifted_tensor_0"):
+        splice(nodes, [TensorRef(5)], repeats, weights=set())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_every_zoo_architecture_splices_to_its_full_export(name):
+    """Where export refuses the model (value-dependent control flow), it refuses the spliced
+    trace too, and the capture chain moves on as before."""
+    model, inputs = ZOO[name]()
+    args, kwargs = _split(inputs)
+    try:
+        full = chain._export(model, args, kwargs, Repeats())
+    except Exception as refused:
+        with pytest.raises(type(refused)):
+            chain._export(model, args, kwargs, find_repeats(model, args, kwargs))
+        return
+    spliced = chain._export(model, args, kwargs, find_repeats(model, args, kwargs))
+    _assert_identical(spliced, full)
