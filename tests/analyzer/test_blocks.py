@@ -109,6 +109,44 @@ def test_blocks_given_other_inputs_are_one_group_and_each_copy_reads_its_own():
     assert muls[0].args["other"] == muls[2].args["other"]
 
 
+class Cache:
+    """Not a pytree: blocks share it as one object and append to it, a Python side effect."""
+
+    def __init__(self) -> None:
+        self.keys: list[torch.Tensor] = []
+
+
+class Caching(Block):
+    def forward(self, x: torch.Tensor, cache: Cache) -> torch.Tensor:
+        cache.keys.append(self.up(x))
+        return x + self.down(F.gelu(cache.keys[-1]))
+
+
+class CachingStack(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([Caching(8, 8) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        cache = Cache()
+        for block in self.blocks:
+            x = block(x, cache)
+        return (x, *cache.keys)
+
+
+def test_a_side_effect_reaching_the_outputs_sends_the_capture_to_a_full_export():
+    """The blocks are alike, so they group; stood in for, they append nothing, the outputs
+    come out short, and the capture exports every block instead."""
+    model, x = CachingStack(), torch.randn(4, 8)
+    repeats = find_repeats(model, (x,), {})
+    assert len(repeats.groups) == 1
+    with pytest.raises(SpliceError, match="returns 2 tensors"):
+        chain._export(model, (x,), {}, repeats)
+    full = chain._export(model, (x,), {}, Repeats())
+    assert len(full[1]) == 4
+    _assert_identical(chain._by_export(model, (x,), {}, registry=None), full)
+
+
 class InPlace(nn.Module):
     def __init__(self) -> None:
         super().__init__()

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import weakref
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -56,7 +57,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
 from fxlens.analyzer.capture.fx_convert import innermost_user_frame
 from fxlens.analyzer.capture.recorder import CpuFakeTensorMode, fake_cpu, module_state
-from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef
+from fxlens.analyzer.core.aten import dtype_name
+from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef, TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,16 @@ class Group:
 @dataclass(frozen=True)
 class Repeats:
     groups: tuple[Group, ...] = ()
+    outputs: tuple[tuple[tuple[int, ...], str], ...] = ()   # the model's tensor outputs
+
+    def check_outputs(self, specs: Sequence[TensorSpec | None]) -> None:
+        """The spliced graph returns what the proof's forward returned: a block with a Python
+        side effect that reaches the model's outputs (a cache object it appends to) returns
+        fewer tensors when stood in for."""
+        got = tuple((s.shape, s.dtype) if s is not None else None for s in specs)
+        if got != self.outputs:
+            raise SpliceError(f"the model returns {len(got)} tensors with blocks stood in "
+                              f"for, {len(self.outputs)} when run")
 
     @property
     def copies(self) -> int:
@@ -298,13 +310,15 @@ def find_repeats(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[st
             if alongside is not None:
                 stack.enter_context(alongside.start(state, fake_args, fake_kwargs))
             stack.enter_context(tracker)
-            torch.func.functional_call(module, state, fake_args, fake_kwargs)
+            out = torch.func.functional_call(module, state, fake_args, fake_kwargs)
     except Exception as error:  # the export below reports what is wrong with the model
         log.info("no repeated blocks: the fingerprinting forward failed (%s)", error)
         return Repeats()
     if alongside is not None:
         alongside.finish()
-    return _groups(tracker)
+    returned = tuple((tuple(t.shape), dtype_name(t.dtype)) for t in pytree.tree_leaves(out)
+                     if isinstance(t, torch.Tensor))
+    return replace(_groups(tracker), outputs=returned)
 
 
 def _groups(tracker: _Fingerprints) -> Repeats:
@@ -347,6 +361,7 @@ _LIBRARY.define("enter(Tensor[] xs, int block) -> Tensor[]")
 _LIBRARY.define("exit(Tensor[] xs, int block) -> Tensor[]")
 _LIBRARY.define("stand_in(Tensor[] xs, int block, int member) -> Tensor[]")
 _STAND_IN_OUTPUTS: dict[int, Group] = {}     # block → its group, while `standing_in` runs
+_STAND_IN_DEVICES: dict[tuple[int, int], torch.device] = {}   # (block, member) → its weights'
 
 
 def _like(xs: Sequence[torch.Tensor], block: int) -> list[torch.Tensor]:
@@ -355,7 +370,9 @@ def _like(xs: Sequence[torch.Tensor], block: int) -> list[torch.Tensor]:
 
 def _stand_in_outputs(xs: Sequence[torch.Tensor], block: int, member: int
                       ) -> list[torch.Tensor]:
-    device = xs[0].device
+    # NB: the proof ran on fake CPU tensors, so the outputs' device is not in the fingerprint:
+    # a block's outputs live where its weights do (its first input may be CPU positions).
+    device = _STAND_IN_DEVICES.get((block, member), xs[0].device)
     return [torch.empty_strided(shape, stride, dtype=dtype, device=device)
             for _, shape, stride, dtype in _STAND_IN_OUTPUTS[block].tensors]
 
@@ -378,11 +395,16 @@ def standing_in(module: torch.nn.Module, repeats: Repeats) -> Iterator[None]:
         wrappers[group.members[0]] = _between_markers(ops, block)
         for member in range(1, len(group.members)):
             wrappers[group.members[member]] = _stand_in(ops, block, member, group)
+            weight = next(itertools.chain(blocks[group.members[member]].parameters(),
+                                          blocks[group.members[member]].buffers()), None)
+            if weight is not None:
+                _STAND_IN_DEVICES[(block, member)] = weight.device
     try:
         with _forwards_replaced(blocks, wrappers):
             yield
     finally:
         _STAND_IN_OUTPUTS.clear()
+        _STAND_IN_DEVICES.clear()
 
 
 def _between_markers(ops: Any, block: int) -> Callable[[Callable[..., Any]], Callable[..., Any]]:

@@ -139,6 +139,7 @@ def _export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
         weights = {name for name, _ in module.named_parameters(remove_duplicate=False)}
         weights |= {name for name, _ in module.named_buffers(remove_duplicate=False)}
         nodes, outputs = splice(nodes, outputs, repeats, weights)
+        repeats.check_outputs([nodes[r.node].outputs[r.index] for r in outputs])
     return nodes, outputs, "torch.export (non-strict)"
 
 
