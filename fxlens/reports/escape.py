@@ -30,6 +30,7 @@ from __future__ import annotations
 import html
 import json
 import math
+import re
 import unicodedata
 from typing import Any
 
@@ -77,9 +78,25 @@ def html_escape(text: object) -> str:
 
 def json_script(data: Any) -> str:
     """`data` as JSON that is safe inside a ``<script type="application/json">`` element."""
-    text = json.dumps(_visible_strings(data), sort_keys=True, separators=(",", ":"),
-                      allow_nan=False)
+    if not _already_visible(data):    # else the fast path: no string to change, no NaN
+        data = _visible_strings(data)
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+# What json.dumps writes for a control character `visible` would change (\n and \t are kept);
+# an escaped backslash before b, f or r matches too, which only costs the slow path.
+_CONTROL_IN_JSON = re.compile(r"\\(?:u00[01][0-9a-fA-F]|u007[fF]|[bfr])")
+
+
+def _already_visible(data: Any) -> bool:
+    """Whether `_visible_strings` would leave `data` as it is: one C-speed dump and scan of
+    a big report instead of a Python walk over its every string."""
+    try:
+        text = json.dumps(data, ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError):
+        return False
+    return text.isprintable() and _CONTROL_IN_JSON.search(text) is None
 
 
 def _visible_strings(data: Any) -> Any:

@@ -12,6 +12,7 @@ import pytest
 from rich.console import Console
 
 from fxlens.reports.escape import (
+    _visible_strings,
     dot_escape,
     html_escape,
     json_script,
@@ -61,6 +62,21 @@ def test_json_script_sanitises_every_string_and_drops_non_finite_numbers() -> No
     data = json.loads(text)
     assert data == {"k\\x1b": ["v\\u202e", None, 1.5], "</script>": 1}
     assert "<" not in text and "\x1b" not in text
+
+
+@pytest.mark.parametrize("value", [
+    "x\x1by", "cr\r", "bs\b", "ff\f", "del\x7f", "c1\x85", "\u2028", "\u202e", "\ud800",
+    "back\\\\slash b", "line\nnext\ttab", "nbsp\u00a0", "ok <script>&", float("nan"),
+    float("-inf"), ("tuple", 1.5), "ü and 漢字",
+])
+def test_json_script_takes_its_fast_path_only_where_nothing_changes(value: object) -> None:
+    """A report without hidden characters skips the walk over every string; the text is
+    the walk's, for each kind of character that the walk changes or keeps."""
+    data = {"key": [value], f"k {value}" if isinstance(value, str) else "k": 1}
+    walked = json.dumps(_visible_strings(data), sort_keys=True, separators=(",", ":"),
+                        allow_nan=False)
+    expected = walked.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    assert json_script(data) == expected
 
 
 def test_terminal_tables_never_read_markup_or_drive_the_terminal() -> None:

@@ -1,7 +1,13 @@
 """`capture(module, inputs) -> Graph`: trace a module on fake tensors, through a fallback chain.
 
 1. ``torch.export`` (non-strict): the training-IR graph, where ops such as ``linear``,
-   ``scaled_dot_product_attention`` and ``layer_norm`` are still whole.
+   ``scaled_dot_product_attention`` and ``layer_norm`` are still whole. Blocks proven
+   identical by a dispatch-level fake forward are traced once and copied into their places
+   (`fxlens.analyzer.capture.blocks`), so its cost grows with the model's unique structure:
+   export stays first because its nodes keep the high-level ops, source lines and module
+   paths the rules, fusion findings and goldens are written against; recording at dispatch
+   level first would be as fast but give ``t`` + ``mm`` for ``linear`` and the backend's
+   attention kernel.
 2. ``make_fx`` on fake tensors (pre-dispatch): for models export refuses, e.g. outputs of types
    pytree does not know (the model's outputs are reduced to their tensors first).
 3. Recording the eager run at dispatch level (`fxlens.analyzer.capture.recorder`): data-dependent
