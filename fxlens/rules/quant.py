@@ -107,6 +107,23 @@ def weight_matrices(module: nn.Module) -> list[tuple[str, int]]:
     return out
 
 
+_INPUT_AXIS_BY_TYPE: tuple[tuple[type[nn.Module], int], ...] = (
+    (nn.Linear, 1), (nn.Conv1d, 1), (nn.Conv2d, 1), (nn.Conv3d, 1),
+    (nn.ConvTranspose1d, 0), (nn.ConvTranspose2d, 0), (nn.ConvTranspose3d, 0),
+)
+
+
+def input_axis(module: nn.Module) -> int | None:
+    """The input-channel axis of `module`'s weight (conv groups: `groups` blocks along it), or
+    None where the layer has no input channels to weight (embeddings, recurrent matrices)."""
+    if channel_axis(module) is None:
+        return None
+    for kind, axis in _INPUT_AXIS_BY_TYPE:
+        if isinstance(module, kind):
+            return axis
+    return {"Conv1D": 0}.get(type(module).__name__)
+
+
 BATCH_NORM_TYPES = ("BatchNorm1d", "BatchNorm2d", "BatchNorm3d", "SyncBatchNorm")
 # NB: a batch norm directly after one of these folds into its weight (per output channel)
 FOLDABLE_TYPES = ("Linear", "Conv1d", "Conv2d", "Conv3d", "ConvTranspose1d", "ConvTranspose2d",
@@ -134,6 +151,24 @@ EXP_DIV_OPS = frozenset({
 })
 RESIDUAL_OPS = frozenset({"aten.add", "aten.add_", "aten.sub"})
 STOP_OPS = SOFTMAX_OPS | NORM_OPS   # the walk records them and does not look past them
+# NB: positively homogeneous and channel by channel, f(s·x) = s·f(x) for s > 0: scaling a
+# layer's output channel by s scales what the next layer reads on that channel by s, so the
+# weights-only prior weights the next layer's input channels by the feeding layer's scales
+# through them (and function-preserving rescaling across them is possible). GELU, SiLU, tanh,
+# norms and anything with a shift are not (`fxlens.analyzer.quant.links`).
+POSITIVELY_HOMOGENEOUS_OPS = frozenset(f"aten.{name}" for name in (
+    "relu", "relu_", "leaky_relu", "leaky_relu_", "prelu", "_prelu_kernel", "dropout",
+    "max_pool1d", "max_pool2d", "max_pool3d", "max_pool2d_with_indices",
+    "max_pool3d_with_indices", "avg_pool1d", "avg_pool2d", "avg_pool3d",
+    "adaptive_avg_pool1d", "adaptive_avg_pool2d", "adaptive_avg_pool3d",
+    "_adaptive_avg_pool2d", "adaptive_max_pool1d", "adaptive_max_pool2d",
+    "adaptive_max_pool3d",
+))
+# shape ops a channel keeps its identity through (the link checks the channel's position)
+LAYOUT_OPS = frozenset(f"aten.{name}" for name in (
+    "view", "_unsafe_view", "reshape", "flatten", "unsqueeze", "squeeze", "clone",
+    "contiguous", "alias", "detach",
+))
 
 # --- number formats --------------------------------------------------------------------------
 
@@ -440,7 +475,8 @@ def knowledge(group_size: int = DEFAULT_GROUP_SIZE, registry: CostRegistry | Non
         logit_layer_types=LOGIT_LAYER_TYPES, keep_8_bits=KEEP_8_BITS,
         verdict_db=(KEEP_BELOW_DB, KEEP_HIGHER_DB), weight_matrices=weight_matrices,
         batch_norm_types=BATCH_NORM_TYPES, foldable_types=FOLDABLE_TYPES,
-        propagation_db=PROPAGATION_DB, role_db=ROLE_DB,
+        propagation_db=PROPAGATION_DB, role_db=ROLE_DB, input_axis=input_axis,
+        homogeneous_ops=POSITIVELY_HOMOGENEOUS_OPS, layout_ops=LAYOUT_OPS,
     )
 
 

@@ -35,6 +35,7 @@ from fxlens.analyzer.core.graph import Graph
 from fxlens.analyzer.core.sections import Quant, QuantCalibration, QuantLayer, QuantPlan, QuantRisk
 from fxlens.analyzer.quant.calibrated import Calibration, Inputs, calibrate
 from fxlens.analyzer.quant.fisher import top_share
+from fxlens.analyzer.quant.links import Link, input_links
 from fxlens.analyzer.quant.plan import PlanLayer, make_plan
 from fxlens.analyzer.quant.synthetic import SyntheticFisher, synthetic_fisher
 from fxlens.analyzer.quant.types import LayerView, PlanRequest, QuantKnowledge, Risk
@@ -84,7 +85,9 @@ def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
                  for k, v in views.items()}
     risks = {layer.name: knowledge.risks(views[layer.name]) for layer in layers}
     on_step("quantization: scoring weights")
-    free = {layer.name: data_free(layer, risks[layer.name], knowledge, views[layer.name])
+    links = input_links(graph, layers, knowledge)
+    free = {layer.name: data_free(layer, risks[layer.name], knowledge, views[layer.name],
+                                  links[layer.name].weighting)
             for layer in layers}
     synthetic = None
     if settings.example_inputs is not None and any(f.status == "scored" for f in free.values()):
@@ -111,7 +114,7 @@ def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
             activations=settings.activations, metric=calibration.metric,
             logit_leaves=calibration.logit_leaves),
         layers=tuple(rows), risks=_risk_list(risks), plan=plan,
-        data_free_evidence=_free_evidence(synthetic),
+        data_free_evidence=_free_evidence(synthetic, links, views),
         calibrated_evidence=_calibrated_evidence(calibration),
         score_metric=metric,
     )
@@ -128,14 +131,34 @@ def _data_free_scores(free: Mapping[str, DataFree], synthetic: SyntheticFisher |
             for name, f in free.items()}
 
 
-def _free_evidence(synthetic: SyntheticFisher | None) -> str:
+def _free_evidence(synthetic: SyntheticFisher | None, links: Mapping[str, Link],
+                   views: Mapping[str, LayerView]) -> str:
     if synthetic is None or synthetic.fisher is None:
-        return ("weights-only prior: per-channel weight SQNR after BatchNorm folding, minus "
-                "structural terms for depth, first/last layers, embeddings and risks")
+        weighed, left = _weighing(links, views)
+        return ("weights-only prior: per-channel weight SQNR after BatchNorm folding"
+                f"{weighed}, minus structural terms for depth, first/last layers, embeddings "
+                f"and risks{left}")
     return (f"diagonal Fisher on {synthetic.fisher.examples} synthetic examples "
             f"{synthetic.source}, labels sampled from the model's own output "
             f"({'KL' if synthetic.fisher.kind == 'kl' else 'output SQNR'}); "
             "BatchNorms folded before quantizing")
+
+
+def _weighing(links: Mapping[str, Link], views: Mapping[str, LayerView]) -> tuple[str, str]:
+    """Which layers' input channels the prior weighed by their feeding layer's scales, and
+    which it could not (a link that is not positively homogeneous), in words."""
+    weighed = [link for link in links.values() if link.weighting is not None]
+    ops = sorted({op for link in weighed for op in link.through})
+    text = (f", each input channel's error weighed by that channel's scale from the layer "
+            f"feeding it ({len(weighed)} of {len(links)} layers, through "
+            f"{', '.join(ops) or 'nothing'})" if weighed else "")
+    left = [f"{name} ({link.reason})" for name, link in links.items()
+            if link.reason and not (name in views and views[name].is_first)]
+    if not left:
+        return text, ""
+    return text, ("; input channels not weighed where the link is not positively homogeneous "
+                  f"(no function-preserving rescaling across it): {'; '.join(left[:5])}"
+                  f"{f' and {len(left) - 5} more' if len(left) > 5 else ''}")
 
 
 def _calibrated_evidence(calibration: Calibration | None) -> str | None:

@@ -132,6 +132,11 @@ class QuantKnowledge:
     foldable_types: tuple[str, ...] = ()         # layer types a following batch norm folds into
     propagation_db: float = 0.0                   # weights-only prior: first vs last layer
     role_db: float = 0.0                          # weights-only prior: first, embedding, head
+    # the input-channel axis of a layer's weight (None: no input channels to weight), and the
+    # ops a channel's scale passes through unchanged up to its factor (`quant.links`)
+    input_axis: Callable[[nn.Module], int | None] | None = None
+    homogeneous_ops: frozenset[str] = frozenset()
+    layout_ops: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,11 @@ into that layer before anything is scored, as deployment does: the weight quanti
 own units, is ``Q(w·s)/s − w`` (`Layer.quantize`).
 
 Weights-only prior (`DataFree.score_db`, used when no forward can run): the per-channel
-averaged weight SQNR ``−10·log10(mean_c Σ(w_c − ŵ_c)² / Σw_c²)`` (scale-invariant: rescaling a
-channel, as function-preserving equalisation does, leaves it unchanged) minus the structural
+averaged weight SQNR ``−10·log10(mean_c Σ(w_c − ŵ_c)² / Σw_c²)`` (rescaling an output channel
+leaves it unchanged), each weight's error and signal weighed by the scale of the input channel it
+multiplies where the feeding layer is known through a positively homogeneous link
+(`fxlens.analyzer.quant.links`: rescaling across a ReLU then moves the score as it moves the
+real damage), minus the structural
 terms: `risk_penalty_db` per risk, `propagation_db` times (½ − the layer's position in
 execution order, 0…1: the middle layer unchanged), `role_db` for first layers, embeddings and
 heads. NB: the terms are priors of the
@@ -222,7 +225,10 @@ class DataFree:
 
 
 def data_free(layer: Layer, risks: Sequence[Risk], knowledge: QuantKnowledge,
-              view: LayerView | None = None) -> DataFree:
+              view: LayerView | None = None, weighting: torch.Tensor | None = None
+              ) -> DataFree:
+    """`weighting`: the scale of the input channel each weight multiplies
+    (`fxlens.analyzer.quant.links`); the prior's errors and signal are weighed by it."""
     weight = layer.weight
     if weight.is_meta:
         return DataFree("meta", "weights on the meta device: nothing to quantize", None, {}, {})
@@ -236,7 +242,9 @@ def data_free(layer: Layer, risks: Sequence[Risk], knowledge: QuantKnowledge,
     quantized = {name: fmt.fake_quantize(deployed, layer.axis)
                  for name, fmt in knowledge.formats.items()}
     sqnr = {name: sqnr_db(deployed, q) for name, q in quantized.items()}
-    channel = {name: channel_sqnr_db(deployed, q, layer.axis) for name, q in quantized.items()}
+    m = torch.ones(()) if weighting is None else weighting.float()
+    channel = {name: channel_sqnr_db(deployed * m, q.float() * m, layer.axis)
+               for name, q in quantized.items()}
     penalty = knowledge.risk_penalty_db * len(risks) + _propagation_db(layer, view, knowledge)
     return DataFree("scored", "", stats, sqnr, {k: v - penalty for k, v in channel.items()})
 
@@ -316,6 +324,13 @@ def _compute_nodes(graph: Graph, layers: Sequence[Layer],
                     ids.append(node.id)
         found[layer.name] = ids
     return found
+
+
+def applications(graph: Graph, layers: Sequence[Layer]) -> tuple[dict[str, list[int]], set[int]]:
+    """Per layer, the call nodes that apply its weight to an activation; and the nodes
+    computed from parameters and buffers alone."""
+    constant = _param_derived(graph)
+    return _compute_nodes(graph, layers, _consumers(graph), constant), constant
 
 
 def _reach(nodes: Any, owner: Mapping[int, str], neighbours: Callable[[Node], list[int]]
