@@ -36,6 +36,11 @@ Large masks are never materialised: a tensor that builds the mask is held whole 
 copies along batch and head dims are kept once). Beyond, an elementwise (broadcast) op's
 result is kept as a recipe (`_Lazy`) and computed, and judged, a block of query rows at a
 time (``BLOCK_ELEMENTS`` per block), so a 16 k or 128 k context costs time, not memory.
+Recipes start earlier, past ``HOLD_ELEMENTS`` (16 Mi), wherever the op allows: the ops that
+build an 8192² mask hold int64 and float squares of 512 MiB each, which took a training step
+of llama-3-8b at 8 k from 0.6 to 1.8 GiB of peak RSS. Between the two limits an op that cannot
+run by rows gets its recipes computed whole, so every verdict is the one of holding each mask
+up to ``MAX_MASK_ELEMENTS`` (`tests/rules/test_masks.py`).
 
 Known limitations: only elementwise ops and views that keep the last two dims (``expand``,
 leading ``unsqueeze``) run on such a recipe; any other op on a mask beyond the limit (a
@@ -66,6 +71,7 @@ from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorS
 from fxlens.rules.pointwise import POINTWISE
 
 MAX_MASK_ELEMENTS = 2**26
+HOLD_ELEMENTS = 2**24       # beyond, a result that can be computed by rows is kept a recipe
 MAX_LAZY_ELEMENTS = 2**30   # 32 k × 32 k scores read whole: seconds; beyond, rows sampled
 BLOCK_ELEMENTS = 2**22      # per block of query rows of a mask too large to hold
 MAX_MASK_NODES = 400        # a positions-only mask takes tens of ops; more means something else
@@ -211,6 +217,12 @@ class _Lazy:
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     shape: tuple[int, ...] = ()
+    held: int = 0        # elements the value would hold computed whole (see `_evaluate`)
+
+    def whole(self) -> torch.Tensor:
+        """The value computed at once, as `_evaluate` holds a computed result."""
+        rows = self.rows(0, self.shape[-2]) if _has_rows(self.shape) else self.rows(0, 1)
+        return _fold_repeats(rows.expand(self.shape))
 
     def rows(self, start: int, stop: int) -> torch.Tensor:
         """Query rows ``start:stop`` of the value (its other dims possibly still of size 1)."""
@@ -234,7 +246,8 @@ def _passes_through(value: torch.Tensor, *_: Any) -> torch.Tensor:
     return value
 
 
-def _lazy(node: Node, op: Any, args: dict[str, Any], broadcast: bool) -> _Lazy | None:
+def _lazy(node: Node, op: Any, args: dict[str, Any], broadcast: bool, held: int
+          ) -> _Lazy | None:
     """`node` as a recipe when it can be computed by rows: an elementwise op, or a view of a
     recipe that keeps its last two dims. None when it cannot."""
     shape = node.outputs[0].shape if node.outputs and node.outputs[0] is not None else ()
@@ -243,11 +256,11 @@ def _lazy(node: Node, op: Any, args: dict[str, Any], broadcast: bool) -> _Lazy |
                            if not a.kwarg_only and a.name in args)
         keywords = {a.name: args[a.name] for a in op._schema.arguments
                     if a.kwarg_only and a.name in args}
-        return _Lazy(op, positional, keywords, shape)
+        return _Lazy(op, positional, keywords, shape, held)
     source = args.get("self")
     if node.packet in LAZY_VIEWS and isinstance(source, _Lazy) and len(shape) >= 2 and (
             shape[-2:] == source.shape[-2:] or node.packet == "aten.expand"):
-        return _Lazy(_passes_through, (source,), {}, shape)
+        return _Lazy(_passes_through, (source,), {}, shape, source.held)
     return None
 
 
@@ -272,15 +285,17 @@ def _evaluate(graph: Graph, nodes: list[Node], ref: TensorRef, padding: list[Nod
         args = {k: torch.device("cpu") if k == "device" and v is not None else
                 _real(v, values, broadcast, op._schema.is_mutable)
                 for k, v in node.args.items()}
-        lazy_input = any(isinstance(v, _Lazy) for v in _flat(args.values()))
+        lazies = [v for v in _flat(args.values()) if isinstance(v, _Lazy)]
         size = _result_elements(node, op, args, broadcast)
-        if size > MAX_MASK_ELEMENTS or lazy_input:
-            recipe = _lazy(node, op, args, broadcast)
-            if recipe is None:
+        if size > min(HOLD_ELEMENTS, MAX_MASK_ELEMENTS) or lazies:
+            recipe = _lazy(node, op, args, broadcast, size)
+            if recipe is not None:
+                values[TensorRef(node.id, 0)] = recipe
+                continue
+            if size > MAX_MASK_ELEMENTS or any(r.held > MAX_MASK_ELEMENTS for r in lazies):
                 return (f"needs a tensor of {size:,} elements to evaluate (limit "
                         f"{MAX_MASK_ELEMENTS:,}) and {node.target} cannot be computed by rows")
-            values[TensorRef(node.id, 0)] = recipe
-            continue
+            args = {k: _whole(v) for k, v in args.items()}   # within the limit: as held
         positional = [args[a.name] for a in op._schema.arguments
                       if not a.kwarg_only and a.name in args]
         keywords = {a.name: args[a.name] for a in op._schema.arguments
@@ -311,6 +326,15 @@ def _real(value: Any, values: dict[TensorRef, torch.Tensor], broadcast: bool, mu
         return _base(tensor) if broadcast else (tensor.clone() if mutable else tensor)
     if isinstance(value, (list, tuple)):
         return type(value)(_real(v, values, broadcast, mutable) for v in value)
+    return value
+
+
+def _whole(value: Any) -> Any:
+    """`value` with its recipes computed whole."""
+    if isinstance(value, _Lazy):
+        return value.whole()
+    if isinstance(value, (list, tuple)):
+        return type(value)(_whole(v) for v in value)
     return value
 
 

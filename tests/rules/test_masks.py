@@ -173,6 +173,29 @@ def test_a_mask_too_large_to_hold_is_judged_by_rows(
     assert blocks and max(blocks) <= 3
 
 
+def test_between_the_limits_recipes_save_memory_and_change_no_verdict(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past `HOLD_ELEMENTS` an elementwise mask is judged by rows; an op that cannot run by
+    rows (``tril``, ``flip``) gets its recipe computed whole, as when every mask up to
+    `MAX_MASK_ELEMENTS` was held: the same verdicts either way."""
+    monkeypatch.setattr(masks, "HOLD_ELEMENTS", T)
+    monkeypatch.setattr(masks, "BLOCK_ELEMENTS", 3 * T)
+    blocks: list[int] = []
+    real = masks._Lazy.rows
+    monkeypatch.setattr(masks._Lazy, "rows",
+                        lambda self, a, b: blocks.append(b - a) or real(self, a, b))
+    by_rows = sdpa_cost(Masked(kv_le_q), q)
+    assert by_rows.note.startswith("causal: the mask built") and by_rows.flops == flops(CAUSAL)
+    assert blocks and max(blocks) <= 3
+    blocks.clear()
+    whole = sdpa_cost(Masked(lambda q: kv_le_q(q).tril()), q)
+    assert whole.note.startswith("causal: the mask built") and whole.flops == flops(CAUSAL)
+    assert T in blocks                      # the recipe computed whole for tril
+    flipped = sdpa_cost(Masked(lambda q: kv_le_q(q).flip(-1)), q)
+    assert flipped.note.startswith("dense: the mask is not causal")
+    assert flipped.flops == flops(DENSE)
+
+
 def test_a_large_mask_built_by_other_ops_counts_dense(monkeypatch: pytest.MonkeyPatch) -> None:
     """``tril`` is not elementwise: beyond the limit its square cannot be computed by rows."""
     monkeypatch.setattr(masks, "MAX_MASK_ELEMENTS", T * T - 1)
