@@ -110,7 +110,6 @@ class Repeats:
         return sum(len(g.members) - 1 for g in self.groups)
 
 
-
 class _Identities:
     """A label per live tensor object, without keeping any alive (the same forward may
     measure eager memory): a dead tensor's id reused by a new one is not the old tensor."""
