@@ -147,6 +147,38 @@ def test_a_side_effect_reaching_the_outputs_sends_the_capture_to_a_full_export()
     _assert_identical(chain._by_export(model, (x,), {}, registry=None), full)
 
 
+class ReturnsItself(Block):
+    """XLNet's pattern: every block gets the same position tensor and calls a ``to`` that
+    changes nothing, so it returns the tensor itself."""
+
+    def forward(self, x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return x + self.down(F.gelu(self.up(x * r.to(self.up.weight.dtype))))
+
+
+class SharedPosition(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList([ReturnsItself(8, 8) for _ in range(3)])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        r = torch.ones_like(x)
+        for block in self.blocks:
+            x = block(x, r)
+        return x
+
+
+def test_a_shared_input_a_block_returns_unchanged_sends_the_capture_to_a_full_export():
+    """A full export maps the shared tensor to the first block's ``to`` node, so the next
+    blocks read that node: not what a copy of the first block would read."""
+    model, x = SharedPosition(), torch.randn(4, 8)
+    repeats = find_repeats(model, (x,), {})
+    assert len(repeats.groups) == 1
+    with pytest.raises(SpliceError, match="read after the block"):
+        chain._export(model, (x,), {}, repeats)
+    _assert_identical(chain._by_export(model, (x,), {}, registry=None),
+                      chain._export(model, (x,), {}, Repeats()))
+
+
 class InPlace(nn.Module):
     def __init__(self) -> None:
         super().__init__()

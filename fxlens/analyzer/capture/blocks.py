@@ -470,6 +470,9 @@ def splice(nodes: Sequence[Node], outputs: Sequence[TensorRef], repeats: Repeats
     nodes and the markers removed; `weights` are the model's parameter and buffer names."""
     enters = {n.args["block"]: n for n in nodes if n.target == ENTER}
     exits = {n.args["block"]: n for n in nodes if n.target == EXIT}
+    for block, enter in enters.items():
+        if block in exits:
+            _check_no_outside_alias(nodes, enter, exits[block], repeats.groups[block].members[0])
     spliced: list[Node] = []
     moved: dict[int, int] = {}                      # old node id → new node id
     renamed: dict[tuple[int, int], TensorRef] = {}  # marker outputs → what they stand for
@@ -502,6 +505,53 @@ def splice(nodes: Sequence[Node], outputs: Sequence[TensorRef], repeats: Repeats
                 weight_ids[node.target] = len(spliced)
             spliced.append(replace(node, id=len(spliced), args=_map_refs(node.args, fix)))
     return spliced, tuple(fix(ref) for ref in outputs)
+
+
+# Ops that return their input object itself when they change nothing (``x.to(x.dtype)``,
+# ``contiguous()`` of a contiguous tensor): export then maps that *object* to the op's node,
+# so whoever reads the same object later reads this node.
+RETURNS_ITSELF = frozenset({
+    "aten.to.dtype", "aten.to.device", "aten.to.dtype_layout", "aten.to.other",
+    "aten.type_as.default", "aten.contiguous.default", "aten.flatten.using_ints",
+})
+
+
+def _check_no_outside_alias(nodes: Sequence[Node], enter: Node, exit: Node, path: str
+                            ) -> None:
+    """Refuse a representative that hands back, unchanged, an object others read after it.
+
+    A full export re-points such an object to the node inside the first block (XLNet hands
+    every layer the same position embedding, and each calls ``r.type(r.dtype)`` on it: the
+    next layers read the first layer's ``to`` node). Traced between markers, the block works
+    on the marker's copy instead, so its copies would read the original: another graph.
+    The block's own weights (under `path`) are read by no one else: each copy reads its own."""
+    inside = range(enter.id + 1, exit.id)
+    for node in nodes[enter.id + 1:exit.id]:
+        source = node.args.get("self")
+        if node.target not in RETURNS_ITSELF or not isinstance(source, TensorRef) \
+                or source.node in inside:
+            continue
+        original = enter.args["xs"][source.index] if source.node == enter.id else source
+        if node.outputs[:1] != nodes[original.node].outputs[original.index:original.index + 1]:
+            continue                          # it made a new tensor: nothing re-pointed
+        if source.node != enter.id:
+            if nodes[source.node].kind in (NodeKind.PARAM, NodeKind.BUFFER) \
+                    and nodes[source.node].target.startswith(path + "."):
+                continue
+            raise SpliceError(f"{node.target} returns an outside tensor itself")
+        if any(original in _refs(later.args) for later in nodes[exit.id + 1:]):
+            raise SpliceError(f"{node.target} returns an input itself that is read after "
+                              "the block")
+
+
+def _refs(value: Any) -> list[TensorRef]:
+    if isinstance(value, TensorRef):
+        return [value]
+    if isinstance(value, dict):
+        return [r for v in value.values() for r in _refs(v)]
+    if isinstance(value, (list, tuple)):
+        return [r for v in value for r in _refs(v)]
+    return []
 
 
 @dataclass
