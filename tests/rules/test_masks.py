@@ -156,6 +156,15 @@ LARGE = [  # masks built by elementwise ops only, so they can be judged by rows
 ]
 
 
+def _rows_per_block(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many query rows each block of a recipe computes, as the test runs."""
+    blocks: list[int] = []
+    real = masks._Lazy.rows
+    monkeypatch.setattr(masks._Lazy, "rows",
+                        lambda self, a, b: blocks.append(b - a) or real(self, a, b))
+    return blocks
+
+
 @pytest.mark.parametrize(("label", "build", "scores", "note"), LARGE, ids=[c[0] for c in LARGE])
 def test_a_mask_too_large_to_hold_is_judged_by_rows(
         monkeypatch: pytest.MonkeyPatch, label: str, build: MaskFn, scores: int, note: str
@@ -163,10 +172,7 @@ def test_a_mask_too_large_to_hold_is_judged_by_rows(
     """Beyond `MAX_MASK_ELEMENTS` the square is never held: 3 query rows at a time here."""
     monkeypatch.setattr(masks, "MAX_MASK_ELEMENTS", T)
     monkeypatch.setattr(masks, "BLOCK_ELEMENTS", 3 * T)
-    blocks: list[int] = []
-    real = masks._Lazy.rows
-    monkeypatch.setattr(masks._Lazy, "rows",
-                        lambda self, a, b: blocks.append(b - a) or real(self, a, b))
+    blocks = _rows_per_block(monkeypatch)
     cost = sdpa_cost(Masked(build), q)
     assert cost.note.startswith(note)
     assert cost.flops == flops(scores)
@@ -180,10 +186,7 @@ def test_between_the_limits_recipes_save_memory_and_change_no_verdict(
     `MAX_MASK_ELEMENTS` was held: the same verdicts either way."""
     monkeypatch.setattr(masks, "HOLD_ELEMENTS", T)
     monkeypatch.setattr(masks, "BLOCK_ELEMENTS", 3 * T)
-    blocks: list[int] = []
-    real = masks._Lazy.rows
-    monkeypatch.setattr(masks._Lazy, "rows",
-                        lambda self, a, b: blocks.append(b - a) or real(self, a, b))
+    blocks = _rows_per_block(monkeypatch)
     by_rows = sdpa_cost(Masked(kv_le_q), q)
     assert by_rows.note.startswith("causal: the mask built") and by_rows.flops == flops(CAUSAL)
     assert blocks and max(blocks) <= 3
