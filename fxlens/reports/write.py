@@ -9,6 +9,7 @@ missing), so `fxlens.cli` stays the only printer.
 
 from __future__ import annotations
 
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,48 +51,65 @@ class Written:
 
 
 def write_pages(report: Report, options: PageOptions) -> Written:
-    """Render and write every page; graphviz output only when the `dot` binary exists."""
+    """Render and write every page; graphviz output only when the `dot` binary exists.
+
+    The graphviz layouts (the whole graph, each run's first block) run as concurrent
+    processes while Python renders the Markdown: on a big report they are most of the
+    pages' time, and they need nothing from each other."""
     written = Written()
     dot_source = render_dot(report, options.color, options.expand)
     _write(written, options.dot or options.folder / "graph.dot", dot_source)
-    svg = None
     if dot_binary() is None:
         written.notes.append("graphviz's `dot` not found: wrote graph.dot only, no SVG/PNG "
                              "and no graph in the HTML (apt-get install graphviz)")
+        markdown, svg, blocks = render_markdown(report), None, None
     else:
-        svg_path = options.svg or options.folder / "graph.svg"
-        # NB: graphviz's cluster layout grows steeply with many blocks (llama-3-70b's 80 took
-        # minutes); the default SVG gets a short budget, an asked-for --svg the long one.
-        budget = DOT_TIMEOUT_S if options.svg else DEFAULT_SVG_BUDGET_S
-        try:
-            svg = graphviz_render(dot_source, "svg", budget).decode("utf-8")
-            _write(written, svg_path, svg)
-            if options.png:
-                png_path = svg_path.with_suffix(".png")
-                write_atomic(png_path, graphviz_render(dot_source, "png"))
-                written.paths.append(png_path)
-        except ReportError as error:
-            written.notes.append(f"graph image skipped: {error}; graph.dot is written "
-                                 f"(render it with --svg PATH, up to {DOT_TIMEOUT_S} s)")
-    blocks = _block_graphs(report, options, written) if svg is not None else None
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            # NB: graphviz's cluster layout grows steeply with many blocks (llama-3-70b's 80
+            # took minutes); the default SVG gets a short budget, an asked-for --svg the long.
+            budget = DOT_TIMEOUT_S if options.svg else DEFAULT_SVG_BUDGET_S
+            whole = pool.submit(graphviz_render, dot_source, "svg", budget)
+            runs = [] if options.expand else block_runs(report)
+            laid_out = [pool.submit(graphviz_render, block, "svg", DEFAULT_SVG_BUDGET_S)
+                        for block in (render_block_dot(report, run[0], options.color)
+                                      for run in runs)]
+            markdown = render_markdown(report)
+            svg = _graph_image(written, options, whole, dot_source)
+            blocks = _block_graphs(runs, laid_out, written) if svg is not None and runs else None
     _write(written, options.html or options.folder / "report.html",
            render_html(report, svg, block_graphs=blocks))
-    _write(written, options.md or options.folder / "summary.md", render_markdown(report))
+    _write(written, options.md or options.folder / "summary.md", markdown)
     return written
 
 
-def _block_graphs(report: Report, options: PageOptions, written: Written) -> BlockGraphs | None:
+def _graph_image(written: Written, options: PageOptions, whole: Future[bytes],
+                 dot_source: str) -> str | None:
+    """The whole graph's SVG (and PNG, once the SVG made it) written; None, with a note,
+    past its budget."""
+    svg_path = options.svg or options.folder / "graph.svg"
+    try:
+        svg = whole.result().decode("utf-8")
+        _write(written, svg_path, svg)
+        if options.png:
+            png_path = svg_path.with_suffix(".png")
+            write_atomic(png_path, graphviz_render(dot_source, "png"))
+            written.paths.append(png_path)
+    except ReportError as error:
+        written.notes.append(f"graph image skipped: {error}; graph.dot is written "
+                             f"(render it with --svg PATH, up to {DOT_TIMEOUT_S} s)")
+        return None
+    return svg
+
+
+def _block_graphs(runs: list[list[int]], laid_out: list[Future[bytes]], written: Written
+                  ) -> BlockGraphs | None:
     """Each run's first block with every op drawn, for the page to expand in place of the
     run's summary nodes; skipped (with a note) past the SVG budget."""
-    if options.expand:
-        return None
-    runs = block_runs(report)
     svgs: list[str] = []
     of_block: dict[int, int] = {}
     try:
-        for run in runs:
-            dot = render_block_dot(report, run[0], options.color)
-            svgs.append(graphviz_render(dot, "svg", DEFAULT_SVG_BUDGET_S).decode("utf-8"))
+        for run, svg in zip(runs, laid_out, strict=True):
+            svgs.append(svg.result().decode("utf-8"))
             of_block.update({index: len(svgs) - 1 for index in run})
     except ReportError as error:
         written.notes.append(f"expanded blocks skipped on the page: {error}")

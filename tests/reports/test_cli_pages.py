@@ -56,6 +56,19 @@ def test_a_slow_layout_skips_the_default_svg_with_a_note(
     assert (tmp_path / "report.html").exists()
 
 
+@pytest.mark.skipif(write.dot_binary() is None, reason="graphviz's dot is not installed")
+def test_a_block_layout_that_fails_leaves_the_graph_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The block layouts run beside the whole graph's: one failing costs only the in-place
+    expansion, with a note."""
+    monkeypatch.setattr(write, "render_block_dot", lambda *_: "not a graph {")
+    assert main([str(ROOT / "tests/models/tiny_gpt.py"), "--out", str(tmp_path), "--quiet"]) == 0
+    assert "expanded blocks skipped on the page" in capsys.readouterr().err
+    assert (tmp_path / "graph.svg").exists() and (tmp_path / "summary.md").exists()
+    assert "<svg" in (tmp_path / "report.html").read_text()
+
+
 def test_time_colour_without_roofline_is_a_clear_error(tmp_path: Path,
                                                        capsys: pytest.CaptureFixture[str]
                                                        ) -> None:
