@@ -9,21 +9,21 @@ zoo).
 
 1. **Proof** (`find_repeats`): one forward on fake tensors at dispatch level, the mechanism
    FlopCounterMode uses, with every child of a ``ModuleList``/``Sequential`` that has a
-   sibling of its class wrapped. Each such block's fingerprint is its class, its parameter and
-   buffer specs, its inputs (specs, structure, constants), and every aten call of its
-   ``forward`` in order: the op, each tensor argument by *where it comes from* (the block's
-   own input *i*, an earlier call's output, its own parameter by relative name, or one
-   outside tensor by identity), every other argument's value, the outputs' specs and the
-   user's source line. Two blocks with equal fingerprints run the same Python path on the
-   same kinds of values, so they trace to the same nodes up to renaming. Never assumed from
-   the class name: DeepSeek's first dense layers call other ops, a block reading another
-   outside tensor (a flag picking another mask) differs; each becomes its own group. What a
-   block is *given* is mapped, not compared: Gemma's sliding and global layers run the same
-   code on the mask their caller hands each, so they are one group and every copy reads its
-   own mask. A block that writes to anything but its own fresh tensors, is called twice, or
-   returns something other than fresh tensors and constants is traced like any other
-   module. The eager memory simulation rides along this forward (`Alongside`), so the
-   model runs on fake tensors once for both.
+   sibling of its class and submodules of its own wrapped (`candidates`). Each such block's
+   fingerprint is its class, its parameter and buffer specs, its inputs (specs, structure,
+   constants), and every aten call of its ``forward`` in order: the op, each tensor argument
+   by *where it comes from* (the block's own input *i*, an earlier call's output, its own
+   parameter by relative name, or one outside tensor by identity), every other argument's
+   value, the outputs' specs and the user's source line. Two blocks with equal fingerprints
+   run the same Python path on the same kinds of values, so they trace to the same nodes up
+   to renaming. Never assumed from the class name: DeepSeek's first dense layers call other
+   ops, a block reading another outside tensor (a flag picking another mask) differs; each
+   becomes its own group. What a block is *given* is mapped, not compared: Gemma's sliding
+   and global layers run the same code on the mask their caller hands each, so they are one
+   group and every copy reads its own mask. A block that writes to anything but its own
+   fresh tensors, is called twice, or returns something other than fresh tensors and
+   constants is traced like any other module. The eager memory simulation rides along this
+   forward (`Alongside`), so the model runs on fake tensors once for both.
 2. **Trace** (`standing_in`): the first block of each group is traced with two marker ops
    around its ``forward`` (``fxlens_blocks.enter`` on its tensor inputs, ``.exit`` on its
    tensor outputs) that delimit its nodes and name its inputs; every other member's
@@ -46,6 +46,7 @@ import functools
 import itertools
 import logging
 import weakref
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -287,14 +288,17 @@ def _writable(func: Any) -> tuple[tuple[int, str], ...]:
 
 
 def candidates(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
-    """Children of containers that have a sibling of their own class, by path."""
+    """Children of containers that have a sibling of their own class and are made of modules
+    themselves, by path. A lone layer (a ``Linear`` in a ``Sequential``) is one op or two:
+    standing in for it costs export as much as tracing it, so it is traced."""
     found: dict[str, torch.nn.Module] = {}
     for path, container in module.named_modules():
         if not isinstance(container, CONTAINERS):
             continue
         children = list(container.named_children())
+        classes = Counter(type(child) for _, child in children)
         for name, child in children:
-            if sum(type(other) is type(child) for _, other in children) > 1:
+            if classes[type(child)] > 1 and next(child.children(), None) is not None:
                 found[f"{path}.{name}" if path else name] = child
     return found
 
