@@ -485,7 +485,8 @@ def _eager_peak(loaded: LoadedModel, simulated: MeasuredMemory | None) -> EagerP
     simulated on fake tensors (`simulated` when the capture ran it already); graph liveness
     gives the peak of a graph executor instead."""
     try:
-        simulated = simulated or simulate_eager_memory(loaded.module, loaded.inputs)
+        if simulated is None:
+            simulated = simulate_eager_memory(loaded.module, loaded.inputs)
     except Exception as error:  # an extra figure: the report stands without it, and says why
         log.warning("eager memory simulation failed: %s", error)
         return EagerPeak(peak_bytes=None, error=f"{type(error).__name__}: {error}"[:300])
