@@ -39,8 +39,9 @@ candidates covers those).
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -154,12 +155,7 @@ def diagonal_fisher(module: nn.Module, layers: Sequence[Layer], examples: Sequen
     per_example: list[float] = []
     norm = 0.0                  # Σ of the examples' weights (`_sampled_loss`)
     g = torch.Generator().manual_seed(seed)
-    saved = [(p, p.requires_grad) for p in module.parameters()]
-    was_training = module.training
-    module.eval()
-    try:
-        for p, _ in saved:
-            p.requires_grad_(False)
+    with _frozen_in_eval(module):
         for weight in params:
             weight.requires_grad_(True)
         for k, example in enumerate(examples):
@@ -180,10 +176,6 @@ def diagonal_fisher(module: nn.Module, layers: Sequence[Layer], examples: Sequen
                 reached[i] = reached[i] or bool(square.any())
                 contribution += 0.5 * float((square * delta[i]).sum())
             per_example.append(contribution)
-    finally:
-        for p, flag in saved:
-            p.requires_grad_(flag)
-        module.train(was_training)
     n = norm if norm > 0 else 1.0
     damage = {}
     for layer, square in zip(layers, squares, strict=True):
@@ -265,32 +257,42 @@ def _distill(module: nn.Module, drawn: Sequence[Inputs], floats: Sequence[torch.
     for t in floats:
         t.requires_grad_(True)
     opt = torch.optim.Adam(list(floats), lr=DISTILL_LR)
+    try:
+        with _frozen_in_eval(module):
+            for _ in range(DISTILL_STEPS):
+                opt.zero_grad()
+                loss = torch.zeros(())
+                with torch.enable_grad():
+                    for batch in drawn:
+                        seen.clear()
+                        forward_leaves(module, batch)
+                        for norm, x in seen:
+                            loss = loss + _bn_loss(norm, x)
+                    if not loss.requires_grad:
+                        return
+                    loss.backward()
+                opt.step()
+    finally:
+        for handle in handles:
+            handle.remove()
+        for t in floats:
+            t.requires_grad_(False)
+
+
+@contextlib.contextmanager
+def _frozen_in_eval(module: nn.Module) -> Iterator[None]:
+    """`module` in eval mode with no parameter requiring grad (the caller turns on the ones
+    it differentiates); both put back as they were afterwards."""
     saved = [(p, p.requires_grad) for p in module.parameters()]
     was_training = module.training
     module.eval()
     try:
         for p, _ in saved:
             p.requires_grad_(False)
-        for _ in range(DISTILL_STEPS):
-            opt.zero_grad()
-            loss = torch.zeros(())
-            with torch.enable_grad():
-                for batch in drawn:
-                    seen.clear()
-                    forward_leaves(module, batch)
-                    for norm, x in seen:
-                        loss = loss + _bn_loss(norm, x)
-                if not loss.requires_grad:
-                    return
-                loss.backward()
-            opt.step()
+        yield
     finally:
-        for handle in handles:
-            handle.remove()
         for p, flag in saved:
             p.requires_grad_(flag)
-        for t in floats:
-            t.requires_grad_(False)
         module.train(was_training)
 
 
