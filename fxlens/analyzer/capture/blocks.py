@@ -543,19 +543,9 @@ def _check_no_outside_alias(nodes: Sequence[Node], enter: Node, exit: Node, path
                     and nodes[source.node].target.startswith(path + "."):
                 continue
             raise SpliceError(f"{node.target} returns an outside tensor itself")
-        if any(original in _refs(later.args) for later in nodes[exit.id + 1:]):
+        if any(original in later.input_refs() for later in nodes[exit.id + 1:]):
             raise SpliceError(f"{node.target} returns an input itself that is read after "
                               "the block")
-
-
-def _refs(value: Any) -> list[TensorRef]:
-    if isinstance(value, TensorRef):
-        return [value]
-    if isinstance(value, dict):
-        return [r for v in value.values() for r in _refs(v)]
-    if isinstance(value, (list, tuple)):
-        return [r for v in value for r in _refs(v)]
-    return []
 
 
 @dataclass

@@ -192,11 +192,3 @@ class FxConverter:
         return torch.fx.node.map_aggregate(
             value, lambda v: env[v] if isinstance(v, torch.fx.Node) else concrete(v)
         )
-
-
-def _refs_in(value: Any) -> list[TensorRef]:
-    if isinstance(value, TensorRef):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        return [r for v in value for r in _refs_in(v)]
-    return []
