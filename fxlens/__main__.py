@@ -1,3 +1,3 @@
-from fxlens.cli.main import main
+from fxlens.cli.main import entry
 
-raise SystemExit(main())
+entry()

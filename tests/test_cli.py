@@ -48,6 +48,24 @@ def test_python_dash_m_is_the_same_cli(tmp_path: Path) -> None:
     assert json.loads(out.read_text())["model"]["name"] == "mlp"
 
 
+def test_the_console_script_exits_with_the_heap_frozen(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`entry` keeps the interpreter's last collection off the heap a run leaves behind, and
+    exits with `main`'s code."""
+    import gc
+
+    import fxlens.cli.main as cli
+
+    monkeypatch.setattr(cli, "main", lambda: 3)
+    before = gc.get_freeze_count()
+    try:
+        with pytest.raises(SystemExit) as exited:
+            cli.entry()
+        assert exited.value.code == 3
+        assert gc.get_freeze_count() > before
+    finally:
+        gc.unfreeze()
+
+
 BAD_FORWARD = """
 import torch
 

@@ -25,7 +25,7 @@ import importlib
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from fxlens.analyzer.core.errors import FxlensError
 from fxlens.cli.console import (
@@ -44,6 +44,17 @@ SUBCOMMANDS: dict[str, str] = {
     "explain": "fxlens.cli.explain",
     "sweep": "fxlens.cli.sweep",
 }
+
+
+def entry() -> NoReturn:
+    """The ``analyze`` console script and ``python -m fxlens``: `main`, then the process exits
+    without collecting the heap the run leaves (`fxlens.analyzer.core.heap.freeze_for_exit`).
+    Callers that live on (tests, a sweep's worker) call `main`."""
+    from fxlens.analyzer.core.heap import freeze_for_exit
+
+    code = main()
+    freeze_for_exit()
+    sys.exit(code)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -102,4 +113,4 @@ def _traceback(debug: bool) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -18,6 +18,10 @@ identical with the collector running, disabled, and with the heap frozen (bench/
 "Issue 15").
 
 A host process that froze objects itself (``gc.get_freeze_count() > 0``) is left alone.
+
+A one-shot process (the ``analyze`` command) ends differently: everything alive when it is
+done goes out with it, so `freeze_for_exit()` freezes it all for good and the interpreter's
+last collection at exit walks none of it (that walk took 1.35 s on hf:llama-3-70b).
 """
 
 from __future__ import annotations
@@ -43,3 +47,9 @@ def settled_heap() -> Iterator[Callable[[], None]]:
     finally:
         if ours:
             gc.unfreeze()
+
+
+def freeze_for_exit() -> None:
+    """A process about to end: keep the interpreter's last collection off everything alive.
+    Reference counting still frees what it frees; only cycles left over are not walked."""
+    gc.freeze()
