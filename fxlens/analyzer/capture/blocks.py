@@ -28,7 +28,10 @@ zoo).
    around its ``forward`` (``fxlens_blocks.enter`` on its tensor inputs, ``.exit`` on its
    tensor outputs) that delimit its nodes and name its inputs; every other member's
    ``forward`` becomes one ``fxlens_blocks.stand_in`` node, taking that member's tensor inputs
-   and returning fake tensors with the outputs' specs.
+   and returning fake tensors with the outputs' specs. The trace may also start before the
+   proof ends, on groups guessed from structure (`guessed_repeats`): each guessed group
+   learns its outputs' specs from its first block, and the caller keeps that trace only if
+   the proof's groups, outputs included, are the same.
 3. **Splice** (`splice`): each stand-in is replaced by a copy of its representative's nodes,
    module paths renamed (``layers.0.`` → ``layers.5.``), the representative's inputs mapped
    to the member's, its parameters to the member's by relative name; the markers vanish.
@@ -79,15 +82,17 @@ class SpliceError(Exception):
 
 @dataclass(frozen=True)
 class Group:
-    """Blocks proven identical: `members[0]` is traced, the others are copies of it."""
+    """Blocks proven identical: `members[0]` is traced, the others are copies of it.
+    A guessed group (`guessed_repeats`) learns what it returns when its first block is
+    traced."""
 
     members: tuple[str, ...]      # module paths, in call order
-    returns: Any                  # the pytree spec of what forward returns
-    leaves: tuple[Leaf, ...]      # its leaves: ("tensor", shape, stride, dtype) or constants
+    returns: Any = None           # the pytree spec of what forward returns
+    leaves: tuple[Leaf, ...] | None = None   # ("tensor", shape, stride, dtype) or constants
 
     @property
     def tensors(self) -> list[Leaf]:
-        return [leaf for leaf in self.leaves if leaf[0] == "tensor"]
+        return [leaf for leaf in self.leaves or () if leaf[0] == "tensor"]
 
 
 # --- 1. the proof ----------------------------------------------------------------------------
@@ -221,27 +226,35 @@ class _Fingerprints(TorchDispatchMode):
         return (spec, tuple(key))
 
     def _close(self, call: _Call, module: torch.nn.Module, inputs: Leaf, out: Any) -> None:
-        leaves, spec = pytree.tree_flatten(out)
-        returned, made = [], []
-        for leaf in leaves:
-            if isinstance(leaf, torch.Tensor):
-                origin = call.local.get(leaf) or ("outside",)
-                call.valid &= origin[0] == "op"    # a stand-in returns only fresh tensors
-                returned.append(origin)
-                made.append(("tensor", tuple(leaf.shape), tuple(leaf.stride()), leaf.dtype))
-            else:
-                returned.append(_constant(leaf))
-                made.append(returned[-1])
-        call.valid &= bool(made) and not any(r[0] == "object" for r in returned)
+        spec, made = _made(out)
+        returned = [call.local.get(leaf) or ("outside",) if isinstance(leaf, torch.Tensor)
+                    else _constant(leaf) for leaf in pytree.tree_leaves(out)]
+        # a stand-in returns only fresh tensors and constants
+        call.valid &= _standable(made) and all(r[0] in ("op", "constant") for r in returned)
         if not call.valid:
             self.invalid.add(call.path)
             return
-        weights = tuple((name, _spec(t)) for name, t in
-                        (*module.named_parameters(), *module.named_buffers()))
-        self.keys[call.path] = (type(module), weights, inputs, tuple(call.ops), spec,
+        self.keys[call.path] = (type(module), _weights(module), inputs, tuple(call.ops), spec,
                                 tuple(returned))
-        self.outputs[call.path] = Group((call.path,), spec, tuple(made))
+        self.outputs[call.path] = Group((call.path,), spec, made)
         self.order.append(call.path)
+
+
+def _made(out: Any) -> tuple[Any, tuple[Leaf, ...]]:
+    """What a block returned: its pytree spec, and each leaf as ("tensor", shape, stride,
+    dtype) or as a constant, which is what a stand-in makes again."""
+    leaves, spec = pytree.tree_flatten(out)
+    return spec, tuple(("tensor", tuple(leaf.shape), tuple(leaf.stride()), leaf.dtype)
+                       if isinstance(leaf, torch.Tensor) else _constant(leaf) for leaf in leaves)
+
+
+def _standable(made: tuple[Leaf, ...]) -> bool:
+    return bool(made) and not any(leaf[0] == "object" for leaf in made)
+
+
+def _weights(module: torch.nn.Module) -> tuple[tuple[str, tuple[Any, ...]], ...]:
+    return tuple((name, _spec(t)) for name, t in
+                 (*module.named_parameters(), *module.named_buffers()))
 
 
 def _spec(t: torch.Tensor) -> tuple[Any, ...]:
@@ -346,6 +359,18 @@ def find_repeats(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[st
     return replace(_groups(tracker), outputs=returned)
 
 
+def guessed_repeats(module: torch.nn.Module) -> Repeats:
+    """The groups the proof most likely finds, from structure alone: candidates of one
+    container with the same class and weight specs, in container order. Only a guess, made
+    so that the trace can start before the proof ends (`fxlens.analyzer.capture.chain`): a
+    trace made with it is used only when the proof's groups turn out to be exactly these."""
+    by_key: dict[tuple[Any, ...], list[str]] = {}
+    for path, block in candidates(module).items():
+        key = (path.rpartition(".")[0], type(block), _weights(block))
+        by_key.setdefault(key, []).append(path)
+    return Repeats(tuple(Group(tuple(paths)) for paths in by_key.values() if len(paths) > 1))
+
+
 def _groups(tracker: _Fingerprints) -> Repeats:
     by_key: dict[tuple[str, tuple[Any, ...]], list[str]] = {}
     for path in tracker.order:
@@ -408,25 +433,30 @@ torch.library.register_fake(f"{NAMESPACE}::stand_in", _stand_in_outputs, lib=_LI
 
 
 @contextlib.contextmanager
-def standing_in(module: torch.nn.Module, repeats: Repeats) -> Iterator[None]:
-    """While tracing: each group's first block between markers, the others stand-ins."""
+def standing_in(module: torch.nn.Module, repeats: Repeats) -> Iterator[list[Group]]:
+    """While tracing: each group's first block between markers, the others stand-ins. Yields
+    a list filled on the way out with the groups as traced: a guessed group with what its
+    first block returned."""
     blocks = dict(module.named_modules())
     ops = getattr(torch.ops, NAMESPACE)
     wrappers: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {}
     for block, group in enumerate(repeats.groups):
-        if not group.tensors:
+        if group.leaves is not None and not group.tensors:
             continue
         _STAND_IN_OUTPUTS[block] = group
         wrappers[group.members[0]] = _between_markers(ops, block)
         for member in range(1, len(group.members)):
-            wrappers[group.members[member]] = _stand_in(ops, block, member, group)
+            wrappers[group.members[member]] = _stand_in(ops, block, member)
             weight = next(itertools.chain(blocks[group.members[member]].parameters(),
                                           blocks[group.members[member]].buffers()), None)
             if weight is not None:
                 _STAND_IN_DEVICES[(block, member)] = weight.device
+    traced: list[Group] = []
     try:
         with _forwards_replaced(blocks, wrappers):
-            yield
+            yield traced
+        traced += [_STAND_IN_OUTPUTS.get(block, group)
+                   for block, group in enumerate(repeats.groups)]
     finally:
         _STAND_IN_OUTPUTS.clear()
         _STAND_IN_DEVICES.clear()
@@ -436,15 +466,25 @@ def _between_markers(ops: Any, block: int) -> Callable[[Callable[..., Any]], Cal
     def wrap(forward: Callable[..., Any]) -> Callable[..., Any]:
         def traced(*args: Any, **kwargs: Any) -> Any:
             args, kwargs = _through(ops.enter, (args, kwargs), block)
-            return _through(ops.exit, forward(*args, **kwargs), block)
+            out = forward(*args, **kwargs)
+            group = _STAND_IN_OUTPUTS[block]
+            if group.leaves is None:                 # a guess: learn what the block returns
+                spec, made = _made(out)
+                if not _standable(made) or not any(leaf[0] == "tensor" for leaf in made):
+                    raise SpliceError(f"{group.members[0]} returns nothing a stand-in makes")
+                _STAND_IN_OUTPUTS[block] = replace(group, returns=spec, leaves=made)
+            return _through(ops.exit, out, block)
         return traced
     return wrap
 
 
-def _stand_in(ops: Any, block: int, member: int, group: Group
+def _stand_in(ops: Any, block: int, member: int
               ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     def wrap(forward: Callable[..., Any]) -> Callable[..., Any]:
         def stand_in(*args: Any, **kwargs: Any) -> Any:
+            group = _STAND_IN_OUTPUTS[block]
+            if group.leaves is None:
+                raise SpliceError(f"{group.members[member]} runs before {group.members[0]}")
             inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
             if not inputs:
                 raise SpliceError("a repeated block without tensor inputs")

@@ -45,7 +45,16 @@ from torch.export.graph_signature import InputKind
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from fxlens.analyzer.capture.blocks import Alongside, Repeats, find_repeats, splice, standing_in
+from fxlens.analyzer.capture.beside import Beside, BesideError, beside
+from fxlens.analyzer.capture.blocks import (
+    Alongside,
+    Group,
+    Repeats,
+    find_repeats,
+    guessed_repeats,
+    splice,
+    standing_in,
+)
 from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
 from fxlens.analyzer.capture.decompose import decompose_unknown
 from fxlens.analyzer.capture.fx_convert import FxConverter, type_name, user_frame
@@ -111,19 +120,53 @@ def capture(
 def _by_export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
                registry: CostRegistry, alongside: Alongside | None = None) -> Captured:
     """Blocks proven identical are traced once (`fxlens.analyzer.capture.blocks`); if that
-    trace is refused or not what the proof expected, every block is traced."""
-    repeats = find_repeats(module, args, kwargs, alongside)
-    if repeats.groups:
-        try:
-            return _export(module, args, kwargs, repeats)
-        except Exception as error:  # the whole export below decides what is wrong
-            log.info("tracing each repeated block once failed (%s); tracing all", error)
+    trace is refused or not what the proof expected, every block is traced.
+
+    Where this process may fork (`fxlens.analyzer.capture.beside`), the trace starts in a
+    child on the groups guessed from structure while the proof runs here; it is used only if
+    the proof finds exactly those groups, each returning what its traced block returned, so
+    the nodes are the ones the trace after the proof gives."""
+    guess = guessed_repeats(module)
+    work = functools.partial(_trace, module, args, kwargs, guess)
+    with beside(work) if guess.groups else contextlib.nullcontext() as early:
+        repeats = find_repeats(module, args, kwargs, alongside)
+        if repeats.groups:
+            try:
+                traced = _if_proven(early, repeats) or _trace(module, args, kwargs, repeats)
+                return _spliced(module, traced, repeats)
+            except Exception as error:  # the whole export below decides what is wrong
+                log.info("tracing each repeated block once failed (%s); tracing all", error)
     return _export(module, args, kwargs, Repeats())
+
+
+Traced = tuple[list[Node], tuple[TensorRef, ...], tuple[Group, ...]]  # + the groups as traced
+
+
+def _if_proven(early: Beside | None, repeats: Repeats) -> Traced | None:
+    """The trace started beside the proof, if its guessed groups are the proven ones."""
+    if early is None:
+        return None
+    try:
+        traced: Traced = early.result()
+    except BesideError as error:
+        log.info("the trace beside the proof is not used: %s", error)
+        return None
+    if traced[2] != repeats.groups:
+        log.info("the trace beside the proof guessed other groups than the proof found")
+        return None
+    log.info("the trace made beside the proof is used")
+    return traced
 
 
 def _export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
             repeats: Repeats) -> Captured:
-    with _lazy_recompile(), standing_in(module, repeats):
+    return _spliced(module, _trace(module, args, kwargs, repeats), repeats)
+
+
+def _trace(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+           repeats: Repeats) -> Traced:
+    """``torch.export`` with `repeats` standing in, as our nodes (not yet spliced)."""
+    with _lazy_recompile(), standing_in(module, repeats) as groups:
         program = torch.export.export(module, args, kwargs=kwargs, strict=False)
     kinds = {
         spec.arg.name: spec
@@ -140,7 +183,11 @@ def _export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
 
     converter = FxConverter(input_kind)
     converter.convert(program.graph_module.graph, program.graph_module)
-    nodes, outputs = converter.nodes, _tensor_refs(converter.outputs)
+    return converter.nodes, _tensor_refs(converter.outputs), tuple(groups)
+
+
+def _spliced(module: torch.nn.Module, traced: Traced, repeats: Repeats) -> Captured:
+    nodes, outputs, _ = traced
     if repeats.groups:
         weights = {name for name, _ in module.named_parameters(remove_duplicate=False)}
         weights |= {name for name, _ in module.named_buffers(remove_duplicate=False)}

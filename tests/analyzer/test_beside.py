@@ -1,0 +1,132 @@
+"""Work beside (`fxlens.analyzer.capture.beside`): a forked child's result comes back, and
+anything else (an exception, a death, a hang) is one `BesideError` with the child reaped;
+the capture that starts its trace beside the proof gives the nodes it gives without forking."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import time
+
+import pytest
+import torch
+
+from fxlens.analyzer.capture import beside, chain
+from fxlens.analyzer.capture.beside import Beside, BesideError
+from fxlens.analyzer.capture.blocks import guessed_repeats
+from tests.analyzer.test_blocks import Block, Stack, _assert_identical
+
+pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forking is used on Linux only")
+
+
+def _reaped(started: Beside) -> bool:
+    try:
+        os.waitpid(started._pid, os.WNOHANG)
+    except ChildProcessError:
+        return True
+    return False
+
+
+def test_the_result_is_computed_in_the_child_and_its_changes_stay_there():
+    touched: list[int] = []
+
+    def work() -> int:
+        touched.append(1)
+        return os.getpid()
+
+    started = Beside(work)
+    assert started.result() not in (os.getpid(), None)
+    assert touched == []                  # the child's copy of the list, not ours
+    assert _reaped(started)
+
+
+def test_an_exception_in_the_child_is_one_beside_error_with_its_message():
+    def work() -> None:
+        raise ValueError("no such block")
+
+    started = Beside(work)
+    with pytest.raises(BesideError, match="ValueError: no such block"):
+        started.result()
+    assert _reaped(started)
+
+
+def test_a_child_that_dies_gives_a_beside_error():
+    started = Beside(lambda: os.kill(os.getpid(), signal.SIGKILL))
+    with pytest.raises(BesideError, match="without a result"):
+        started.result()
+
+
+def test_a_child_that_hangs_is_killed_past_its_time(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(beside, "MIN_WAIT_S", 0.5)
+    monkeypatch.setattr(beside, "WAIT_FACTOR", 0.0)
+    started = Beside(lambda: time.sleep(60))
+    begun = time.monotonic()
+    with pytest.raises(BesideError, match="took more than"):
+        started.result()
+    assert time.monotonic() - begun < 10
+    assert _reaped(started)
+
+
+def test_nothing_forks_unless_the_process_allows_it(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(beside, "_allowed", False)
+    with beside.beside(os.getpid) as started:
+        assert started is None
+
+
+def _by_export_forked(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module,
+                      x: torch.Tensor) -> chain.Captured:
+    monkeypatch.setattr(beside, "_allowed", True)
+    monkeypatch.setattr(beside, "can_fork", lambda: True)   # also on a one-core runner
+    return chain._by_export(model, (x,), {}, registry=None)
+
+
+def test_a_trace_beside_the_proof_is_used_when_the_guess_is_proven(
+        monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture):
+    model, x = Stack([Block(8, 16) for _ in range(4)]), torch.randn(8, 8)
+    with caplog.at_level(logging.INFO, logger="fxlens.analyzer.capture.chain"):
+        forked = _by_export_forked(monkeypatch, model, x)
+    assert "made beside the proof is used" in caplog.text
+    assert "copied 3 blocks" in caplog.text
+    _assert_identical(forked, chain._export(model, (x,), {}, chain.Repeats()))
+
+
+def test_a_wrong_guess_is_not_used(monkeypatch: pytest.MonkeyPatch,
+                                   caplog: pytest.LogCaptureFixture):
+    """Same class and weights, but one block reads another mask: the structure guesses one
+    group, the proof finds two, and the trace after the proof is the one used."""
+    model = Stack([Block(8, 16), Block(8, 16, sliding=True), Block(8, 16), Block(8, 16,
+                                                                                 sliding=True)])
+    x = torch.randn(8, 8)
+    assert [g.members for g in guessed_repeats(model).groups] == [
+        ("blocks.0", "blocks.1", "blocks.2", "blocks.3")]
+    with caplog.at_level(logging.INFO, logger="fxlens.analyzer.capture.chain"):
+        forked = _by_export_forked(monkeypatch, model, x)
+    assert "guessed other groups than the proof found" in caplog.text
+    _assert_identical(forked, chain._export(model, (x,), {}, chain.Repeats()))
+
+
+@pytest.mark.slow
+def test_the_console_script_forks_and_writes_the_report_main_writes(
+        tmp_path, monkeypatch: pytest.MonkeyPatch):
+    """``python -m fxlens`` may fork (`fxlens.cli.main.entry`); in-process `main` may not:
+    the same report either way, and the forked run did use its trace."""
+    import json
+    import subprocess
+
+    from fxlens.cli.main import main
+    from tests.test_cli import ROOT
+
+    model = str(ROOT / "tests/models/tiny_gpt.py")
+    forked, plain = tmp_path / "forked.json", tmp_path / "plain.json"
+    run = subprocess.run([sys.executable, "-m", "fxlens", model, "--quiet", "--debug",
+                          "--json", str(forked), "--no-pages"],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert "copied" in run.stderr
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert "made beside the proof is used" in run.stderr
+    monkeypatch.chdir(tmp_path)          # source lines are shown relative to the cwd
+    assert main([model, "--quiet", "--json", str(plain), "--no-pages"]) == 0
+    assert json.loads(forked.read_text()) == json.loads(plain.read_text())
