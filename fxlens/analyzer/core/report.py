@@ -204,11 +204,12 @@ def _as_dict(obj: Any) -> Any:
         names = _FIELDS.get(kind)
         if names is None:
             names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(obj))
-        return {name: _as_dict(getattr(obj, name)) for name in names}
+        values = [getattr(obj, name) for name in names]    # scalars inline: most fields
+        return {name: v if type(v) in _SCALARS else _as_dict(v) for name, v in zip(names, values)}
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):      # a named tuple
         return kind(*[_as_dict(v) for v in obj])
     if isinstance(obj, (list, tuple)):
-        return kind(_as_dict(v) for v in obj)
+        return kind([v if type(v) in _SCALARS else _as_dict(v) for v in obj])
     if isinstance(obj, dict):
         return kind((_as_dict(k), _as_dict(v)) for k, v in obj.items())
     return copy.deepcopy(obj)
