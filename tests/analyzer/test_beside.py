@@ -75,6 +75,14 @@ def test_nothing_forks_unless_the_process_allows_it(monkeypatch: pytest.MonkeyPa
         assert started is None
 
 
+def test_nothing_forks_once_cuda_is_started(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(beside, "_allowed", True)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert beside.can_fork()
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    assert not beside.can_fork()
+
+
 def _by_export_forked(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module,
                       x: torch.Tensor) -> chain.Captured:
     monkeypatch.setattr(beside, "_allowed", True)

@@ -13,7 +13,8 @@ only other thread is the terminal's progress spinner, which the child never touc
 writes nothing to the terminal and ends with ``os._exit``, running no exit handlers). A
 library caller (a notebook kernel, a Ray worker with gRPC threads, a test runner) keeps the
 default: the same work, one step after the other. Forking is also off where ``fork`` is
-missing or unsafe (Windows, macOS) and on a single core, where it would only add a process.
+missing or unsafe (Windows, macOS), on a single core, where it would only add a process, and
+once this process has started CUDA, which a forked child cannot use.
 
 The child is never trusted to finish (a lock it inherited held, a crash): `Beside.result`
 waits at most `MIN_WAIT_S` or `WAIT_FACTOR` times as long as the parent worked beside it,
@@ -52,7 +53,13 @@ def allow_forking() -> None:
 
 def can_fork() -> bool:
     return (_allowed and sys.platform == "linux" and hasattr(os, "fork")
-            and len(os.sched_getaffinity(0)) >= 2)
+            and len(os.sched_getaffinity(0)) >= 2 and not _cuda_initialized())
+
+
+def _cuda_initialized() -> bool:
+    """A forked child cannot use the CUDA this process started (torch refuses it there)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.cuda.is_initialized())
 
 
 class Beside:
