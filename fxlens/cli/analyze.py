@@ -16,6 +16,7 @@ choices), so ``analyze --help`` and a bad option answer at once.
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -287,31 +288,52 @@ def _page_options_of(args: argparse.Namespace, folder: Path) -> Any:
 
 def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
     """Write the report JSON (or print it) and the pages; a promised file that is not there
-    afterwards is an internal error, never a silent success."""
+    afterwards is an internal error, never a silent success. Where the process may fork
+    (`fxlens.analyzer.capture.beside`), the pages are written by a child while this process
+    writes the JSON; if the child fails, they are written here."""
+    import contextlib
+    import functools
     import sys
 
+    from fxlens.analyzer.capture.beside import beside
     from fxlens.analyzer.core.report import write_report
+    from fxlens.reports.write import write_pages
 
     folder = args.out or Path("fxlens-out") / _safe_name(report.model.name)
     written: list[Path] = []
-    if args.json == STDOUT:
-        sys.stdout.write(report.to_json())
-        sys.stdout.flush()
-    else:
-        json_path = Path(args.json) if args.json else folder / "report.json"
-        write_report(report, json_path)
-        written.append(json_path)
-    if not args.no_pages:
-        from fxlens.reports.write import write_pages
-
-        pages = write_pages(report, _page_options_of(args, folder))
-        for text in pages.notes:    # something asked for was not made: said even if --quiet
-            note(text)
-        written += pages.paths
+    page_options = None if args.no_pages else _page_options_of(args, folder)
+    with (contextlib.nullcontext() if page_options is None else
+          beside(functools.partial(write_pages, report, page_options))) as pages_beside:
+        if args.json == STDOUT:
+            sys.stdout.write(report.to_json())
+            sys.stdout.flush()
+        else:
+            json_path = Path(args.json) if args.json else folder / "report.json"
+            write_report(report, json_path)
+            written.append(json_path)
+        if page_options is not None:
+            pages = _result_of(pages_beside) or write_pages(report, page_options)
+            for text in pages.notes:    # something asked for was not made: said even if --quiet
+                note(text)
+            written += pages.paths
     missing = [p for p in written if not p.is_file()]
     if missing:   # the CLI handler turns this into exit 3
         raise RuntimeError(f"{missing[0]} was promised but is not there after writing")
     return written
+
+
+def _result_of(started: Any) -> Any:
+    """What the work started beside returned; None if none was started or it failed."""
+    from fxlens.analyzer.capture.beside import BesideError
+
+    if started is None:
+        return None
+    try:
+        return started.result()
+    except BesideError as error:
+        logging.getLogger(__name__).info("the pages written beside failed (%s); writing "
+                                         "them here", error)
+        return None
 
 
 def _safe_name(name: str) -> str:

@@ -4,6 +4,7 @@ the capture that starts its trace beside the proof gives the nodes it gives with
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -116,25 +117,50 @@ def test_a_wrong_guess_is_not_used(monkeypatch: pytest.MonkeyPatch,
 
 
 @pytest.mark.slow
-def test_the_console_script_forks_and_writes_the_report_main_writes(
+def test_the_console_script_forks_and_writes_the_files_main_writes(
         tmp_path, monkeypatch: pytest.MonkeyPatch):
-    """``python -m fxlens`` may fork (`fxlens.cli.main.entry`); in-process `main` may not:
-    the same report either way, and the forked run did use its trace."""
-    import json
+    """``python -m fxlens`` may fork (`fxlens.cli.main.entry`): the trace beside the proof,
+    the pages beside the JSON. In-process `main` may not: the same files either way."""
     import subprocess
 
     from fxlens.cli.main import main
     from tests.test_cli import ROOT
 
     model = str(ROOT / "tests/models/tiny_gpt.py")
-    forked, plain = tmp_path / "forked.json", tmp_path / "plain.json"
+    forked, plain = tmp_path / "forked", tmp_path / "plain"
     run = subprocess.run([sys.executable, "-m", "fxlens", model, "--quiet", "--debug",
-                          "--json", str(forked), "--no-pages"],
-                         capture_output=True, text=True, cwd=tmp_path)
+                          "--out", str(forked)], capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
-    assert "copied" in run.stderr
+    assert "copied" in run.stderr and "written beside failed" not in run.stderr
     if len(os.sched_getaffinity(0)) >= 2:
         assert "made beside the proof is used" in run.stderr
     monkeypatch.chdir(tmp_path)          # source lines are shown relative to the cwd
-    assert main([model, "--quiet", "--json", str(plain), "--no-pages"]) == 0
-    assert json.loads(forked.read_text()) == json.loads(plain.read_text())
+    assert main([model, "--quiet", "--out", str(plain)]) == 0
+    names = sorted(p.name for p in plain.iterdir())
+    assert names == sorted(p.name for p in forked.iterdir())
+    assert {"report.json", "report.html", "summary.md", "graph.dot"} <= set(names)
+    for name in names:
+        assert (forked / name).read_bytes() == (plain / name).read_bytes(), name
+
+
+def test_pages_whose_child_failed_are_written_here(tmp_path, monkeypatch: pytest.MonkeyPatch):
+    from fxlens.cli import analyze as cli_analyze
+    from fxlens.cli.main import main
+    from tests.test_cli import ROOT
+
+    class Failed:
+        def result(self) -> None:
+            raise BesideError("the child died")
+
+    started: list[object] = []
+
+    @contextlib.contextmanager
+    def failing(work):
+        started.append(work)
+        yield Failed()
+
+    monkeypatch.setattr(beside, "beside", failing)
+    assert cli_analyze._result_of(Failed()) is None
+    assert main([str(ROOT / "tests/models/mlp.py"), "--quiet", "--out", str(tmp_path)]) == 0
+    assert len(started) == 1                    # the pages were started beside, and failed
+    assert (tmp_path / "report.html").is_file() and (tmp_path / "summary.md").is_file()
