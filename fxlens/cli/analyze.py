@@ -297,6 +297,7 @@ def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
 
     from fxlens.analyzer.capture.beside import beside
     from fxlens.analyzer.core.report import write_report
+    from fxlens.reports.dot import DOT_TIMEOUT_S
     from fxlens.reports.write import write_pages
 
     folder = args.out or Path("fxlens-out") / _safe_name(report.model.name)
@@ -312,7 +313,9 @@ def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
             write_report(report, json_path)
             written.append(json_path)
         if page_options is not None:
-            pages = _result_of(pages_beside) or write_pages(report, page_options)
+            # the child may use graphviz's budgets (SVG, then PNG) and a minute more
+            pages = (_result_of(pages_beside, 2 * DOT_TIMEOUT_S + 60)
+                     or write_pages(report, page_options))
             for text in pages.notes:    # something asked for was not made: said even if --quiet
                 note(text)
             written += pages.paths
@@ -322,14 +325,14 @@ def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
     return written
 
 
-def _result_of(started: Any) -> Any:
+def _result_of(started: Any, timeout_s: float) -> Any:
     """What the work started beside returned; None if none was started or it failed."""
     from fxlens.analyzer.capture.beside import BesideError
 
     if started is None:
         return None
     try:
-        return started.result()
+        return started.result(timeout_s)
     except BesideError as error:
         logging.getLogger(__name__).info("the pages written beside failed (%s); writing "
                                          "them here", error)

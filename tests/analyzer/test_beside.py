@@ -149,7 +149,7 @@ def test_pages_whose_child_failed_are_written_here(tmp_path, monkeypatch: pytest
     from tests.test_cli import ROOT
 
     class Failed:
-        def result(self) -> None:
+        def result(self, timeout_s: float) -> None:
             raise BesideError("the child died")
 
     started: list[object] = []
@@ -160,7 +160,7 @@ def test_pages_whose_child_failed_are_written_here(tmp_path, monkeypatch: pytest
         yield Failed()
 
     monkeypatch.setattr(beside, "beside", failing)
-    assert cli_analyze._result_of(Failed()) is None
+    assert cli_analyze._result_of(Failed(), 1.0) is None
     assert main([str(ROOT / "tests/models/mlp.py"), "--quiet", "--out", str(tmp_path)]) == 0
     assert len(started) == 1                    # the pages were started beside, and failed
     assert (tmp_path / "report.html").is_file() and (tmp_path / "summary.md").is_file()

@@ -21,9 +21,10 @@ once this process has started CUDA, which a forked child cannot use.
 
 The child is never trusted to finish (a lock it inherited held, a crash): `Beside.result`
 waits at most `MIN_WAIT_S` or `WAIT_FACTOR` times as long as the parent worked beside it,
-whichever is longer, then kills it and raises `BesideError`, and the caller does the work
-itself. (The export of a model's unique blocks takes 0.4–0.8× the proof's time on the
-presets; a child that needs five times as long is stuck.)
+whichever is longer (the export of a model's unique blocks takes 0.4–0.8× the proof's time
+on the presets; a child that needs five times as long is stuck), or as long as the caller
+says (pages wait for graphviz's own budgets), then kills it and raises `BesideError`, and
+the caller does the work itself.
 """
 
 from __future__ import annotations
@@ -81,12 +82,15 @@ class Beside:
         self._read: int | None = read
         self._started = time.monotonic()
 
-    def result(self) -> Any:
-        """What `work` returned; `BesideError` if it raised, died or took too long."""
+    def result(self, timeout_s: float | None = None) -> Any:
+        """What `work` returned; `BesideError` if it raised, died or took more than
+        `timeout_s` from now (by default `MIN_WAIT_S`, or `WAIT_FACTOR` times as long as
+        the parent worked beside it, whichever is longer)."""
         if self._read is None:
             raise BesideError("the work beside was already collected")
         now = time.monotonic()
-        timeout_s = max(MIN_WAIT_S, WAIT_FACTOR * (now - self._started))
+        if timeout_s is None:
+            timeout_s = max(MIN_WAIT_S, WAIT_FACTOR * (now - self._started))
         chunks, deadline = [], now + timeout_s
         try:
             while True:

@@ -204,8 +204,8 @@ def _as_dict(obj: Any) -> Any:
         names = _FIELDS.get(kind)
         if names is None:
             names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(obj))
-        values = [getattr(obj, name) for name in names]    # scalars inline: most fields
-        return {name: v if type(v) in _SCALARS else _as_dict(v) for name, v in zip(names, values)}
+        return {name: v if type(v := getattr(obj, name)) in _SCALARS else _as_dict(v)
+                for name in names}                          # scalars inline: most fields
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):      # a named tuple
         return kind(*[_as_dict(v) for v in obj])
     if isinstance(obj, (list, tuple)):
