@@ -55,7 +55,7 @@ from fxlens.analyzer.capture.blocks import (
     splice,
     standing_in,
 )
-from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
+from fxlens.analyzer.capture.chatter import export_prints_logged, torch_chatter_to_debug_log
 from fxlens.analyzer.capture.decompose import decompose_unknown
 from fxlens.analyzer.capture.fx_convert import FxConverter, type_name, user_frame
 from fxlens.analyzer.capture.recorder import (
@@ -166,7 +166,7 @@ def _export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, An
 def _trace(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
            repeats: Repeats) -> Traced:
     """``torch.export`` with `repeats` standing in, as our nodes (not yet spliced)."""
-    with _lazy_recompile(), standing_in(module, repeats) as groups:
+    with _lazy_recompile(), export_prints_logged(), standing_in(module, repeats) as groups:
         program = torch.export.export(module, args, kwargs=kwargs, strict=False)
     kinds = {
         spec.arg.name: spec

@@ -6,7 +6,9 @@ noise on the user's terminal. `torch_chatter_to_debug_log()` wraps one such step
 
 - warnings raised during it are caught for that call and logged at debug level;
 - the partial graph that ``torch.export`` prints when a trace hits data-dependent control
-  flow is logged at debug level (see `_export_prints_logged`);
+  flow is logged at debug level by `export_prints_logged`, which the export itself wraps
+  (importing torch.export's tracer costs about 0.45 s: a step that does not export, such as
+  the proof of repeated blocks running beside it, does not pay it);
 - records of the torch loggers in `QUIETED_TORCH_LOGGERS` (the fake-tensor mode logs a full
   ERROR traceback whenever a meta kernel refuses a call, even when the caller handles it)
   are held back and summarised in one debug line: how many, and the first one's message.
@@ -39,8 +41,7 @@ def torch_chatter_to_debug_log() -> Iterator[None]:
     """Warnings, ``torch.export``'s failure dumps and the fake-tensor mode's log records of
     one step go to the debug log (see the module docstring)."""
     held: list[logging.LogRecord] = []
-    with warnings.catch_warnings(record=True) as caught, _export_prints_logged(), \
-            _torch_records_held(held):
+    with warnings.catch_warnings(record=True) as caught, _torch_records_held(held):
         yield
     for warning in caught:
         log.debug("warning during capture: %s: %s (%s:%s)", warning.category.__name__,
@@ -96,7 +97,7 @@ _shadow_users = 0
 
 
 @contextlib.contextmanager
-def _export_prints_logged() -> Iterator[None]:
+def export_prints_logged() -> Iterator[None]:
     """NB: torch 2.13 prints a failed trace's partial graph with a bare ``print(...,
     file=sys.stderr)`` in ``torch.export._trace`` (``_log_export_wrapper``), with no switch to
     turn it off. While a step runs, that module's global name ``print`` is shadowed by one
