@@ -76,6 +76,16 @@ def test_nothing_forks_unless_the_process_allows_it(monkeypatch: pytest.MonkeyPa
         assert started is None
 
 
+def test_a_fork_that_fails_leaves_the_work_to_the_caller(monkeypatch: pytest.MonkeyPatch):
+    def refused() -> int:
+        raise OSError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(beside, "can_fork", lambda: True)
+    monkeypatch.setattr(os, "fork", refused)
+    with beside.beside(os.getpid) as started:
+        assert started is None
+
+
 def test_nothing_forks_once_cuda_is_started(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(beside, "_allowed", True)
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})

@@ -30,6 +30,7 @@ the caller does the work itself.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pickle
 import select
@@ -39,6 +40,8 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 MIN_WAIT_S = 10.0
 WAIT_FACTOR = 5.0
@@ -74,7 +77,12 @@ class Beside:
             with contextlib.suppress(Exception):
                 stream.flush()
         read, write = os.pipe()
-        self._pid = os.fork()
+        try:
+            self._pid = os.fork()
+        except OSError:
+            os.close(read)
+            os.close(write)
+            raise
         if self._pid == 0:
             os.close(read)
             _child(work, write)                   # never returns
@@ -141,10 +149,15 @@ def _child(work: Callable[[], Any], write: int) -> None:
 def beside(work: Callable[[], Any]) -> Iterator[Beside | None]:
     """`work` started in a forked child if this process may fork (else None: the caller
     does it itself when it needs it); the child is stopped on the way out."""
-    if not can_fork():
+    started = None
+    if can_fork():
+        try:
+            started = Beside(work)
+        except OSError as error:     # no process or pipe to be had: the caller does it
+            log.info("nothing started beside: %s", error)
+    if started is None:
         yield None
         return
-    started = Beside(work)
     try:
         yield started
     finally:
