@@ -100,10 +100,12 @@ class Beside:
         if timeout_s is None:
             timeout_s = max(MIN_WAIT_S, WAIT_FACTOR * (now - self._started))
         chunks, deadline = [], now + timeout_s
+        ready = select.poll()         # poll, not select: any fd number (select stops at 1024)
+        ready.register(self._read, select.POLLIN)
         try:
             while True:
                 left = deadline - time.monotonic()
-                if left <= 0 or not select.select([self._read], [], [], left)[0]:
+                if left <= 0 or not ready.poll(left * 1000):
                     raise BesideError(f"the work beside took more than {timeout_s:.0f} s")
                 chunk = os.read(self._read, 1 << 20)
                 if not chunk:
