@@ -30,6 +30,7 @@ the caller does the work itself.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import os
 import pickle
@@ -136,6 +137,9 @@ class Beside:
 
 
 def _child(work: Callable[[], Any], write: int) -> None:
+    # The collector would walk the whole inherited heap, touching every object and so
+    # copying every page it shares with the parent; the child lives seconds: no collection.
+    gc.disable()
     try:
         try:
             payload = pickle.dumps(("ok", work()), protocol=pickle.HIGHEST_PROTOCOL)
