@@ -85,6 +85,31 @@ def test_torch_chatter_goes_to_the_debug_log_without_swapping_stderr(
     assert "print" not in vars(importlib.import_module("torch.export._trace"))
 
 
+def test_symbolic_shapes_warnings_are_held_back_during_a_capture_step(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """torch's symbolic-shapes logger has a handler of its own (our level on "torch" does not
+    reach it): a data-dependent branch made it print "Unable to find user code corresponding
+    to {u0}" on every run of such a model."""
+    from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
+
+    shapes = logging.getLogger("torch.fx.experimental.symbolic_shapes")
+    seen: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = seen.append  # type: ignore[method-assign]
+    shapes.addHandler(handler)
+    try:
+        # logged as an error here: other tests quiet "torch" and disable warnings process-wide,
+        # and the record must be emitted to be held (holding does not look at the level)
+        with caplog.at_level(logging.DEBUG, logger="fxlens.analyzer.capture.chatter"), \
+                caplog.at_level(logging.DEBUG, logger=shapes.name), \
+                torch_chatter_to_debug_log():
+            shapes.error("Unable to find user code corresponding to {u0}")
+    finally:
+        shapes.removeHandler(handler)
+    assert seen == []
+    assert "held back; the first: torch.fx.experimental.symbolic_shapes" in caplog.text
+
+
 class GroupedExperts(torch.nn.Module):
     """Float32 experts through ``torch._grouped_mm``, as transformers runs MoE on CPU."""
 
@@ -130,6 +155,22 @@ def test_torch_log_records_during_capture_become_one_debug_line(
                        "torch._subclasses.fake_tensor: failed while attempting to run meta "
                        "for aten.op"]
     assert not fake_tensor_log.filters
+
+
+def test_nested_capture_steps_each_hold_their_own_records(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Two steps' sinks are equal lists while both are empty: the inner one leaving must take
+    its own away, not the outer's, or the outer one's exit fails after a record came in."""
+    from fxlens.analyzer.capture import chatter
+
+    fake_tensor_log = logging.getLogger("torch._subclasses.fake_tensor")
+    with caplog.at_level(logging.DEBUG, logger="fxlens.analyzer.capture"), \
+            chatter.torch_chatter_to_debug_log():
+        with chatter.torch_chatter_to_debug_log():
+            pass
+        fake_tensor_log.error("held by the outer step")
+    assert chatter._holder.sinks == [] and not fake_tensor_log.filters
+    assert "the first: torch._subclasses.fake_tensor: held by the outer step" in caplog.text
 
 
 def test_unknown_ops_are_decomposed_until_known() -> None:

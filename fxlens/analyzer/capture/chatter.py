@@ -10,8 +10,10 @@ noise on the user's terminal. `torch_chatter_to_debug_log()` wraps one such step
   (importing torch.export's tracer costs about 0.45 s: a step that does not export, such as
   the proof of repeated blocks running beside it, does not pay it);
 - records of the torch loggers in `QUIETED_TORCH_LOGGERS` (the fake-tensor mode logs a full
-  ERROR traceback whenever a meta kernel refuses a call, even when the caller handles it)
-  are held back and summarised in one debug line: how many, and the first one's message.
+  ERROR traceback whenever a meta kernel refuses a call, even when the caller handles it; the
+  symbolic-shapes module warns "Unable to find user code corresponding to {u0}" when a trace
+  meets a data-dependent value) are held back and summarised in one debug line: how many,
+  and the first one's message.
 
 Nothing process-wide is swapped: ``sys.stderr``, file descriptors, handlers and levels are
 untouched. The print shadow and the logger filter are installed for the duration of the step
@@ -33,7 +35,10 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-QUIETED_TORCH_LOGGERS = ("torch._subclasses.fake_tensor",)
+QUIETED_TORCH_LOGGERS = (
+    "torch._subclasses.fake_tensor",
+    "torch.fx.experimental.symbolic_shapes",   # its own handler: our level does not reach it
+)
 
 
 @contextlib.contextmanager
@@ -87,7 +92,9 @@ def _torch_records_held(sink: list[logging.LogRecord]) -> Iterator[None]:
         yield
     finally:
         with _lock:
-            _holder.sinks.remove(sink)
+            # by identity: `list.remove` takes the first *equal* list, and two steps' sinks
+            # are equal whenever they hold the same records (both empty, say)
+            _holder.sinks[:] = [held for held in _holder.sinks if held is not sink]
             if not _holder.sinks:
                 for name in QUIETED_TORCH_LOGGERS:
                     logging.getLogger(name).removeFilter(_holder)
