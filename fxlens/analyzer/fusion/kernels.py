@@ -245,13 +245,16 @@ def fusion_section(plan: KernelPlan, epilogue_plan: KernelPlan | None,
                    unfused: Mapping[str, KernelCounts]) -> Fusion:
     """The report's ``fusion`` section: kernel counts and bytes moved, unfused and fused,
     in total and per module (each module with its submodules)."""
-    by_module: dict[str, KernelCounts] = dict(unfused)
+    fused: dict[str, list[int]] = {}              # path → [kernels, bytes]
     for kernel in plan.kernels:
         for path in ancestors(kernel.module):
-            entry = by_module.get(path, KernelCounts())
-            by_module[path] = dataclasses.replace(
-                entry, kernels_fused=entry.kernels_fused + 1,
-                bytes_fused=entry.bytes_fused + kernel.bytes_fused)
+            sums = fused.setdefault(path, [0, 0])
+            sums[0] += 1
+            sums[1] += kernel.bytes_fused
+    by_module = dict(unfused)
+    for path, (kernels, moved) in fused.items():
+        by_module[path] = dataclasses.replace(by_module.get(path, KernelCounts()),
+                                              kernels_fused=kernels, bytes_fused=moved)
     return Fusion(
         kernels_unfused=plan.kernels_unfused, kernels_fused=len(plan.kernels),
         bytes_unfused=plan.bytes_unfused, bytes_fused=plan.bytes_fused,
@@ -266,15 +269,16 @@ def fusion_section(plan: KernelPlan, epilogue_plan: KernelPlan | None,
 def _by_module_unfused(plan: KernelPlan, fg: FusionGraph, costs: Mapping[int, NodeReport]
                        ) -> dict[str, KernelCounts]:
     """Kernels and bytes per module (with its submodules) when every node is its own kernel."""
-    by_module: dict[str, KernelCounts] = {}
+    sums: dict[str, list[int]] = {}               # path → [kernels, bytes]
     for node_id in sorted(n for k in plan.kernels for n in k.nodes):
         cost = costs.get(node_id)
         moved = cost.bytes_read + cost.bytes_written if cost is not None else 0
         for path in ancestors(fg.node(node_id).module):
-            entry = by_module.get(path, KernelCounts())
-            by_module[path] = dataclasses.replace(entry, kernels_unfused=entry.kernels_unfused + 1,
-                                                  bytes_unfused=entry.bytes_unfused + moved)
-    return by_module
+            entry = sums.setdefault(path, [0, 0])
+            entry[0] += 1
+            entry[1] += moved
+    return {path: KernelCounts(kernels_unfused=kernels, bytes_unfused=moved)
+            for path, (kernels, moved) in sums.items()}
 
 
 # --- one entry point -------------------------------------------------------------------------
