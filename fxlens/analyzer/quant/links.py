@@ -27,6 +27,7 @@ per-channel scale (unknown without data: all 1).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -174,7 +175,7 @@ def _channel_path(graph: Graph, nodes: Sequence[int], channels: int, first_in: b
             continue
         if pos == len(before) - 1 and after and after[-1] == width:
             pos = len(after) - 1                                   # (B, T, C) → (B·T, C)
-        elif pos == 1 and len(after) == 2 and after[1] == width * _prod(before[2:]):
+        elif pos == 1 and len(after) == 2 and after[1] == width * math.prod(before[2:]):
             width, pos = after[1], 1                               # flatten from dim 1
         else:
             return None
@@ -184,9 +185,3 @@ def _channel_path(graph: Graph, nodes: Sequence[int], channels: int, first_in: b
         return None
     return width // channels
 
-
-def _prod(values: Sequence[int]) -> int:
-    out = 1
-    for v in values:
-        out *= v
-    return out
