@@ -62,7 +62,7 @@ from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
 from fxlens.analyzer.capture.fx_convert import innermost_user_frame
 from fxlens.analyzer.capture.recorder import CpuFakeTensorMode, fake_cpu, module_state
 from fxlens.analyzer.core.aten import dtype_name
-from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef, TensorSpec
+from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef, TensorSpec, map_refs
 
 log = logging.getLogger(__name__)
 
@@ -547,7 +547,7 @@ def splice(nodes: Sequence[Node], outputs: Sequence[TensorRef], repeats: Repeats
             moved[node.id] = len(spliced)
             if node.kind in (NodeKind.PARAM, NodeKind.BUFFER):
                 weight_ids[node.target] = len(spliced)
-            spliced.append(replace(node, id=len(spliced), args=_map_refs(node.args, fix)))
+            spliced.append(replace(node, id=len(spliced), args=map_refs(node.args, fix)))
     return spliced, tuple(fix(ref) for ref in outputs)
 
 
@@ -609,7 +609,7 @@ class _Copy:
             if node.kind is not NodeKind.CALL or node.target in (ENTER, EXIT, STAND_IN):
                 raise SpliceError(f"{node.target} inside the traced representative")
             self.copied[node.id] = len(spliced)
-            spliced.append(replace(node, id=len(spliced), args=_map_refs(node.args, self.ref),
+            spliced.append(replace(node, id=len(spliced), args=map_refs(node.args, self.ref),
                                    module=self._path(node.module)))
         return [self.ref(ref) for ref in self.exit.args["xs"]]
 
@@ -631,12 +631,3 @@ class _Copy:
             return self.target + path[len(self.source):]
         return path
 
-
-def _map_refs(value: Any, fix: Callable[[TensorRef], TensorRef]) -> Any:
-    if isinstance(value, TensorRef):
-        return fix(value)
-    if isinstance(value, dict):
-        return {k: _map_refs(v, fix) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_map_refs(v, fix) for v in value)
-    return value

@@ -23,7 +23,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 from fxlens.analyzer.capture.fx_convert import FxConverter
 from fxlens.analyzer.core.aten import meta_tensor, resolve_op
-from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef, TensorSpec
+from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef, TensorSpec, map_refs
 
 log = logging.getLogger(__name__)
 
@@ -64,15 +64,8 @@ def _splice(nodes: list[Node], todo: set[int]) -> tuple[list[Node], dict[tuple[i
     out: list[Node] = []
     moved: dict[tuple[int, int], Any] = {}   # old (node, index) -> new ref or value
 
-    def remap(value: Any) -> Any:
-        if isinstance(value, TensorRef):
-            return moved[(value.node, value.index)]
-        if isinstance(value, (list, tuple)):
-            return type(value)(remap(v) for v in value)
-        return value
-
     for node in nodes:
-        args = {k: remap(v) for k, v in node.args.items()}
+        args = map_refs(node.args, lambda ref: moved[(ref.node, ref.index)])
         if node.id in todo:
             results = _trace_decomposition(node, args, out)
         else:
@@ -94,7 +87,7 @@ def _trace_decomposition(node: Node, args: dict[str, Any], out: list[Node]) -> t
 
     def run(*tensors: torch.Tensor) -> Any:
         feed = dict(zip(refs, tensors, strict=True))
-        values = {k: _substitute(v, feed) for k, v in args.items()}
+        values = map_refs(args, feed.__getitem__)
         positional = [values[a.name] for a in schema.arguments if not a.kwarg_only]
         keywords = {a.name: values[a.name] for a in schema.arguments if a.kwarg_only}
         return decomposition(*positional, **keywords)
@@ -123,10 +116,3 @@ def _flat(values: Any) -> list[Any]:
         flat.extend(_flat(v) if isinstance(v, (list, tuple)) else [v])
     return flat
 
-
-def _substitute(value: Any, feed: Mapping[TensorRef, torch.Tensor]) -> Any:
-    if isinstance(value, TensorRef):
-        return feed[value]
-    if isinstance(value, (list, tuple)):
-        return type(value)(_substitute(v, feed) for v in value)
-    return value

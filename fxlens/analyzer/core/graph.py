@@ -14,7 +14,7 @@ Known limitations: symbolic (dynamic) shapes are concretised at capture time.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -130,6 +130,18 @@ class Node:
                 yield value
             elif isinstance(value, (list, tuple)):
                 yield from (v for v in value if isinstance(v, TensorRef))
+
+
+def map_refs(value: Any, f: Callable[[TensorRef], Any]) -> Any:
+    """An argument value (or a node's whole ``args``) with every TensorRef in it replaced by
+    ``f(ref)``; lists, tuples and mappings rebuilt, everything else as it is."""
+    if isinstance(value, TensorRef):
+        return f(value)
+    if isinstance(value, (list, tuple)):
+        return type(value)(map_refs(v, f) for v in value)
+    if isinstance(value, Mapping):
+        return {k: map_refs(v, f) for k, v in value.items()}
+    return value
 
 
 @dataclass(frozen=True)
