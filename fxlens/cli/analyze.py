@@ -16,7 +16,6 @@ choices), so ``analyze --help`` and a bad option answer at once.
 from __future__ import annotations
 
 import argparse
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -295,7 +294,7 @@ def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
     import functools
     import sys
 
-    from fxlens.analyzer.capture.beside import beside
+    from fxlens.analyzer.capture.beside import beside, result_or_none
     from fxlens.analyzer.core.report import write_report
     from fxlens.reports.dot import DOT_TIMEOUT_S
     from fxlens.reports.write import write_pages
@@ -314,7 +313,7 @@ def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
             written.append(json_path)
         if page_options is not None:
             # the child may use graphviz's budgets (SVG, then PNG) and a minute more
-            pages = (_result_of(pages_beside, 2 * DOT_TIMEOUT_S + 60)
+            pages = (result_or_none(pages_beside, "the pages", 2 * DOT_TIMEOUT_S + 60)
                      or write_pages(report, page_options))
             for text in pages.notes:    # something asked for was not made: said even if --quiet
                 note(text)
@@ -323,20 +322,6 @@ def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
     if missing:   # the CLI handler turns this into exit 3
         raise RuntimeError(f"{missing[0]} was promised but is not there after writing")
     return written
-
-
-def _result_of(started: Any, timeout_s: float) -> Any:
-    """What the work started beside returned; None if none was started or it failed."""
-    from fxlens.analyzer.capture.beside import BesideError
-
-    if started is None:
-        return None
-    try:
-        return started.result(timeout_s)
-    except BesideError as error:
-        logging.getLogger(__name__).info("the pages written beside failed (%s); writing "
-                                         "them here", error)
-        return None
 
 
 def _safe_name(name: str) -> str:

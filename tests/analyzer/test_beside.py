@@ -141,7 +141,7 @@ def test_the_console_script_forks_and_writes_the_files_main_writes(
     run = subprocess.run([sys.executable, "-m", "fxlens", model, "--quiet", "--debug",
                           "--out", str(forked)], capture_output=True, text=True, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
-    assert "copied" in run.stderr and "written beside failed" not in run.stderr
+    assert "copied" in run.stderr and "made beside is not used" not in run.stderr
     if len(os.sched_getaffinity(0)) >= 2:
         assert "made beside the proof is used" in run.stderr
     monkeypatch.chdir(tmp_path)          # source lines are shown relative to the cwd
@@ -154,7 +154,6 @@ def test_the_console_script_forks_and_writes_the_files_main_writes(
 
 
 def test_pages_whose_child_failed_are_written_here(tmp_path, monkeypatch: pytest.MonkeyPatch):
-    from fxlens.cli import analyze as cli_analyze
     from fxlens.cli.main import main
     from tests.test_cli import ROOT
 
@@ -170,7 +169,7 @@ def test_pages_whose_child_failed_are_written_here(tmp_path, monkeypatch: pytest
         yield Failed()
 
     monkeypatch.setattr(beside, "beside", failing)
-    assert cli_analyze._result_of(Failed(), 1.0) is None
+    assert beside.result_or_none(Failed(), "the pages", 1.0) is None  # type: ignore[arg-type]
     assert main([str(ROOT / "tests/models/mlp.py"), "--quiet", "--out", str(tmp_path)]) == 0
     assert len(started) == 1                    # the pages were started beside, and failed
     assert (tmp_path / "report.html").is_file() and (tmp_path / "summary.md").is_file()

@@ -151,6 +151,18 @@ def _child(work: Callable[[], Any], write: int) -> None:
         os._exit(0)
 
 
+def result_or_none(started: Beside | None, what: str, timeout_s: float | None = None) -> Any:
+    """What the work started beside returned; None where none was started or it failed (said
+    in the log): the caller then does the work itself."""
+    if started is None:
+        return None
+    try:
+        return started.result(timeout_s)
+    except BesideError as error:
+        log.info("%s made beside is not used: %s", what, error)
+        return None
+
+
 @contextlib.contextmanager
 def beside(work: Callable[[], Any]) -> Iterator[Beside | None]:
     """`work` started in a forked child if this process may fork (else None: the caller

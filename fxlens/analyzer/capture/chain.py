@@ -45,7 +45,7 @@ from torch.export.graph_signature import InputKind
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from fxlens.analyzer.capture.beside import Beside, BesideError, beside
+from fxlens.analyzer.capture.beside import Beside, beside, result_or_none
 from fxlens.analyzer.capture.blocks import (
     Alongside,
     Group,
@@ -144,12 +144,8 @@ Traced = tuple[list[Node], tuple[TensorRef, ...], tuple[Group, ...]]  # + the gr
 
 def _if_proven(early: Beside | None, repeats: Repeats) -> Traced | None:
     """The trace started beside the proof, if its guessed groups are the proven ones."""
-    if early is None:
-        return None
-    try:
-        traced: Traced = early.result()
-    except BesideError as error:
-        log.info("the trace beside the proof is not used: %s", error)
+    traced: Traced | None = result_or_none(early, "the trace of repeated blocks")
+    if traced is None:
         return None
     if traced[2] != repeats.groups:
         log.info("the trace beside the proof guessed other groups than the proof found")
