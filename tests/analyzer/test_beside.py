@@ -98,6 +98,7 @@ def _by_export_forked(monkeypatch: pytest.MonkeyPatch, model: torch.nn.Module,
                       x: torch.Tensor) -> chain.Captured:
     monkeypatch.setattr(beside, "_allowed", True)
     monkeypatch.setattr(beside, "can_fork", lambda: True)   # also on a one-core runner
+    monkeypatch.setattr(chain, "can_fork", lambda: True)
     return chain._by_export(model, (x,), {}, registry=None)
 
 

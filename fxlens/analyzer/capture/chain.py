@@ -45,7 +45,7 @@ from torch.export.graph_signature import InputKind
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from fxlens.analyzer.capture.beside import Beside, beside, result_or_none
+from fxlens.analyzer.capture.beside import Beside, beside, can_fork, result_or_none
 from fxlens.analyzer.capture.blocks import (
     Alongside,
     Group,
@@ -126,7 +126,7 @@ def _by_export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str,
     child on the groups guessed from structure while the proof runs here; it is used only if
     the proof finds exactly those groups, each returning what its traced block returned, so
     the nodes are the ones the trace after the proof gives."""
-    guess = guessed_repeats(module)
+    guess = guessed_repeats(module) if can_fork() else Repeats()
     work = functools.partial(_trace, module, args, kwargs, guess)
     with beside(work) if guess.groups else contextlib.nullcontext() as early:
         repeats = find_repeats(module, args, kwargs, alongside)
