@@ -296,14 +296,17 @@ def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
 
     from fxlens.analyzer.capture.beside import beside, result_or_none
     from fxlens.analyzer.core.report import write_report
-    from fxlens.reports.dot import DOT_TIMEOUT_S
-    from fxlens.reports.write import write_pages
 
     folder = args.out or Path("fxlens-out") / _safe_name(report.model.name)
     written: list[Path] = []
-    page_options = None if args.no_pages else _page_options_of(args, folder)
-    with (contextlib.nullcontext() if page_options is None else
-          beside(functools.partial(write_pages, report, page_options))) as pages_beside:
+    write_pages = None
+    if not args.no_pages:
+        from fxlens.reports.dot import DOT_TIMEOUT_S
+        from fxlens.reports.write import write_pages as write
+
+        write_pages = functools.partial(write, report, _page_options_of(args, folder))
+    with (contextlib.nullcontext() if write_pages is None else
+          beside(write_pages)) as pages_beside:
         if args.json == STDOUT:
             sys.stdout.write(report.to_json())
             sys.stdout.flush()
@@ -311,10 +314,10 @@ def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
             json_path = Path(args.json) if args.json else folder / "report.json"
             write_report(report, json_path)
             written.append(json_path)
-        if page_options is not None:
+        if write_pages is not None:
             # the child may use graphviz's budgets (SVG, then PNG) and a minute more
             pages = (result_or_none(pages_beside, "the pages", 2 * DOT_TIMEOUT_S + 60)
-                     or write_pages(report, page_options))
+                     or write_pages())
             for text in pages.notes:    # something asked for was not made: said even if --quiet
                 note(text)
             written += pages.paths
