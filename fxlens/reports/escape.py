@@ -77,26 +77,30 @@ def html_escape(text: object) -> str:
 
 
 def json_script(data: Any) -> str:
-    """`data` as JSON that is safe inside a ``<script type="application/json">`` element."""
-    if not _already_visible(data):    # else the fast path: no string to change, no NaN
-        data = _visible_strings(data)
-    text = json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    """`data` as JSON that is safe inside a ``<script type="application/json">`` element.
+
+    One C-speed dump, scanned for anything `visible` would change; only a report holding
+    such a string (or a non-finite number) pays the Python walk over its every string.
+    Characters outside ASCII stay as they are: the page is UTF-8."""
+    text = _dumps(data)
+    if text is None or not text.isprintable() or _CONTROL_IN_JSON.search(text):
+        text = _dumps(_visible_strings(data))
+        assert text is not None, "the walk leaves no non-finite number"
     return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _dumps(data: Any) -> str | None:
+    """`data` as compact JSON with sorted keys; None if it holds a non-finite number."""
+    try:
+        return json.dumps(data, sort_keys=True, separators=(",", ":"), allow_nan=False,
+                          ensure_ascii=False)
+    except ValueError:
+        return None
 
 
 # What json.dumps writes for a control character `visible` would change (\n and \t are kept);
 # an escaped backslash before b, f or r matches too, which only costs the slow path.
 _CONTROL_IN_JSON = re.compile(r"\\(?:u00[01][0-9a-fA-F]|u007[fF]|[bfr])")
-
-
-def _already_visible(data: Any) -> bool:
-    """Whether `_visible_strings` would leave `data` as it is: one C-speed dump and scan of
-    a big report instead of a Python walk over its every string."""
-    try:
-        text = json.dumps(data, ensure_ascii=False, allow_nan=False)
-    except (ValueError, TypeError):
-        return False
-    return text.isprintable() and _CONTROL_IN_JSON.search(text) is None
 
 
 def _visible_strings(data: Any) -> Any:

@@ -74,7 +74,7 @@ def test_json_script_takes_its_fast_path_only_where_nothing_changes(value: objec
     the walk's, for each kind of character that the walk changes or keeps."""
     data = {"key": [value], f"k {value}" if isinstance(value, str) else "k": 1}
     walked = json.dumps(_visible_strings(data), sort_keys=True, separators=(",", ":"),
-                        allow_nan=False)
+                        allow_nan=False, ensure_ascii=False)
     expected = walked.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
     assert json_script(data) == expected
 
