@@ -68,6 +68,21 @@ class BlockGraphs:
 def render_html(report: Report, svg: str | None, diff_html: str | None = None,
                 block_graphs: BlockGraphs | None = None) -> str:
     """The whole page. `svg`: graphviz's SVG of the graph (None: dot was not available)."""
+    return finish_html(draft_html(report), svg, diff_html, block_graphs)
+
+
+@dataclass(frozen=True)
+class HtmlDraft:
+    """Every part of the page but the graph: its sections and the report's JSON, which are
+    most of the page's time on a big report and need nothing from graphviz, so
+    `fxlens.reports.write` renders them while graphviz lays the graph out."""
+
+    report: Report
+    sections: tuple[tuple[str, str, str], ...]    # (key, title, html)
+    report_json: str                              # `json_script` of ``report.to_dict()``
+
+
+def draft_html(report: Report) -> HtmlDraft:
     sections = [
         ("summary", "Summary", _summary_cards(report)),
         ("modules", "Modules", _module_tree_shell(report)),
@@ -79,17 +94,25 @@ def render_html(report: Report, svg: str | None, diff_html: str | None = None,
         if view.key not in INTERACTIVE:
             chart = charts[view.key](report) if view.key in charts else ""
             sections.append((view.key, view.title, chart + render_view(view)))
-    sections.append(("graph", "Graph", _graph_section(svg, block_graphs)))
+    return HtmlDraft(report, tuple(sections), json_script(report.to_dict()))
+
+
+def finish_html(draft: HtmlDraft, svg: str | None, diff_html: str | None = None,
+                block_graphs: BlockGraphs | None = None) -> str:
+    """`draft` with the graph (and a diff) added: the page `render_html` returns."""
+    report = draft.report
+    sections = [*draft.sections, ("graph", "Graph", _graph_section(svg, block_graphs))]
     if diff_html:
         sections.append(("diff", "Diff", diff_html))
     nav = "".join(f'<a href="#{key}">{title}</a>' for key, title, _ in sections)
     body = "\n".join(f'<section id="{key}"><h2>{title}</h2>\n{html}\n</section>'
                      for key, title, html in sections)
-    data = {"report": report.to_dict(), "view": {
-        "blocks": list(collapsed_blocks(report)), "times": _times_json(report),
-        "module_times": module_times(report),
-        "block_graphs": {str(k): v for k, v in (block_graphs.of_block.items()
-                                                if block_graphs else ())}}}
+    view = {"blocks": list(collapsed_blocks(report)), "times": _times_json(report),
+            "module_times": module_times(report),
+            "block_graphs": {str(k): v for k, v in (block_graphs.of_block.items()
+                                                    if block_graphs else ())}}
+    # json_script({"report": …, "view": …}) in two pieces (its keys sorted, no spaces)
+    data = f'{{"report":{draft.report_json},"view":{json_script(view)}}}'
     title = esc(f"fxlens · {report.model.name}")
     return (
         "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
@@ -99,7 +122,7 @@ def render_html(report: Report, svg: str | None, diff_html: str | None = None,
         f"<header><h1>{title}</h1><nav>{nav}</nav></header>\n<main>\n{body}\n</main>\n"
         f"<aside id=\"details\" hidden><button id=\"details-close\" title=\"close\">×</button>"
         f"<div id=\"details-body\"></div></aside>\n"
-        f"<script type=\"application/json\" id=\"fxlens-data\">{json_script(data)}</script>\n"
+        f"<script type=\"application/json\" id=\"fxlens-data\">{data}</script>\n"
         f"<script>{_asset('report.js')}</script>\n</body></html>\n"
     )
 

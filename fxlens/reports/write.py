@@ -24,7 +24,7 @@ from fxlens.reports.dot import (
     render_block_dot,
     render_dot,
 )
-from fxlens.reports.html import BlockGraphs, render_html
+from fxlens.reports.html import BlockGraphs, draft_html, finish_html
 from fxlens.reports.markdown import render_markdown
 
 DEFAULT_SVG_BUDGET_S = 10
@@ -54,15 +54,17 @@ def write_pages(report: Report, options: PageOptions) -> Written:
     """Render and write every page; graphviz output only when the `dot` binary exists.
 
     The graphviz layouts (the whole graph, each run's first block) run as concurrent
-    processes while Python renders the Markdown: on a big report they are most of the
-    pages' time, and they need nothing from each other."""
+    processes while Python renders the Markdown and every part of the HTML but the graph
+    (`draft_html`): on a big report these are most of the pages' time, and they need nothing
+    from each other."""
     written = Written()
     dot_source = render_dot(report, options.color, options.expand)
     _write(written, options.dot or options.folder / "graph.dot", dot_source)
     if dot_binary() is None:
         written.notes.append("graphviz's `dot` not found: wrote graph.dot only, no SVG/PNG "
                              "and no graph in the HTML (apt-get install graphviz)")
-        markdown, svg, blocks = render_markdown(report), None, None
+        svg, blocks = None, None
+        markdown, draft = render_markdown(report), draft_html(report)
     else:
         with ThreadPoolExecutor(max_workers=4) as pool:
             # NB: graphviz's cluster layout grows steeply with many blocks (llama-3-70b's 80
@@ -73,11 +75,11 @@ def write_pages(report: Report, options: PageOptions) -> Written:
             laid_out = [pool.submit(graphviz_render, block, "svg", DEFAULT_SVG_BUDGET_S)
                         for block in (render_block_dot(report, run[0], options.color)
                                       for run in runs)]
-            markdown = render_markdown(report)
+            markdown, draft = render_markdown(report), draft_html(report)
             svg = _graph_image(written, options, whole, dot_source)
             blocks = _block_graphs(runs, laid_out, written) if svg is not None and runs else None
     _write(written, options.html or options.folder / "report.html",
-           render_html(report, svg, block_graphs=blocks))
+           finish_html(draft, svg, block_graphs=blocks))
     _write(written, options.md or options.folder / "summary.md", markdown)
     return written
 

@@ -67,6 +67,14 @@ def test_report_json_is_embedded_whole(gpt_report: Report) -> None:
     assert data["view"]["blocks"] == ["blocks.0", "blocks.1"]
 
 
+def test_embedded_json_is_one_json_script_of_the_page_data(evil_report: Report) -> None:
+    """The page writes the report's JSON before graphviz is done and the view's after; the
+    two pieces read as `json_script` of the whole, hidden characters and all."""
+    text = "".join(parse(render_html(evil_report, None)).data)
+    assert text == json_script(json.loads(text))
+    assert set(json.loads(text)) == {"report", "view"}
+
+
 def test_graph_svg_is_inlined_clean(gpt_report: Report) -> None:
     page = render_html(gpt_report, SVG)
     assert '<g id="n1" class="node">' in page
