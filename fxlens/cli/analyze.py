@@ -213,21 +213,24 @@ def run(args: argparse.Namespace) -> int:
     if args.plan:
         settings["train"] = True
     review = _check_before(args, settings)
+    from fxlens.analyzer.core.heap import settled_heap
     from fxlens.api import AnalysisOptions, analyze_target
     from fxlens.reports.terminal import render_terminal
 
     options = AnalysisOptions(**settings)
-    report = _analyze(args, options, analyze_target)
-    tables = err if args.json == STDOUT else out
-    written = _write_files(report, args)
-    if not args.quiet:
-        tables.print(render_terminal(report, depth=args.depth, top=args.top, full=args.full))
-        for path in written:
-            say(f"wrote {path}")
-    if review is not None:
-        from fxlens.cli.diff import against_baseline
+    with settled_heap() as settle:   # the analysis's own nests in it: frozen while writing
+        report = _analyze(args, options, analyze_target)
+        settle()
+        tables = err if args.json == STDOUT else out
+        written = _write_files(report, args)
+        if not args.quiet:
+            tables.print(render_terminal(report, depth=args.depth, top=args.top, full=args.full))
+            for path in written:
+                say(f"wrote {path}")
+        if review is not None:
+            from fxlens.cli.diff import against_baseline
 
-        return against_baseline(report, review, options, args.quiet, tables)
+            return against_baseline(report, review, options, args.quiet, tables)
     return EXIT_OK
 
 

@@ -22,6 +22,19 @@ def test_frozen_while_running_and_given_back() -> None:
     assert gc.get_freeze_count() == 0
 
 
+def test_a_nested_scope_settles_into_the_outer_one() -> None:
+    """The analysis inside the `analyze` command's scope: its objects are frozen, and the
+    heap stays frozen until the command's scope ends."""
+    with settled_heap():
+        outer_frozen = gc.get_freeze_count()
+        with settled_heap() as settle:
+            kept = [[] for _ in range(1000)]
+            settle()
+            assert gc.get_freeze_count() >= outer_frozen + len(kept)
+        assert gc.get_freeze_count() >= outer_frozen + len(kept)   # not given back yet
+    assert gc.get_freeze_count() == 0
+
+
 def test_a_hosts_freeze_is_left_alone() -> None:
     """Neither frozen again (the count would grow by what was built since) nor unfrozen (it
     would drop to 0). NB: not `== before`: a frozen object that another thread of the test
