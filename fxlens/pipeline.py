@@ -12,6 +12,10 @@ specs are handed to the rooms here. Inference and training run the same passes:
     roofline            Roofline         needs the graph's costs; `--fused` reads the fusion plan
     plan                Plan             layouts over many GPUs from the training step's units
 
+Where the process may fork (the `analyze` command on two cores, `fxlens.analyzer.core.beside`),
+a big graph's fusion analysis, which reads only the costed nodes, runs in a child while this
+process runs the memory passes before it; the passes still see its sections in their order.
+
 `Context` holds what passes share: the loaded model, the options, the rule registry, the
 device spec (built once), and the graphs (the analysed one, the inference forward, the
 one-token forward), each captured once on first use.
@@ -19,6 +23,8 @@ one-token forward), each captured once on first use.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +37,7 @@ from fxlens.analyzer.capture.chain import METHODS, capture
 from fxlens.analyzer.capture.check import check_scale, mixed_dtypes
 from fxlens.analyzer.capture.guard import user_code
 from fxlens.analyzer.capture.training import TrainingGraph, capture_training
+from fxlens.analyzer.core.beside import MIN_WAIT_S, Beside, beside, result_or_none
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.core.graph import Graph
@@ -87,6 +94,11 @@ log = logging.getLogger(__name__)
 DEFAULT_PRECISION = {"float32": "fp32", "bfloat16": "amp-bf16", "float16": "amp-fp16"}
 PRECISIONS = tuple(p.value for p in Precision)     # what --precision accepts
 OPTIMIZERS = tuple(o.value for o in Optimizer)     # what --optimizer accepts
+# Fusion is analysed in a child beside the memory passes from this many nodes on (where the
+# process may fork, `fxlens.analyzer.core.beside`); below it, it takes about what a fork
+# does. A child is given up past this much time per node (fusion takes ~40 µs per node).
+FUSION_BESIDE_MIN_NODES = 5_000
+FUSION_S_PER_NODE = 1e-3
 
 
 @dataclass(frozen=True)
@@ -142,6 +154,7 @@ class Context:
     graphs: dict[str, Graph] = field(default_factory=dict)
     fusion: FusionAnalysis | None = None
     eager: MeasuredMemory | None = None            # the eager forward simulated by capture
+    fusion_beside: Beside | None = None            # the fusion analysis started in a child
 
     def forward(self) -> Graph:
         """The inference forward on the example inputs; for an inference report, the eager
@@ -254,11 +267,23 @@ class FusionPass:
     def run(self, ctx: Context, report: Report) -> Sequence[Section]:
         ctx.on_step("finding fusion opportunities")
         graph = ctx.analysed()
-        spec = ctx.device_spec()
-        ctx.fusion = analyze_fusion(report, graph, kinds_of(list(graph.nodes), ctx.registry),
-                                    fusion_rules(ctx.registry), ctx.registry.lookup,
-                                    spec.achievable_bandwidth if spec is not None else None)
+        ctx.fusion = result_or_none(ctx.fusion_beside, "the fusion analysis",
+                                    max(MIN_WAIT_S, len(graph.nodes) * FUSION_S_PER_NODE))
+        if ctx.fusion is None:
+            ctx.fusion = fusion_analysis(ctx, report)
+        else:
+            log.info("the fusion analysis made beside the memory passes is used")
         return ctx.fusion.sections()
+
+
+def fusion_analysis(ctx: Context, report: Report) -> FusionAnalysis:
+    """The kernels and findings of the analysed graph; reads the report's costed nodes only,
+    so the costed report gives what the report after the memory passes gives."""
+    graph = ctx.analysed()
+    spec = ctx.device_spec()
+    return analyze_fusion(report, graph, kinds_of(list(graph.nodes), ctx.registry),
+                          fusion_rules(ctx.registry), ctx.registry.lookup,
+                          spec.achievable_bandwidth if spec is not None else None)
 
 
 class QuantPass:
@@ -435,7 +460,10 @@ def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
     settle()
     on_step("costing the step" if options.train else "costing ops")
     report = analyze(graph, ctx.registry, loaded.name, loaded.source, options.strict)
-    return run_passes(PASSES, ctx, options, report)
+    early = FusionPass().wanted(options) and len(graph.nodes) >= FUSION_BESIDE_MIN_NODES
+    with (beside(functools.partial(fusion_analysis, ctx, report)) if early
+          else contextlib.nullcontext()) as ctx.fusion_beside:
+        return run_passes(PASSES, ctx, options, report)
 
 
 # --- options ----------------------------------------------------------------------------------

@@ -291,13 +291,13 @@ def _page_options_of(args: argparse.Namespace, folder: Path) -> Any:
 def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
     """Write the report JSON (or print it) and the pages; a promised file that is not there
     afterwards is an internal error, never a silent success. Where the process may fork
-    (`fxlens.analyzer.capture.beside`), the pages are written by a child while this process
+    (`fxlens.analyzer.core.beside`), the pages are written by a child while this process
     writes the JSON; if the child fails, they are written here."""
     import contextlib
     import functools
     import sys
 
-    from fxlens.analyzer.capture.beside import beside, result_or_none
+    from fxlens.analyzer.core.beside import beside, result_or_none
     from fxlens.analyzer.core.report import write_report
 
     folder = args.out or Path("fxlens-out") / _safe_name(report.model.name)

@@ -48,10 +48,10 @@ SUBCOMMANDS: dict[str, str] = {
 
 def entry() -> NoReturn:
     """The ``analyze`` console script and ``python -m fxlens``: the process is ours, so it may
-    fork (`fxlens.analyzer.capture.beside`); `main`; then it exits without collecting the
+    fork (`fxlens.analyzer.core.beside`); `main`; then it exits without collecting the
     heap the run leaves (`fxlens.analyzer.core.heap.freeze_for_exit`). Callers that live on
     (tests, a sweep's worker) call `main`."""
-    from fxlens.analyzer.capture.beside import allow_forking
+    from fxlens.analyzer.core.beside import allow_forking
     from fxlens.analyzer.core.heap import freeze_for_exit
 
     allow_forking()

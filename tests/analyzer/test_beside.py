@@ -1,4 +1,4 @@
-"""Work beside (`fxlens.analyzer.capture.beside`): a forked child's result comes back, and
+"""Work beside (`fxlens.analyzer.core.beside`): a forked child's result comes back, and
 anything else (an exception, a death, a hang) is one `BesideError` with the child reaped;
 the capture that starts its trace beside the proof gives the nodes it gives without forking."""
 
@@ -14,9 +14,10 @@ import time
 import pytest
 import torch
 
-from fxlens.analyzer.capture import beside, chain
-from fxlens.analyzer.capture.beside import Beside, BesideError
+from fxlens.analyzer.capture import chain
 from fxlens.analyzer.capture.blocks import guessed_repeats
+from fxlens.analyzer.core import beside
+from fxlens.analyzer.core.beside import Beside, BesideError
 from tests.analyzer.test_blocks import Block, Stack, _assert_identical
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="forking is used on Linux only")
@@ -174,3 +175,42 @@ def test_pages_whose_child_failed_are_written_here(tmp_path, monkeypatch: pytest
     assert main([str(ROOT / "tests/models/mlp.py"), "--quiet", "--out", str(tmp_path)]) == 0
     assert len(started) == 1                    # the pages were started beside, and failed
     assert (tmp_path / "report.html").is_file() and (tmp_path / "summary.md").is_file()
+
+
+@pytest.mark.parametrize("fails_in_child", [False, True])
+def test_fusion_beside_the_memory_passes_gives_the_sections_made_here(
+        monkeypatch: pytest.MonkeyPatch, fails_in_child: bool):
+    """A big graph's fusion analysis runs in a child while the parent runs the memory
+    passes (`fxlens.pipeline`); its sections are the ones the parent makes, and a child that
+    fails leaves the analysis to the parent."""
+    from fxlens import pipeline
+    from fxlens.analyzer.core.loaded import LoadedModel
+    from fxlens.analyzer.core.sections import Findings, Fusion
+    from fxlens.api import AnalysisOptions, analyze_loaded
+    from tests.models import tiny_gpt
+
+    parent, made_here = os.getpid(), []
+    fusion_analysis = pipeline.fusion_analysis
+
+    def counted(ctx, report):
+        if os.getpid() == parent:
+            made_here.append(1)
+        elif fails_in_child:
+            raise RuntimeError("the child's fusion failed")
+        return fusion_analysis(ctx, report)
+
+    def report():
+        module, inputs = tiny_gpt.build()
+        return analyze_loaded(LoadedModel(module, inputs, "tiny_gpt", "tiny_gpt.py"),
+                              AnalysisOptions(train=True, device="h100"))
+
+    monkeypatch.setattr(pipeline, "fusion_analysis", counted)
+    plain = report()
+    assert made_here == [1]
+    monkeypatch.setattr(beside, "can_fork", lambda: True)   # also on a one-core runner
+    monkeypatch.setattr(pipeline, "FUSION_BESIDE_MIN_NODES", 0)
+    made_here.clear()
+    forked = report()
+    assert made_here == ([1] if fails_in_child else [])
+    for kind in (Fusion, Findings):
+        assert forked.require(kind) == plain.require(kind)

@@ -45,7 +45,6 @@ from torch.export.graph_signature import InputKind
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from fxlens.analyzer.capture.beside import Beside, beside, can_fork, result_or_none
 from fxlens.analyzer.capture.blocks import (
     Alongside,
     Group,
@@ -65,6 +64,7 @@ from fxlens.analyzer.capture.recorder import (
     module_tracking,
 )
 from fxlens.analyzer.core.aten import spec_of
+from fxlens.analyzer.core.beside import Beside, beside, can_fork, result_or_none
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.errors import CaptureError
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, ParamInfo, TensorRef
@@ -122,7 +122,7 @@ def _by_export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str,
     """Blocks proven identical are traced once (`fxlens.analyzer.capture.blocks`); if that
     trace is refused or not what the proof expected, every block is traced.
 
-    Where this process may fork (`fxlens.analyzer.capture.beside`), the trace starts in a
+    Where this process may fork (`fxlens.analyzer.core.beside`), the trace starts in a
     child on the groups guessed from structure while the proof runs here; it is used only if
     the proof finds exactly those groups, each returning what its traced block returned, so
     the nodes are the ones the trace after the proof gives."""

@@ -1,12 +1,14 @@
 """`beside(work)`: run `work` in a forked copy of this process while this one goes on.
 
-Two pairs of slow steps need nothing from each other, so on a machine with two cores one of
-each pair runs in a child process while the parent does the other; the child sends its result
-back pickled (plain data) and exits:
+Three pairs of slow steps need nothing from each other, so on a machine with two cores one
+of each pair runs in a child process while the parent does the other; the child sends its
+result back pickled (plain data) and exits:
 
 - the capture's proof, a fake forward (`fxlens.analyzer.capture.blocks.find_repeats`), and the
   export of each group's first block on groups guessed from structure
   (`fxlens.analyzer.capture.chain`), which returns the converted nodes;
+- the memory passes and the fusion analysis of a big graph (`fxlens.pipeline`), which returns
+  the kernels and findings;
 - the report's JSON and its pages (`fxlens.cli.analyze`), which returns the paths written.
 
 Forking is only safe in a process whose threads are all known: a thread holding a lock at the
