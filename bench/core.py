@@ -4,11 +4,12 @@
     .venv/bin/python bench/core.py --before /tmp/before-wt    # + fxlens from another checkout
 
 With ``--before CHECKOUT`` every case also runs fxlens from that checkout (``git worktree add
---detach CHECKOUT <commit>``; run with ``PYTHONPATH=CHECKOUT``), interleaved with this one and
-the baseline case by case, so before and after share the machine's load.
+--detach CHECKOUT <commit>``; run with ``PYTHONPATH=CHECKOUT``).
 
-Each case runs in its own process (so peak RSS is that process's alone, read from wait4);
-times are medians over `--repeat` runs. Both tools load the same meta-device model.
+Each run is a process of its own (so peak RSS is that process's alone, read from wait4);
+times are medians over `--repeat` rounds, and each round runs every tool of a case once, in
+turn (`interleaved`), so a ratio compares runs minutes apart at most. Both tools load the
+same meta-device model.
 
 Rows (issue 15): the default command (report folder with its pages: JSON, DOT, SVG, HTML,
 Markdown) on GPT-2, Llama-2-7B and Llama-3-70B at their sequence length; the JSON alone
@@ -89,13 +90,22 @@ def run_measured(command: list[str], checkout: Path | None = None) -> Run:
                    usage.ru_utime + usage.ru_stime)
 
 
-def median_run(command: list[str], repeat: int, checkout: Path | None = None
-               ) -> tuple[float, int, str, float]:
-    """Median wall time, peak RSS (max), the last run's output, median CPU time."""
-    runs = [run_measured(command, checkout) for _ in range(repeat)]
-    return (statistics.median(r.seconds for r in runs),
-            max(r.peak_rss_bytes for r in runs), runs[-1].output,
-            statistics.median(r.cpu_seconds for r in runs))
+Summary = tuple[float, int, str, float]   # median wall s, max peak RSS, last output, median CPU s
+
+
+def interleaved(commands: dict[str, tuple[list[str], Path | None]], repeat: int
+                ) -> dict[str, Summary]:
+    """Each command (with the checkout it imports fxlens from) run `repeat` times, one run of
+    each in turn, the order reversed every other round: the host's speed drifts by ±20 %
+    over minutes, and tools measured in blocks would each get a different machine."""
+    runs: dict[str, list[Run]] = {name: [] for name in commands}
+    for round_ in range(repeat):
+        for name in (list(commands) if round_ % 2 == 0 else list(reversed(commands))):
+            runs[name].append(run_measured(*commands[name]))
+    return {name: (statistics.median(r.seconds for r in done),
+                   max(r.peak_rss_bytes for r in done), done[-1].output,
+                   statistics.median(r.cpu_seconds for r in done))
+            for name, done in runs.items()}
 
 
 def fxlens_command(case: Case, folder: Path) -> list[str]:
@@ -136,16 +146,16 @@ def main() -> None:
              (not (wanted - {"extra"}) and (not c.extra or "extra" in wanted))]
     rows = []
     for case in cases:
-        before = None
-        if args.before is not None:
-            with tempfile.TemporaryDirectory() as folder:
-                before = median_run(fxlens_command(case, Path(folder)), args.repeat,
-                                    args.before.resolve())
-        with tempfile.TemporaryDirectory() as folder:
-            ours = median_run(fxlens_command(case, Path(folder)), args.repeat)
-            flops = json.loads((Path(folder) / "report.json").read_text())["totals"]["flops"]
-        theirs = (None if args.no_baseline
-                  else median_run(baseline_command(case), args.repeat))
+        with tempfile.TemporaryDirectory() as ours_dir, tempfile.TemporaryDirectory() as then:
+            commands: dict[str, tuple[list[str], Path | None]] = {
+                "ours": (fxlens_command(case, Path(ours_dir)), None)}
+            if args.before is not None:
+                commands["before"] = (fxlens_command(case, Path(then)), args.before.resolve())
+            if not args.no_baseline:
+                commands["theirs"] = (baseline_command(case), None)
+            measured = interleaved(commands, args.repeat)
+            flops = json.loads((Path(ours_dir) / "report.json").read_text())["totals"]["flops"]
+        ours, before, theirs = measured["ours"], measured.get("before"), measured.get("theirs")
         rows.append((case, before, ours, flops, theirs))
         print(f"{case.name}: "
               + ("" if before is None else f"before {before[0]:.1f} s (cpu {before[3]:.1f} s) "
