@@ -267,7 +267,8 @@ class FusionPass:
     def run(self, ctx: Context, report: Report) -> Sequence[Section]:
         ctx.on_step("finding fusion opportunities")
         graph = ctx.analysed()
-        ctx.fusion = result_or_none(ctx.fusion_beside, "the fusion analysis",
+        started, ctx.fusion_beside = ctx.fusion_beside, None
+        ctx.fusion = result_or_none(started, "the fusion analysis",
                                     max(MIN_WAIT_S, len(graph.nodes) * FUSION_S_PER_NODE))
         if ctx.fusion is None:
             ctx.fusion = fusion_analysis(ctx, report)

@@ -83,6 +83,7 @@ class HtmlDraft:
 
 
 def draft_html(report: Report) -> HtmlDraft:
+    """The page's every section but the graph, and the report's JSON."""
     sections = [
         ("summary", "Summary", _summary_cards(report)),
         ("modules", "Modules", _module_tree_shell(report)),
