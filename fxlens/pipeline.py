@@ -28,7 +28,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -70,10 +70,6 @@ from fxlens.analyzer.memory.measure import EagerAlongside, MeasuredMemory, simul
 from fxlens.analyzer.memory.training_state import param_state, parse_bytes
 from fxlens.analyzer.memory.training_step import StepSettings, training_section
 from fxlens.analyzer.memory.types import KVLayout
-from fxlens.analyzer.plan.search import PlanRequest, misfits, plan_section
-from fxlens.analyzer.plan.strategy import parse as parse_strategy
-from fxlens.analyzer.plan.structure import ModelFacts, WholeStep, read_facts
-from fxlens.analyzer.quant.section import QuantSettings, quant_section
 from fxlens.analyzer.time.roofline import (
     dominant_key,
     node_times,
@@ -86,8 +82,10 @@ from fxlens.rules.eager import SAME_DTYPE_OPERANDS
 from fxlens.rules.fusion import fusion_rules, kinds_of
 from fxlens.rules.hardware import LINK_EFFICIENCY, DeviceSpec
 from fxlens.rules.kv_layouts import TOKEN_MAJOR_KERNELS, has_config, layers_from_config
-from fxlens.rules.parallel import PARALLEL
 from fxlens.rules.training import CASTABLE_DTYPES, Optimizer, Precision
+
+if TYPE_CHECKING:   # quantization and planning are imported where a run asks for them
+    from fxlens.analyzer.plan.structure import ModelFacts
 
 log = logging.getLogger(__name__)
 
@@ -296,6 +294,7 @@ class QuantPass:
         return bool(options.quant or options.calibrate or options.quant_plan)
 
     def run(self, ctx: Context, report: Report) -> Sequence[Section]:
+        from fxlens.analyzer.quant.section import QuantSettings, quant_section
         from fxlens.rules.quant import knowledge, plan_request
 
         options, loaded = ctx.options, ctx.loaded
@@ -348,6 +347,9 @@ class PlanPass:
         return bool(options.plan)
 
     def run(self, ctx: Context, report: Report) -> Sequence[Section]:
+        from fxlens.analyzer.plan.search import PlanRequest, misfits, plan_section
+        from fxlens.analyzer.plan.strategy import parse as parse_strategy
+
         assert ctx.step is not None, "a plan is made from the training step"
         ctx.on_step("laying the step out over GPUs")
         options = ctx.options
@@ -374,6 +376,9 @@ class PlanPass:
 
 def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
     """The training step as units a layout partitions (`fxlens.analyzer.plan.structure`)."""
+    from fxlens.analyzer.plan.structure import WholeStep, read_facts
+    from fxlens.rules.parallel import PARALLEL
+
     assert ctx.step is not None
     options, graph = ctx.options, ctx.step.graph
     training = report.require(Training)
