@@ -117,6 +117,23 @@ def test_clicking_a_node_shows_details_and_source(browser: Any, gpt_report: Repo
     assert console_errors(browser) == []
 
 
+def test_non_ascii_names_read_back_from_the_page_data(browser: Any, gpt_report: Report,
+                                                     tmp_path: Path) -> None:
+    """The page's JSON keeps non-ASCII characters as UTF-8 (not ``\\u`` escapes): the
+    script reads them back as they were, in the module tree and the ops table."""
+    from dataclasses import replace
+
+    name = "Блок·ü·模型·😀"
+    modules = tuple(replace(m, type=name) if m.path == "blocks.0" else m
+                    for m in gpt_report.modules)
+    nodes = tuple(replace(n, source=f"{name}.py:1") for n in gpt_report.nodes)
+    open_page(browser, replace(gpt_report, modules=modules, nodes=nodes), tmp_path, "utf8")
+    assert console_errors(browser) == []
+    tree = browser.find_element("id", "module-table").text
+    ops = browser.find_element("id", "ops-table").text
+    assert name in tree and f"{name}.py:1" in ops
+
+
 def test_script_module_name_does_not_run(browser: Any, evil_report: Report,
                                          tmp_path: Path) -> None:
     open_page(browser, evil_report, tmp_path, "evil")
