@@ -23,7 +23,6 @@ one-token forward), each captured once on first use.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -467,8 +466,8 @@ def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
     on_step("costing the step" if options.train else "costing ops")
     report = analyze(graph, ctx.registry, loaded.name, loaded.source, options.strict)
     early = FusionPass().wanted(options) and len(graph.nodes) >= FUSION_BESIDE_MIN_NODES
-    with (beside(functools.partial(fusion_analysis, ctx, report)) if early
-          else contextlib.nullcontext()) as ctx.fusion_beside:
+    with beside(functools.partial(fusion_analysis, ctx, report) if early
+                else None) as ctx.fusion_beside:
         return run_passes(PASSES, ctx, options, report)
 
 

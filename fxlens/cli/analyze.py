@@ -293,7 +293,6 @@ def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
     afterwards is an internal error, never a silent success. Where the process may fork
     (`fxlens.analyzer.core.beside`), the pages are written by a child while this process
     writes the JSON; if the child fails, they are written here."""
-    import contextlib
     import functools
     import sys
 
@@ -308,8 +307,7 @@ def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
         from fxlens.reports.write import write_pages as write
 
         write_pages = functools.partial(write, report, _page_options_of(args, folder))
-    with (contextlib.nullcontext() if write_pages is None else
-          beside(write_pages)) as pages_beside:
+    with beside(write_pages) as pages_beside:
         if args.json == STDOUT:
             sys.stdout.write(report.to_json())
             sys.stdout.flush()

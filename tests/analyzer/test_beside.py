@@ -77,6 +77,13 @@ def test_nothing_forks_unless_the_process_allows_it(monkeypatch: pytest.MonkeyPa
         assert started is None
 
 
+def test_no_work_starts_nothing(monkeypatch: pytest.MonkeyPatch):
+    monkeypatch.setattr(beside, "can_fork", lambda: True)
+    monkeypatch.setattr(os, "fork", lambda: pytest.fail("forked with nothing to do"))
+    with beside.beside(None) as started:
+        assert started is None
+
+
 def test_a_fork_that_fails_leaves_the_work_to_the_caller(monkeypatch: pytest.MonkeyPatch):
     def refused() -> int:
         raise OSError(11, "Resource temporarily unavailable")

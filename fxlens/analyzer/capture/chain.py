@@ -128,7 +128,7 @@ def _by_export(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str,
     the nodes are the ones the trace after the proof gives."""
     guess = guessed_repeats(module) if can_fork() else Repeats()
     work = functools.partial(_trace, module, args, kwargs, guess)
-    with beside(work) if guess.groups else contextlib.nullcontext() as early:
+    with beside(work if guess.groups else None) as early:
         repeats = find_repeats(module, args, kwargs, alongside)
         if repeats.groups:
             try:

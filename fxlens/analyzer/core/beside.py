@@ -166,11 +166,12 @@ def result_or_none(started: Beside | None, what: str, timeout_s: float | None = 
 
 
 @contextlib.contextmanager
-def beside(work: Callable[[], Any]) -> Iterator[Beside | None]:
+def beside(work: Callable[[], Any] | None) -> Iterator[Beside | None]:
     """`work` started in a forked child if this process may fork (else None: the caller
-    does it itself when it needs it); the child is stopped on the way out."""
+    does it itself when it needs it); the child is stopped on the way out. No `work`:
+    nothing to start, None."""
     started = None
-    if can_fork():
+    if work is not None and can_fork():
         try:
             started = Beside(work)
         except OSError as error:     # no process or pipe to be had: the caller does it
