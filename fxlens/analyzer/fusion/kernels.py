@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -245,12 +245,7 @@ def fusion_section(plan: KernelPlan, epilogue_plan: KernelPlan | None,
                    unfused: Mapping[str, KernelCounts]) -> Fusion:
     """The report's ``fusion`` section: kernel counts and bytes moved, unfused and fused,
     in total and per module (each module with its submodules)."""
-    fused: dict[str, list[int]] = {}              # path → [kernels, bytes]
-    for kernel in plan.kernels:
-        for path in ancestors(kernel.module):
-            sums = fused.setdefault(path, [0, 0])
-            sums[0] += 1
-            sums[1] += kernel.bytes_fused
+    fused = _per_module((kernel.module, kernel.bytes_fused) for kernel in plan.kernels)
     by_module = dict(unfused)
     for path, (kernels, moved) in fused.items():
         by_module[path] = dataclasses.replace(by_module.get(path, KernelCounts()),
@@ -269,16 +264,26 @@ def fusion_section(plan: KernelPlan, epilogue_plan: KernelPlan | None,
 def _by_module_unfused(plan: KernelPlan, fg: FusionGraph, costs: Mapping[int, NodeReport]
                        ) -> dict[str, KernelCounts]:
     """Kernels and bytes per module (with its submodules) when every node is its own kernel."""
-    sums: dict[str, list[int]] = {}               # path → [kernels, bytes]
-    for node_id in sorted(n for k in plan.kernels for n in k.nodes):
+    def bytes_of(node_id: int) -> int:
         cost = costs.get(node_id)
-        moved = cost.bytes_read + cost.bytes_written if cost is not None else 0
-        for path in ancestors(fg.node(node_id).module):
+        return cost.bytes_read + cost.bytes_written if cost is not None else 0
+
+    sums = _per_module((fg.node(n).module, bytes_of(n))
+                       for n in sorted(n for k in plan.kernels for n in k.nodes))
+    return {path: KernelCounts(kernels_unfused=kernels, bytes_unfused=moved)
+            for path, (kernels, moved) in sums.items()}
+
+
+def _per_module(items: Iterable[tuple[str, int]]) -> dict[str, list[int]]:
+    """[count, bytes] per module path of (module, bytes) items, each counted in its module
+    and every module above it."""
+    sums: dict[str, list[int]] = {}
+    for module, moved in items:
+        for path in ancestors(module):
             entry = sums.setdefault(path, [0, 0])
             entry[0] += 1
             entry[1] += moved
-    return {path: KernelCounts(kernels_unfused=kernels, bytes_unfused=moved)
-            for path, (kernels, moved) in sums.items()}
+    return sums
 
 
 # --- one entry point -------------------------------------------------------------------------
