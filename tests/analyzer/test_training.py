@@ -157,3 +157,27 @@ def test_training_step_of_gpt_is_about_three_forwards() -> None:
     forward = sum(n.flops for n in report.nodes if n.phase == "forward")
     total = report.totals.flops
     assert 2.7 * forward < total < 3.2 * forward
+
+
+class _Routed(torch.nn.Module):
+    """A path chosen on data (``.item()``) forces the real run; BatchNorm updates its
+    statistics in train mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.fc = torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.fc(self.norm(x))
+        return h[:, : int(h.abs().sum().item() > 0) + 1]
+
+
+def test_a_step_recorded_on_real_tensors_leaves_the_model_as_it_was() -> None:
+    module = _Routed()
+    buffers = {n: b.clone() for n, b in module.named_buffers()}
+    step = capture_training(module, (torch.randn(4, 8),), load_rules())
+    assert "real tensors" in step.graph.notes[0]
+    assert all(p.grad is None for p in module.parameters())
+    assert all(torch.equal(b, buffers[n]) for n, b in module.named_buffers())
+    again = capture_training(module, (torch.randn(4, 8),), load_rules())
+    assert again.graph.nodes == step.graph.nodes

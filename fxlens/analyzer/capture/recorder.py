@@ -28,7 +28,7 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
@@ -51,6 +51,13 @@ T = TypeVar("T")
 
 
 Where = tuple[str, str, str]   # module path, module type, source line
+
+
+POISONED = TensorRef(-1)    # a tensor made by truncated nodes (`Recorder.truncate`)
+
+
+class NotRecordable(Exception):
+    """Autograd ran an op for a node whose backward must run none (see `Recorder`)."""
 
 
 def input_names(module: torch.nn.Module, args: tuple[Any, ...], kwargs: Mapping[str, Any]
@@ -81,6 +88,12 @@ class Recorder(TorchDispatchMode):
     source line of the forward op whose autograd node runs them: each forward op's autograd
     sequence number is noted when it runs, and the backward looks up the sequence number of
     the node the autograd engine is executing (gradient accumulation: the parameter's owner).
+
+    For the stand-ins of the training step (`fxlens.analyzer.capture.step_blocks`): ops run
+    while `quiet` are not recorded (`alias` names what they make); `placeholder` records one
+    node made of given tensors; `mark` and `truncate` take back what was recorded since; an
+    op that autograd runs for one of the `unrecordable` autograd nodes (by sequence number)
+    raises `NotRecordable`.
     """
 
     def __init__(
@@ -100,6 +113,8 @@ class Recorder(TorchDispatchMode):
         self._alive: list[torch.Tensor] = []   # keeps ids unique while we hold refs
         self._by_sequence_nr: dict[int, Where] = {}
         self._param_owner: dict[int, Where] = {}
+        self._quiet = False
+        self.unrecordable: set[int] = set()
         for kind, name, tensor in inputs.values():
             self._add_input(kind, name, tensor)
             if kind is NodeKind.PARAM:
@@ -123,6 +138,8 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self._quiet:
+            return func(*args, **kwargs)
         decomposition = None if self._known(str(func)) else self._decompositions.get(func)
         if decomposition is not None:
             with self:
@@ -144,7 +161,54 @@ class Recorder(TorchDispatchMode):
             return type(value)(self.ref(v) for v in value)
         return value
 
+    def peek(self, tensor: torch.Tensor) -> TensorRef | None:
+        """The TensorRef of a tensor seen before, None for one never seen (nothing added)."""
+        return self._refs.get(id(tensor)) or self._views.get(_view_key(tensor))
+
+    def alias(self, tensor: torch.Tensor, original: torch.Tensor) -> None:
+        """From now on `tensor` is read as `original` (a view made while `quiet`)."""
+        ref = self.peek(original)
+        if ref is not None:
+            self._remember(tensor, ref)
+
+    @contextmanager
+    def quiet(self) -> Iterator[None]:
+        """Ops run meanwhile are not recorded."""
+        before, self._quiet = self._quiet, True
+        try:
+            yield
+        finally:
+            self._quiet = before
+
+    def placeholder(self, target: str, args: Mapping[str, Any],
+                    outputs: Sequence[torch.Tensor]) -> Node:
+        """Record one node standing for ops not run (or truncated), which made `outputs`."""
+        node = Node(len(self.nodes), NodeKind.CALL, target, args,
+                    tuple(spec_of(o) for o in outputs), phase=self.phase)
+        self.nodes.append(node)
+        for index, o in enumerate(outputs):
+            ref = TensorRef(node.id, index)
+            self._remember(o, ref)
+            if self._views.get(_view_key(o)) == POISONED:
+                self._views[_view_key(o)] = ref
+        return node
+
+    def mark(self) -> tuple[int, int]:
+        """Where the recording is, for `truncate`."""
+        return len(self.nodes), len(self._alive)
+
+    def truncate(self, mark: tuple[int, int], poison: bool) -> None:
+        """Forget the nodes recorded since `mark`. The tensors they made are forgotten too,
+        or with `poison` read as node -1 from now on (which no graph has)."""
+        length, alive = mark
+        del self.nodes[length:]
+        for tensor in self._alive[alive:]:
+            _forget(self._refs, id(tensor), length, poison)
+            _forget(self._views, _view_key(tensor), length, poison)
+
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
+        if self.unrecordable and self.phase == "backward" and self._unrecordable_node(func):
+            return
         bound = bind_args(func, args, kwargs, convert=self.ref)
         flat = out if isinstance(out, (list, tuple)) else (out,)
         outputs = tuple(spec_of(o) if isinstance(o, torch.Tensor) else None for o in flat)
@@ -155,6 +219,17 @@ class Recorder(TorchDispatchMode):
         for index, o in enumerate(flat):
             if isinstance(o, torch.Tensor):
                 self._remember(o, TensorRef(node.id, index))
+
+    def _unrecordable_node(self, func: Any) -> bool:
+        """Whether autograd runs `func` for an `unrecordable` node: True for the device
+        query with which the engine checks every gradient a node returns (fake tensors
+        answer it through dispatch); any other op raises `NotRecordable`."""
+        node = torch._C._current_autograd_node()
+        if node is None or node._sequence_nr() not in self.unrecordable:
+            return False
+        if func is torch.ops.prim.device.default:
+            return True
+        raise NotRecordable(f"autograd ran {func} for {node.name()}")
 
     def _where(self) -> Where:
         if self.phase == "forward":
@@ -180,6 +255,15 @@ class Recorder(TorchDispatchMode):
         self._refs[id(tensor)] = ref
         self._views.setdefault(_view_key(tensor), ref)
         self._alive.append(tensor)
+
+
+def _forget(table: dict[Any, TensorRef], key: Any, length: int, poison: bool) -> None:
+    ref = table.get(key)
+    if ref is not None and ref.node >= length:
+        if poison:
+            table[key] = POISONED
+        else:
+            del table[key]
 
 
 def _view_key(t: torch.Tensor) -> tuple[Any, ...]:
@@ -304,7 +388,8 @@ def fake_then_real(
 ) -> tuple[T, str]:
     """`run(module, state, args, kwargs, fake_mode)` on fake tensors; if that fails (an op
     needs real values, or a fake kernel refuses what the real one accepts), once more on
-    small real tensors. Floating-point weights and inputs are cast to `dtype` when given.
+    small real tensors (the weights as `own_state`: nothing the run does reaches the module).
+    Floating-point weights and inputs are cast to `dtype` when given.
     What torch logs about a failing fake run goes to the debug log
     (`fxlens.analyzer.capture.chatter`). Returns the result and which tensors it ran on."""
     try:
@@ -319,7 +404,7 @@ def fake_then_real(
     real = materialise(module) if on_meta(module) else module
     state, real_args, real_kwargs = pytree.tree_map_only(
         torch.Tensor, lambda t: cast_leaf(real_like(t), dtype),
-        (module_state(real), args, kwargs))
+        (own_state(real), args, kwargs))
     return (run(real, state, real_args, real_kwargs, None),
             "real tensors: the graph follows these inputs' branches")
 
@@ -341,6 +426,15 @@ def cast_leaf(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
     if dtype is None or not t.is_floating_point() or t.dtype == dtype:
         return t
     return t.detach().to(dtype).requires_grad_(t.requires_grad)
+
+
+def own_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters and buffers by qualified name, as tensors a run may change without changing
+    the module: each parameter a new leaf on its storage (a backward fills its ``.grad``, not
+    the parameter's), each buffer a copy (train mode updates BatchNorm's statistics)."""
+    params = {n: p.detach().requires_grad_(p.requires_grad)
+              for n, p in module.named_parameters()}
+    return {**params, **{n: b.clone() for n, b in module.named_buffers()}}
 
 
 def module_state(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -13,6 +13,10 @@ Saved-for-backward tensors are those autograd packs during the forward (a
 ``saved_tensors_hooks`` pair that hands the same tensor back), and each parameter's final
 ``.grad`` is marked with the role "gradient", live to the end of the step.
 
+Repeated blocks are recorded once on fake tensors (`step_blocks`): a block proven identical to
+one recorded in full is a copy of its nodes, forward and backward, and the graph is the one a
+full recording gives, node for node; where that cannot be shown, the step is recorded in full.
+
 Known limitations: ops whose output depends on data force a rerun on small real tensors, as
 in inference capture; the optimizer step is not recorded but accounted from its policy
 (`fxlens.analyzer.memory.training_state`).
@@ -21,6 +25,7 @@ in inference capture; the optimizer step is not recorded but accounted from its 
 from __future__ import annotations
 
 import contextlib
+import logging
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,14 +33,28 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.fake_tensor import (
+    DataDependentOutputException,
+    DynamicOutputShapeException,
+    FakeTensorMode,
+)
 
 from fxlens.analyzer.capture.chain import Inputs, param_infos, plain_outputs
 from fxlens.analyzer.capture.fx_convert import type_name, user_frame
 from fxlens.analyzer.capture.recorder import Recorder, fake_then_real, module_tracking
+from fxlens.analyzer.capture.step_blocks import StandIns
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.errors import CaptureError
-from fxlens.analyzer.core.graph import Graph, TensorRef
+from fxlens.analyzer.core.graph import Graph, Node, TensorRef
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Recorded:
+    nodes: list[Node]
+    saved: list[TensorRef]
+    roles: dict[TensorRef, str]          # each parameter's gradient
 
 
 @dataclass(frozen=True)
@@ -50,38 +69,66 @@ def capture_training(
     registry: CostRegistry,
     dtype: str | None = None,
     on_step: Callable[[str], None] = lambda _: None,
+    stand_ins: bool = True,
 ) -> TrainingGraph:
     """Record one training step; `dtype` (e.g. "bfloat16") is the working precision of
-    weights and activations, the model's own when None."""
+    weights and activations, the model's own when None. With `stand_ins`, the backward of
+    repeated blocks is copied from the first of each group (`step_blocks`); the graph is the
+    same either way."""
     args, kwargs = (tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((), dict(inputs))
     on_step("recording the training step")
     with _train_mode(module):
         try:
-            (recorder, saved, state), tensors = fake_then_real(
-                module, args, kwargs,
-                lambda m, state, a, k, fake_mode: _record_step(m, state, a, k, registry,
-                                                               fake_mode),
-                dtype=getattr(torch, dtype) if dtype else None,
-            )
+            recorded, tensors = _record(module, args, kwargs, registry, dtype, stand_ins)
+            if recorded is None:    # the stand-ins would not give the full recording
+                recorded, tensors = _record(module, args, kwargs, registry, dtype, False)
         except CaptureError:
             raise
         except Exception as error:   # the model's own failure, on fake or real tensors
             raise CaptureError(_step_error(error, dtype)) from error
-    grads = {recorder.ref(t.grad): "gradient" for t in state.values() if t.grad is not None}
+    assert recorded is not None
     # NB: the recorder decomposed unknown ops as they ran; nothing is left to splice in.
     graph = Graph(
-        nodes=tuple(recorder.nodes), params=param_infos(module),
+        nodes=tuple(recorded.nodes), params=param_infos(module),
         capture_method="joint forward+backward recorded at dispatch level",
         module_types={p: type_name(type(m)) for p, m in module.named_modules()},
-        roles=grads, notes=(f"recorded on {tensors}",),
+        roles=recorded.roles, notes=(f"recorded on {tensors}",),
     )
-    return TrainingGraph(graph, tuple(dict.fromkeys(saved)))
+    return TrainingGraph(graph, tuple(dict.fromkeys(recorded.saved)))
 
 
-def _record_step(
+def _record(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
+    registry: CostRegistry, dtype: str | None, stand_ins: bool,
+) -> tuple[_Recorded | None, str]:
+    """The step on fake tensors, else on small real ones (`fake_then_real`). With
+    `stand_ins`, on fake tensors, repeated blocks are stood in for (`step_blocks`); None if
+    they would not give the full recording, which is then recorded again on fresh fake
+    tensors (autograd keeps a parameter's gradient accumulator while the failed attempt's
+    graph lives, and a fresh one records a device query). On real tensors every block runs:
+    the path may follow each one's data."""
+    def run(module: torch.nn.Module, state: dict[str, torch.Tensor], args: tuple[Any, ...],
+            kwargs: dict[str, Any], fake_mode: FakeTensorMode | None) -> _Recorded | None:
+        if not stand_ins or fake_mode is None:
+            return _record_once(module, state, args, kwargs, registry, fake_mode, False)
+        try:
+            return _record_once(module, state, args, kwargs, registry, fake_mode, True)
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            raise                    # the model's data decides: on to real tensors
+        except Exception as error:   # the full recording says what is wrong, if anything
+            log.info("recording the step with repeated blocks stood in failed (%s: %s); "
+                     "recording every block", type(error).__name__, error)
+            return None
+
+    return fake_then_real(module, args, kwargs, run,
+                          dtype=getattr(torch, dtype) if dtype else None)
+
+
+def _record_once(
     module: torch.nn.Module, state: dict[str, torch.Tensor], args: tuple[Any, ...],
     kwargs: dict[str, Any], registry: CostRegistry, fake_mode: FakeTensorMode | None,
-) -> tuple[Recorder, list[TensorRef], dict[str, torch.Tensor]]:
+    stand_ins: bool,
+) -> _Recorded:
     recorder = Recorder.for_run(module, state, args, kwargs, registry.knows)
     saved: list[TensorRef] = []
 
@@ -89,8 +136,10 @@ def _record_step(
         saved.append(recorder.ref(tensor))
         return tensor
 
+    blocks = StandIns(module, recorder, saved, state) if stand_ins else None
+    installed = blocks.installed() if blocks is not None else contextlib.nullcontext()
     tensors = fake_mode if fake_mode is not None else contextlib.nullcontext()
-    with module_tracking(module, recorder.module_stack), tensors, recorder:
+    with module_tracking(module, recorder.module_stack), tensors, recorder, installed:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             out = torch.func.functional_call(module, state, args, kwargs)
         outputs = [t for t in pytree.tree_leaves(plain_outputs(out))
@@ -100,7 +149,11 @@ def _record_step(
                                "(are all parameters frozen?)")
         recorder.phase = "backward"
         torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
-    return recorder, saved, state
+    if blocks is not None:
+        nodes, saved, grads = blocks.finish()
+        return _Recorded(nodes, saved, {grads[n]: "gradient" for n in state if n in grads})
+    return _Recorded(recorder.nodes, saved, {recorder.ref(t.grad): "gradient"
+                                             for t in state.values() if t.grad is not None})
 
 
 def _step_error(error: Exception, dtype: str | None) -> str:

@@ -1,0 +1,549 @@
+"""Repeated blocks of the training step recorded once: a step whose cost grows with its forward.
+
+Recording the step (`fxlens.analyzer.capture.training`) runs every op of the forward and of
+the backward through fake tensors, and the backward is most of it (FlopCounterMode's
+backward takes 1.0 of its 1.8 s on Llama-2-7B at 2,048 tokens). Here the block that a
+repeated block is proven identical to is recorded in full, and the repeated block's forward
+and backward are copies of its nodes, renamed; its backward is never run.
+
+- **Groups** are guessed from structure (`blocks.guessed_repeats`: one container, one class,
+  the same weight specs, requires_grad included). A group's first block is recorded in full,
+  between two identity functions (`_Mark`, no op of their own) that note the gradients
+  coming into its outputs and going out to its inputs.
+- **Members.** Each later block runs its forward once inside one autograd function,
+  `_StandIn`, with autograd off. Its forward nodes are recorded, compared, then dropped: one
+  placeholder node stands for them, and one more for its backward, whose outputs are fresh
+  gradients for the block's inputs.
+- **Proof.** A member is a copy only if its forward recorded a full block's nodes op for op:
+  the same targets; the same arguments by where they come from (the block's input *i*, its
+  own op *k*, its own weight by relative name, or the same outside tensor); the same output
+  specs, relative module paths and source lines; the same inputs and outputs requiring grad.
+  Autograd builds the backward from those nodes alone, so the member's backward is the full
+  block's up to renaming. With autograd on, a forward also records device queries (autograd
+  asks fake tensors through dispatch); the comparison leaves them aside, and the copy has
+  them. A member that matches no full block of its group (another op on a flag, a path taken
+  on data, a first block whose input needs no grad) is recorded in full itself, and later
+  members may match it (sliding and global attention alternating). A group with `MAX_MISSES`
+  such members is recorded as usual from then on.
+- **Splice** (`StandIns.finish`): each placeholder becomes a copy of its full block's nodes,
+  the backward's being one contiguous run of nodes under its path; the copies read the
+  member's inputs, weights and incoming gradients, and the member's weight gradients are the
+  copy's.
+- **Anything else that would differ from the full recording raises `Unstandable`**: an
+  input needing grad that two blocks read (T5's position bias, a decoder's encoder states:
+  gradients summed into it from several blocks are summed at other points), an op that
+  autograd runs for a stand-in or a mark (a gradient summed into a tensor that other code
+  reads too: the recorder's `NotRecordable`), a block called twice (activation
+  checkpointing runs it again), a full block whose backward is not one run of its own nodes,
+  a gradient the placeholder made with another spec than the copy's, a reference the copy
+  cannot map. The step is then recorded again without stand-ins
+  (`training.capture_training`), so the graph is always the full recording's;
+  `tests/analyzer/test_step_blocks.py` compares both on the zoo and on blocks that differ.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+
+from fxlens.analyzer.capture.blocks import Group, guessed_repeats
+from fxlens.analyzer.capture.recorder import Recorder
+from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef, map_refs
+
+log = logging.getLogger(__name__)
+
+FORWARD = "fxlens_blocks.forward_stand_in"
+BACKWARD = "fxlens_blocks.backward_stand_in"
+# Checking a gradient's or an output's device, autograd asks fake tensors through dispatch:
+# with grad on, a forward records these where the same forward with grad off does not.
+DEVICE_QUERY = "prim.device.default"
+# A member that matches none of its group's blocks recorded in full is recorded in full too,
+# and later members may match it (sliding and global attention layers alternating). A group
+# with this many such members (a path chosen on data: MoE routing) is recorded in full from
+# then on: each of them ran its forward twice.
+MAX_MISSES = 3
+
+
+class Unstandable(Exception):
+    """The step recorded with stand-ins would not be the full recording: record it without."""
+
+
+@dataclass
+class _Forward:
+    """One block's forward as recorded."""
+
+    path: str
+    start: int                                  # its first node
+    end: int                                    # one past its last
+    inputs: tuple[TensorRef | None, ...]        # its tensor inputs, in pytree order
+    grad_inputs: tuple[int, ...]                # which of them require grad
+
+
+@dataclass
+class _First:
+    """The first block of a group: its forward, and the gradients its marks saw."""
+
+    forward: _Forward
+    key: list[Any]
+    returned: tuple[Any, ...]                   # what it returned, by where it comes from
+    outputs: tuple[TensorRef, ...]              # its tensor outputs
+    output_grads: tuple[bool, ...]              # which of them require grad
+    saved: tuple[TensorRef, ...] = ()           # what autograd saved during its forward
+    grads_in: dict[int, TensorRef | None] = field(default_factory=dict)   # of its outputs
+    grads_out: dict[int, TensorRef | None] = field(default_factory=dict)  # of its inputs
+
+
+@dataclass
+class _Member:
+    forward: _Forward
+    first: _First
+    saved_at: int                               # where its saved tensors go in the list
+    grad_specs: tuple[tuple[Any, ...], ...]     # (shape, stride, dtype, device) per grad input
+
+
+class StandIns:
+    """Stand-ins for the repeated blocks of one recording of the step (module docstring)."""
+
+    def __init__(self, module: torch.nn.Module, recorder: Recorder, saved: list[TensorRef],
+                 state: Mapping[str, torch.Tensor]) -> None:
+        self._recorder = recorder
+        self._saved = saved
+        self._state = state
+        self._groups: tuple[Group, ...] = guessed_repeats(module).groups
+        self._blocks = dict(module.named_modules())
+        self._firsts: dict[int, list[_First]] = {}    # each group's blocks recorded in full
+        self._members: list[_Member] = []
+        self._misses: Counter[int] = Counter()        # members of a group that differed
+        self._broken: set[int] = set()
+        self._called: set[str] = set()
+        self._grad_sources: set[TensorRef] = set()   # inputs requiring grad, of any block
+        self._open = False
+
+    @contextlib.contextmanager
+    def installed(self) -> Iterator[None]:
+        """Every grouped block's ``forward`` wrapped (an instance attribute), put back after."""
+        saved: list[tuple[torch.nn.Module, Any]] = []
+        try:
+            for g, group in enumerate(self._groups):
+                for member, path in enumerate(group.members):
+                    block = self._blocks[path]
+                    saved.append((block, block.__dict__.get("forward")))
+                    block.forward = functools.partial(self._run, g, member, path,
+                                                      block.forward)
+            yield
+        finally:
+            for block, before in saved:
+                if before is None:
+                    del block.forward
+                else:
+                    block.forward = before
+
+    # --- the forward -----------------------------------------------------------------------
+
+    def _run(self, group: int, member: int, path: str, forward: Callable[..., Any],
+             *args: Any, **kwargs: Any) -> Any:
+        if self._open:                        # nested in a block: one of its ops
+            return forward(*args, **kwargs)
+        if path in self._called:
+            raise Unstandable(f"{path} ran twice (recomputed by activation checkpointing?)")
+        self._called.add(path)
+        self._open = True
+        try:
+            if group in self._broken:
+                return forward(*args, **kwargs)
+            if member > 0 and self._firsts.get(group):
+                return self._member(group, path, forward, args, kwargs)
+            return self._first(group, path, forward, args, kwargs)
+        finally:
+            self._open = False
+
+    def _inputs(self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+                ) -> tuple[list[torch.Tensor], _Forward, list[TensorRef | None]]:
+        """The block's tensor inputs, its record so far, and the refs of those needing grad."""
+        recorder = self._recorder
+        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        record = _Forward(path, len(recorder.nodes), 0, tuple(recorder.peek(t) for t in tensors),
+                          tuple(i for i, t in enumerate(tensors) if t.requires_grad))
+        return tensors, record, [record.inputs[i] for i in record.grad_inputs]
+
+    def _check_unshared(self, path: str, sources: list[TensorRef | None]) -> None:
+        if any(s in self._grad_sources for s in sources):
+            raise Unstandable(f"{path} reads an input needing grad that another block reads")
+
+    def _first(self, group: int, path: str, forward: Callable[..., Any],
+               args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        tensors, record, sources = self._inputs(path, args, kwargs)
+        self._check_unshared(path, sources)
+        if None in sources:
+            self._broken.add(group)
+            return forward(*args, **kwargs)
+        self._grad_sources.update(s for s in sources if s is not None)
+        grads_out: dict[int, TensorRef | None] = {}
+        marked = self._mark(grads_out, [tensors[i] for i in record.grad_inputs])
+        args, kwargs = _replace_leaves((args, kwargs), dict(zip(
+            (id(tensors[i]) for i in record.grad_inputs), marked, strict=True)))
+        saved_at = len(self._saved)
+        out = forward(*args, **kwargs)
+        record.end = len(self._recorder.nodes)
+        outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+        refs = [self._recorder.peek(t) for t in outputs]
+        if None in refs:
+            self._broken.add(group)
+            return out
+        first = _First(
+            record, self._key(record), self._returned(record, out),
+            tuple(r for r in refs if r is not None), tuple(t.requires_grad for t in outputs),
+            tuple(self._saved[saved_at:]), grads_out=grads_out)
+        self._firsts.setdefault(group, []).append(first)
+        needing = [t for t in outputs if t.requires_grad]
+        marked = self._mark(first.grads_in, needing)
+        return _replace_leaves(out, dict(zip(map(id, needing), marked, strict=True)))
+
+    def _mark(self, seen: dict[int, TensorRef | None], tensors: list[torch.Tensor]
+              ) -> list[torch.Tensor]:
+        if not tensors:
+            return []
+        with self._recorder.quiet():
+            marked = list(_Mark.apply(self, seen, *tensors))
+        for tensor, mark in zip(tensors, marked, strict=True):
+            self._recorder.alias(mark, tensor)
+        return marked
+
+    def _member(self, group: int, path: str, forward: Callable[..., Any],
+                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        tensors, record, sources = self._inputs(path, args, kwargs)
+        self._check_unshared(path, sources)
+        if None in sources:
+            self._broken.add(group)
+            return forward(*args, **kwargs)
+        firsts = [f for f in self._firsts[group] if f.forward.grad_inputs == record.grad_inputs]
+        if not firsts:                          # the first block's input needed no grad
+            return self._first(group, path, forward, args, kwargs)
+        mark = self._recorder.mark()
+        grad_tensors = [tensors[i] for i in record.grad_inputs]
+        box: dict[str, Any] = {}
+        output_grads = firsts[0].output_grads
+        made = _StandIn.apply(self, len(self._members), box, forward, args, kwargs,
+                              output_grads, *grad_tensors)
+        record.end = len(self._recorder.nodes)
+        key, returned = self._key(record), self._returned(record, box["out"])
+        first = next((f for f in firsts if f.key == key and f.returned == returned
+                      and f.output_grads == output_grads), None)
+        if first is None:
+            self._recorder.truncate(mark, poison=False)      # and recorded in full
+            self._misses[group] += 1
+            if self._misses[group] >= MAX_MISSES:
+                self._broken.add(group)
+                return forward(*args, **kwargs)
+            return self._first(group, path, forward, args, kwargs)
+        self._recorder.truncate(mark, poison=True)           # a copy of the first's instead
+        self._recorder.placeholder(FORWARD, {"inputs": list(record.inputs),
+                                             "member": len(self._members)}, made)
+        self._grad_sources.update(s for s in sources if s is not None)
+        self._members.append(_Member(record, first, len(self._saved), tuple(
+            (tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in grad_tensors)))
+        return _replace_leaves(box["out"], dict(zip(
+            (id(t) for t in box["outputs"]), made, strict=True)))
+
+    def _relative(self, record: _Forward) -> Callable[[TensorRef], Any]:
+        """Where a ref in `record`'s nodes comes from, as its fingerprint says it."""
+        nodes, path = self._recorder.nodes, record.path
+        inputs: dict[TensorRef, int] = {}
+        for i, ref in enumerate(record.inputs):
+            if ref is not None:
+                inputs.setdefault(ref, i)
+        kept = [n.id for n in nodes[record.start:record.end] if n.target != DEVICE_QUERY]
+        position = {node: k for k, node in enumerate(kept)}
+
+        def where(ref: TensorRef) -> Any:
+            if ref.node in position:
+                return ("op", position[ref.node], ref.index)
+            if ref in inputs:
+                return ("in", inputs[ref])
+            own = _own_name(nodes[ref.node], path)
+            return ("own", own) if own is not None else ("outside", ref)
+        return where
+
+    def _key(self, record: _Forward) -> list[Any]:
+        """The block's forward, device queries aside (grad mode adds them)."""
+        where = self._relative(record)
+        return [(n.kind, n.target, map_refs(n.args, where), n.outputs,
+                 _moved(n.module, record.path, "<block>"), n.module_type, n.source)
+                for n in self._recorder.nodes[record.start:record.end]
+                if n.target != DEVICE_QUERY]
+
+    def _returned(self, record: _Forward, out: Any) -> tuple[Any, ...]:
+        where = self._relative(record)
+        leaves, spec = pytree.tree_flatten(out)
+        made: list[tuple[Any, ...]] = []
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                ref = self._recorder.peek(leaf)
+                made.append(("tensor", where(ref) if ref is not None else None))
+            else:
+                made.append(("value", type(leaf), leaf if _plain(leaf) else id(leaf)))
+        return (spec, tuple(made))
+
+    # --- the backward ----------------------------------------------------------------------
+
+    def placeholder(self, member: int, grads: Sequence[torch.Tensor | None]
+                    ) -> list[torch.Tensor]:
+        """The member's backward: one node making fresh gradients for its inputs."""
+        refs = [self._recorder.peek(g) if g is not None else None for g in grads]
+        if any(r is None for r, g in zip(refs, grads, strict=True) if g is not None):
+            raise Unstandable("a gradient reaching a stand-in was never recorded")
+        with self._recorder.quiet():
+            made = [torch.empty_strided(shape, stride, dtype=dtype, device=device)
+                    for shape, stride, dtype, device in self._members[member].grad_specs]
+        self._recorder.placeholder(BACKWARD, {"grads": refs, "member": member}, made)
+        return made
+
+    # --- the splice ------------------------------------------------------------------------
+
+    def finish(self) -> tuple[list[Node], list[TensorRef], dict[str, TensorRef]]:
+        """The recorded nodes with every placeholder replaced by a copy of its first block's
+        nodes, the saved tensors, and the gradient of every weight that has one, by name."""
+        recorder = self._recorder
+        if not self._members:
+            return recorder.nodes, self._saved, {name: recorder.ref(t.grad) for name, t
+                                                 in self._state.items() if t.grad is not None}
+        grads = {name: recorder.peek(t.grad) for name, t in self._state.items()
+                 if t.grad is not None}
+        log.info("the step's backward of %d repeated blocks is copied from the first block of "
+                 "their group", len(self._members))
+        splice = _Splice(self, {m.first.forward.path: self._region(m.first)
+                                for m in self._members})
+        for node in recorder.nodes:
+            splice.add(node)
+        saved = [splice.fix(ref) for ref in self._saved]
+        for member in reversed(self._members):
+            saved[member.saved_at:member.saved_at] = splice.saved[member.forward.path]
+        for name, ref in grads.items():
+            if ref is None:
+                raise Unstandable(f"{name}'s gradient was never recorded")
+            splice.grads.setdefault(name, splice.fix(ref))
+        return splice.out, saved, splice.grads
+
+    def _region(self, first: _First) -> range:
+        """The first block's backward: one contiguous run of nodes under its path."""
+        path = first.forward.path
+        inside = [n.id for n in self._recorder.nodes
+                  if n.phase == "backward" and _under(n.module, path) is not None]
+        if not inside or inside[-1] - inside[0] + 1 != len(inside):
+            raise Unstandable(f"{path}'s backward is not one run of its own nodes")
+        return range(inside[0], inside[-1] + 1)
+
+
+class _Splice:
+    """The recorded nodes, renumbered, with each placeholder replaced by a copy."""
+
+    def __init__(self, stand_ins: StandIns, regions: Mapping[str, range]) -> None:
+        self.stand_ins = stand_ins
+        self.nodes = stand_ins._recorder.nodes
+        self.regions = regions
+        self.out: list[Node] = []
+        self.moved: dict[int, int] = {}                    # recorded node → spliced node
+        self.renamed: dict[TensorRef, TensorRef] = {}      # a placeholder's outputs
+        self.forwards: dict[str, dict[int, int]] = {}      # member → first's node → its copy
+        self.saved: dict[str, list[TensorRef]] = {}        # member → what autograd saved
+        self.grads: dict[str, TensorRef] = {}              # members' weight gradients
+
+    def fix(self, ref: TensorRef) -> TensorRef:
+        if ref in self.renamed:
+            return self.renamed[ref]
+        if ref.node not in self.moved:
+            raise Unstandable(f"node {ref.node} is read before it is made, or was dropped")
+        return TensorRef(self.moved[ref.node], ref.index)
+
+    def add(self, node: Node) -> None:
+        if node.target == FORWARD:
+            self._forward(node)
+        elif node.target == BACKWARD:
+            self._backward(node)
+        else:
+            self.moved[node.id] = len(self.out)
+            self.out.append(replace(node, id=len(self.out), args=map_refs(node.args, self.fix)))
+
+    def _forward(self, node: Node) -> None:
+        member = self.stand_ins._members[node.args["member"]]
+        first = member.first
+        copied = self.forwards[member.forward.path] = {}
+        inputs = {ref: member.forward.inputs[i]
+                  for i, ref in reversed(list(enumerate(first.forward.inputs)))
+                  if ref is not None}
+        target = member.forward.path
+
+        def ref(r: TensorRef) -> TensorRef:
+            if r.node in copied:
+                return TensorRef(copied[r.node], r.index)
+            if r in inputs:
+                mapped = inputs[r]
+                if mapped is None:
+                    raise Unstandable(f"{target} reads an input never seen")
+                return self.fix(mapped)
+            return self._weight_or_outside(r, first.forward.path, target)
+
+        self._copy(range(first.forward.start, first.forward.end), copied, ref,
+                   first.forward.path, target)
+        for i, output in enumerate(first.outputs):
+            self.renamed[TensorRef(node.id, i)] = ref(output)
+        self.saved[target] = [ref(r) for r in first.saved]
+
+    def _backward(self, node: Node) -> None:
+        member = self.stand_ins._members[node.args["member"]]
+        first = member.first
+        target = member.forward.path
+        forward = self.forwards[target]
+        needing = [i for i, grad in enumerate(first.output_grads) if grad]
+        incoming = {r: node.args["grads"][needing[j]] for j, r in first.grads_in.items()
+                    if r is not None}
+        copied: dict[int, int] = {}
+        region = self.regions[first.forward.path]
+
+        def ref(r: TensorRef) -> TensorRef:
+            if r.node in copied:
+                return TensorRef(copied[r.node], r.index)
+            if r in incoming:
+                grad = incoming[r]
+                if grad is None:
+                    raise Unstandable(f"{target} got no gradient where the first block got one")
+                return self.fix(grad)
+            if r.node in forward:
+                return TensorRef(forward[r.node], r.index)
+            if self.nodes[r.node].phase == "backward":
+                raise Unstandable(f"{first.forward.path}'s backward reads node {r.node} "
+                                  "from outside it")
+            return self._forward_ref(r, first, member)
+
+        self._copy(region, copied, ref, first.forward.path, target)
+        for i in range(len(first.forward.grad_inputs)):
+            grad = first.grads_out.get(i)
+            if grad is None:
+                raise Unstandable(f"{first.forward.path} passed no gradient to input {i}")
+            made = ref(grad)
+            if self.out[made.node].outputs[made.index] != node.outputs[i]:
+                raise Unstandable(f"{target}'s input gradient {i} has another spec than the "
+                                  "first block's")
+            self.renamed[TensorRef(node.id, i)] = made
+        for name, tensor in self.stand_ins._state.items():
+            own = _under(name, first.forward.path)
+            if own is None or tensor.grad is None:
+                continue
+            grad = self.stand_ins._recorder.peek(tensor.grad)
+            if grad is None or grad.node not in copied:
+                raise Unstandable(f"{name}'s gradient is not made in its block's backward")
+            self.grads[target + own] = TensorRef(copied[grad.node], grad.index)
+
+    def _forward_ref(self, r: TensorRef, first: _First, member: _Member) -> TensorRef:
+        """A ref the first block's backward reads from before it, as the member's."""
+        for i, source in enumerate(first.forward.inputs):
+            if source == r:
+                mapped = member.forward.inputs[i]
+                if mapped is None:
+                    raise Unstandable(f"{member.forward.path} reads an input never seen")
+                return self.fix(mapped)
+        if first.forward.start <= r.node < first.forward.end:
+            raise Unstandable(f"{first.forward.path}'s node {r.node} has no copy")
+        return self._weight_or_outside(r, first.forward.path, member.forward.path)
+
+    def _weight_or_outside(self, r: TensorRef, source: str, target: str) -> TensorRef:
+        own = _own_name(self.nodes[r.node], source)
+        if own is None:
+            return self.fix(r)
+        tensor = self.stand_ins._state.get(f"{target}.{own}")
+        mapped = self.stand_ins._recorder.peek(tensor) if tensor is not None else None
+        if mapped is None:
+            raise Unstandable(f"{target}.{own} is not a recorded weight")
+        return self.fix(mapped)
+
+    def _copy(self, nodes: range, copied: dict[int, int],
+              ref: Callable[[TensorRef], TensorRef], source: str, target: str) -> None:
+        for i in nodes:
+            node = self.nodes[i]
+            if node.target in (FORWARD, BACKWARD):
+                raise Unstandable(f"a stand-in inside {source}")
+            copied[i] = len(self.out)
+            self.out.append(replace(node, id=len(self.out), args=map_refs(node.args, ref),
+                                    module=_moved(node.module, source, target)))
+
+
+class _Mark(torch.autograd.Function):
+    """Identity on tensors, noting the gradients that pass back through it."""
+
+    @staticmethod
+    def forward(ctx: Any, stand_ins: StandIns, seen: dict[int, TensorRef | None],
+                *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        ctx.stand_ins, ctx.seen = stand_ins, seen
+        ctx.set_materialize_grads(False)
+        stand_ins._recorder.unrecordable.add(ctx._sequence_nr())
+        return tuple(t.view_as(t) for t in tensors)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
+        recorder = ctx.stand_ins._recorder
+        for i, grad in enumerate(grads):
+            ctx.seen[i] = recorder.peek(grad) if grad is not None else None
+        return (None, None, *grads)
+
+
+class _StandIn(torch.autograd.Function):
+    """A member's forward run with autograd off; its backward is a placeholder."""
+
+    @staticmethod
+    def forward(ctx: Any, stand_ins: StandIns, member: int, box: dict[str, Any],
+                forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
+                output_grads: tuple[bool, ...], *grad_tensors: torch.Tensor
+                ) -> tuple[torch.Tensor, ...]:
+        ctx.stand_ins, ctx.member = stand_ins, member
+        ctx.set_materialize_grads(False)
+        stand_ins._recorder.unrecordable.add(ctx._sequence_nr())
+        out = box["out"] = forward(*args, **kwargs)
+        outputs = box["outputs"] = [t for t in pytree.tree_leaves(out)
+                                    if isinstance(t, torch.Tensor)]
+        if len(outputs) == len(output_grads):
+            ctx.mark_non_differentiable(*(t for t, g in zip(outputs, output_grads, strict=True)
+                                          if not g))
+        return tuple(outputs)
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
+        return (None,) * 7 + tuple(ctx.stand_ins.placeholder(ctx.member, grads))
+
+
+def _replace_leaves(value: Any, by_id: Mapping[int, torch.Tensor]) -> Any:
+    if not by_id:
+        return value
+    leaves, spec = pytree.tree_flatten(value)
+    return pytree.tree_unflatten([by_id.get(id(leaf), leaf) for leaf in leaves], spec)
+
+
+def _own_name(node: Node, path: str) -> str | None:
+    """A weight's name relative to block `path`, None if it is not the block's own."""
+    if node.kind not in (NodeKind.PARAM, NodeKind.BUFFER):
+        return None
+    suffix = _under(node.target, path)
+    return suffix[1:] if suffix else None
+
+
+def _under(name: str, path: str) -> str | None:
+    """What follows `path` in `name` ("" for `path` itself), None if `name` is not under it."""
+    if name == path or name.startswith(path + "."):
+        return name[len(path):]
+    return None
+
+
+def _moved(name: str, source: str, target: str) -> str:
+    suffix = _under(name, source)
+    return name if suffix is None else target + suffix
+
+
+def _plain(value: Any) -> bool:
+    return isinstance(value, (type(None), bool, int, float, str, torch.dtype, torch.device))

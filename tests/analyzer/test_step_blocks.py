@@ -1,0 +1,187 @@
+"""Repeated blocks of the training step recorded once (`fxlens.analyzer.capture.step_blocks`):
+the step recorded with stand-ins is the full recording, node for node, saved tensor for saved
+tensor and gradient for gradient; blocks that differ, share an input that needs grad, are
+recomputed or hand their outputs to more than the next block are recorded as usual."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from fxlens.analyzer.capture.training import TrainingGraph, capture_training
+from fxlens.rules import load_rules
+from tests.analyzer.test_blocks import BEYOND_THE_ZOO
+from tests.models import OWN_ZOO
+from tests.models.diffusers_zoo import ZOO as DIFFUSERS_ZOO
+from tests.models.hf_zoo import ZOO as HF_ZOO
+
+ZOO = {**OWN_ZOO, **{f"hf-{k}": v for k, v in HF_ZOO.items()},
+       **{f"diffusers-{k}": v for k, v in DIFFUSERS_ZOO.items()},
+       **{f"beyond-{k}": v for k, v in BEYOND_THE_ZOO.items()}}
+COPIED = "the step's backward of"
+
+
+def _both(module: nn.Module, inputs, caplog) -> tuple[TrainingGraph, TrainingGraph, int]:
+    """The step with stand-ins, without, and how many blocks were copied."""
+    registry = load_rules()
+    with caplog.at_level(logging.INFO, logger="fxlens.analyzer.capture"):
+        caplog.clear()
+        ours = capture_training(module, inputs, registry)
+        copied = [r.args[0] for r in caplog.records if r.getMessage().startswith(COPIED)]
+    return ours, capture_training(module, inputs, registry, stand_ins=False), sum(copied)
+
+
+def _assert_identical(ours: TrainingGraph, full: TrainingGraph) -> None:
+    assert len(ours.graph.nodes) == len(full.graph.nodes)
+    for mine, theirs in zip(ours.graph.nodes, full.graph.nodes, strict=True):
+        assert mine == theirs, f"first difference at node {theirs.id}: {mine} != {theirs}"
+    assert ours.saved == full.saved
+    assert list(ours.graph.roles.items()) == list(full.graph.roles.items())
+
+
+class Block(nn.Module):
+    """A residual MLP block; `sliding` masks with a band, `width` changes its weights."""
+
+    def __init__(self, dim: int, width: int, sliding: bool = False) -> None:
+        super().__init__()
+        self.norm, self.sliding = nn.LayerNorm(dim), sliding
+        self.up, self.down = nn.Linear(dim, width), nn.Linear(width, dim)
+
+    def forward(self, x: torch.Tensor, band: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x) * (band if self.sliding else full)
+        return x + self.down(F.gelu(self.up(h)))
+
+
+class Stack(nn.Module):
+    """Blocks after a stem (without it the first block's input needs no grad), then a head;
+    `keep` returns every block's output too, `recompute` checkpoints each block."""
+
+    def __init__(self, blocks: list[nn.Module], keep: bool = False, recompute: bool = False,
+                 stem: bool = True) -> None:
+        super().__init__()
+        self.blocks, self.keep, self.recompute = nn.ModuleList(blocks), keep, recompute
+        self.stem = nn.Linear(8, 8) if stem else nn.Identity()
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        band, full = torch.tril(torch.ones(8, 8)), torch.ones(8, 8)
+        x = self.stem(x)
+        kept = []
+        for block in self.blocks:
+            x = (checkpoint(block, x, band, full, use_reentrant=False) if self.recompute
+                 else block(x, band, full))
+            kept.append(x)
+        return (self.head(x), *kept) if self.keep else (self.head(x),)
+
+
+def _inputs() -> tuple[torch.Tensor]:
+    return (torch.randn(4, 8, 8),)
+
+
+def test_identical_blocks_are_recorded_once_and_copied_as_the_full_recording(caplog):
+    ours, full, copied = _both(Stack([Block(8, 16) for _ in range(4)]), _inputs(), caplog)
+    assert copied == 3
+    _assert_identical(ours, full)
+    gradients = {ours.graph.nodes[r.node].module for r in ours.graph.roles}
+    assert {f"blocks.{i}.up" for i in range(4)} <= gradients
+
+
+def test_a_first_block_whose_input_needs_no_grad_is_not_the_one_copied(caplog):
+    ours, full, copied = _both(Stack([Block(8, 16) for _ in range(4)], stem=False),
+                               _inputs(), caplog)
+    assert copied == 2            # blocks.2 and blocks.3, of blocks.1
+    _assert_identical(ours, full)
+
+
+def test_blocks_that_differ_are_never_copied_from_each_other(caplog):
+    """A sliding-window flag (another op on another outside tensor) and another width; the
+    sliding block is recorded in full, and so would be the next sliding one."""
+    blocks = [Block(8, 16), Block(8, 16, sliding=True), Block(8, 16), Block(8, 32),
+              Block(8, 16, sliding=True), Block(8, 16)]
+    ours, full, copied = _both(Stack(blocks), _inputs(), caplog)
+    assert copied == 3            # blocks.2 and blocks.5 of blocks.0, blocks.4 of blocks.1
+    _assert_identical(ours, full)
+
+
+class Routed(nn.Module):
+    """Each block takes a path chosen on data: every member differs from the first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.up = nn.LayerNorm(8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, band: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        return x + self.up(self.norm(x))[..., : int(x.sum().item()) % 4 + 1].sum(-1, True)
+
+
+def test_blocks_on_paths_chosen_on_data_are_recorded_as_usual(caplog):
+    ours, full, copied = _both(Stack([Routed() for _ in range(6)]), _inputs(), caplog)
+    assert copied == 0
+    _assert_identical(ours, full)
+
+
+def test_frozen_blocks_are_another_group(caplog):
+    blocks = [Block(8, 16) for _ in range(4)]
+    for p in blocks[2].parameters():
+        p.requires_grad_(False)
+    ours, full, copied = _both(Stack(blocks), _inputs(), caplog)
+    assert copied == 2
+    _assert_identical(ours, full)
+    assert not any(ours.graph.nodes[r.node].module.startswith("blocks.2")
+                   for r in ours.graph.roles)
+
+
+class Shared(nn.Module):
+    """Each block reads a bias the model computes once from a weight (T5's position bias)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bias = nn.Parameter(torch.randn(8))
+        self.blocks = nn.ModuleList(Block(8, 16) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shared = self.bias * 2
+        for block in self.blocks:
+            x = block(x, shared, shared)
+        return x
+
+
+def test_an_input_needing_grad_shared_by_blocks_sends_the_step_to_a_full_recording(caplog):
+    ours, full, copied = _both(Shared(), _inputs(), caplog)
+    assert copied == 0
+    assert "another block reads" in caplog.text
+    _assert_identical(ours, full)
+
+
+@pytest.mark.parametrize("stack", [Stack([Block(8, 16) for _ in range(3)], keep=True),
+                                   Stack([Block(8, 16) for _ in range(3)], recompute=True)],
+                         ids=["outputs-kept", "checkpointed"])
+def test_steps_the_stand_ins_cannot_give_are_recorded_in_full(caplog, stack):
+    """Every block's output is also a model output (gradients summed where a stand-in's
+    arrive), or activation checkpointing runs each block again in the backward."""
+    ours, full, _ = _both(stack, _inputs(), caplog)
+    _assert_identical(ours, full)
+
+
+def test_the_model_is_left_as_it_was():
+    model = Stack([Block(8, 16) for _ in range(3)])
+    before = {n: dict(vars(m)) for n, m in model.named_modules()}
+    capture_training(model, _inputs(), load_rules())
+    assert {n: dict(vars(m)) for n, m in model.named_modules()} == before
+    assert all(p.grad is None for p in model.parameters())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_every_zoo_architecture_records_its_full_step(name, caplog):
+    """After one recording to warm fake tensors' dispatch cache: the first call of LSTM's
+    fused backward hands one tensor back as both bias gradients, a cached call two."""
+    module, inputs = ZOO[name]()
+    capture_training(module, inputs, load_rules(), stand_ins=False)
+    ours, full, _ = _both(module, inputs, caplog)
+    _assert_identical(ours, full)
