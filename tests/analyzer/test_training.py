@@ -181,3 +181,45 @@ def test_a_step_recorded_on_real_tensors_leaves_the_model_as_it_was() -> None:
     assert all(torch.equal(b, buffers[n]) for n, b in module.named_buffers())
     again = capture_training(module, (torch.randn(4, 8),), load_rules())
     assert again.graph.nodes == step.graph.nodes
+
+
+class _Router(torch.nn.Module):
+    """Mixtral's router: top-k weights renormalised in place (autograd makes a node for the
+    in-place division that no later op's dispatch names)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gate = torch.nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, _ = torch.topk(self.gate(x).softmax(-1), 2, dim=-1)
+        weights /= weights.sum(-1, keepdim=True)
+        return weights
+
+
+class _Routed2(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.router, self.head = _Router(), torch.nn.Linear(2, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.router(x))
+
+
+def test_every_backward_op_is_attributed_to_a_module_of_its_forward() -> None:
+    step = capture_training(_Routed2(), (torch.randn(4, 8),), load_rules())
+    backward = [n for n in step.graph.nodes if n.phase == "backward"]
+    seed: set[int] = set()            # the gradient of ones the backward starts from
+    for n in backward:
+        if n.target == "aten.ones_like.default" or (
+                seed and all(r.node in seed for r in n.input_refs())):
+            seed.add(n.id)
+    unattributed = [(n.target, n.source) for n in backward if not n.module and n.id not in seed]
+    assert len(backward) > 30 and not unattributed, unattributed
+
+
+def test_device_queries_are_not_recorded() -> None:
+    """Autograd asks fake tensors for their device through dispatch; a real run does not,
+    and the query computes nothing."""
+    step, _ = trained("tiny_gpt")
+    assert not any(n.target.startswith("prim.device") for n in step.graph.nodes)

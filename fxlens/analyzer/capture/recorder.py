@@ -53,6 +53,10 @@ T = TypeVar("T")
 Where = tuple[str, str, str]   # module path, module type, source line
 
 
+# Not recorded: autograd asks fake tensors for their device through dispatch (when it makes a
+# node, when it checks a gradient), a real tensor answers without one, and the query computes
+# nothing. Recorded, they were 15,172 of the 23,541 nodes of hf:llama-2-7b's training step.
+DEVICE_QUERY = torch.ops.prim.device.default
 POISONED = TensorRef(-1)    # a tensor made by truncated nodes (`Recorder.truncate`)
 
 
@@ -112,6 +116,8 @@ class Recorder(TorchDispatchMode):
         self._views: dict[tuple[Any, ...], TensorRef] = {}
         self._alive: list[torch.Tensor] = []   # keeps ids unique while we hold refs
         self._by_sequence_nr: dict[int, Where] = {}
+        self._last_sequence_nr = torch._C._autograd._get_sequence_nr() - 1
+        self._last_where: Where = ("", "", "")
         self._param_owner: dict[int, Where] = {}
         self._quiet = False
         self.unrecordable: set[int] = set()
@@ -138,7 +144,7 @@ class Recorder(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if self._quiet:
+        if self._quiet or func is DEVICE_QUERY:
             return func(*args, **kwargs)
         decomposition = None if self._known(str(func)) else self._decompositions.get(func)
         if decomposition is not None:
@@ -207,12 +213,12 @@ class Recorder(TorchDispatchMode):
             _forget(self._views, _view_key(tensor), length, poison)
 
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        if self.unrecordable and self.phase == "backward" and self._unrecordable_node(func):
-            return
+        if self.unrecordable and self.phase == "backward":
+            self._check_recordable(func)
         bound = bind_args(func, args, kwargs, convert=self.ref)
         flat = out if isinstance(out, (list, tuple)) else (out,)
         outputs = tuple(spec_of(o) if isinstance(o, torch.Tensor) else None for o in flat)
-        module, module_type, source = self._where()
+        module, module_type, source = self._where(args)
         node = Node(len(self.nodes), NodeKind.CALL, str(func), bound, outputs, module=module,
                     module_type=module_type, source=source, phase=self.phase)
         self.nodes.append(node)
@@ -220,23 +226,17 @@ class Recorder(TorchDispatchMode):
             if isinstance(o, torch.Tensor):
                 self._remember(o, TensorRef(node.id, index))
 
-    def _unrecordable_node(self, func: Any) -> bool:
-        """Whether autograd runs `func` for an `unrecordable` node: True for the device
-        query with which the engine checks every gradient a node returns (fake tensors
-        answer it through dispatch); any other op raises `NotRecordable`."""
+    def _check_recordable(self, func: Any) -> None:
+        """Raise `NotRecordable` if autograd runs `func` for an `unrecordable` node."""
         node = torch._C._current_autograd_node()
-        if node is None or node._sequence_nr() not in self.unrecordable:
-            return False
-        if func is torch.ops.prim.device.default:
-            return True
-        raise NotRecordable(f"autograd ran {func} for {node.name()}")
+        if node is not None and node._sequence_nr() in self.unrecordable:
+            raise NotRecordable(f"autograd ran {func} for {node.name()}")
 
-    def _where(self) -> Where:
+    def _where(self, args: tuple[Any, ...]) -> Where:
         if self.phase == "forward":
             module, module_type = self.module_stack[-1] if self.module_stack else ("", "")
             where = (module, module_type, innermost_user_frame())
-            # The autograd node of this op, if it has one, took the last sequence number.
-            self._by_sequence_nr.setdefault(torch._C._autograd._get_sequence_nr() - 1, where)
+            self._note_sequence_nrs(where, _needs_grad(args))
             return where
         node = torch._C._current_autograd_node()
         if node is None:
@@ -245,6 +245,19 @@ class Recorder(TorchDispatchMode):
         if variable is not None:
             return self._param_owner.get(id(variable), ("", "", ""))
         return self._by_sequence_nr.get(node._sequence_nr(), ("", "", ""))
+
+    def _note_sequence_nrs(self, where: Where, makes_node: bool) -> None:
+        """Attribute the autograd nodes made since the last recorded op. An op that needs grad
+        made the newest one before it ran; the others were made by the op before, after it
+        ran (``CopySlices``, when it wrote into a view), and are that op's."""
+        newest = torch._C._autograd._get_sequence_nr() - 1
+        previous = newest if makes_node else newest + 1
+        for sequence_nr in range(self._last_sequence_nr + 1, previous):
+            self._by_sequence_nr.setdefault(sequence_nr, self._last_where)
+        if makes_node:
+            self._by_sequence_nr.setdefault(newest, where)
+        self._last_sequence_nr = max(self._last_sequence_nr, newest)
+        self._last_where = where
 
     def _add_input(self, kind: NodeKind, name: str, tensor: torch.Tensor) -> None:
         node = Node(len(self.nodes), kind, name, {}, (spec_of(tensor),))
@@ -255,6 +268,15 @@ class Recorder(TorchDispatchMode):
         self._refs[id(tensor)] = ref
         self._views.setdefault(_view_key(tensor), ref)
         self._alive.append(tensor)
+
+
+def _needs_grad(args: tuple[Any, ...]) -> bool:
+    """Whether an op on `args` makes an autograd node (grad mode on, a tensor needing grad)."""
+    if not torch.is_grad_enabled():
+        return False
+    return any(v.requires_grad for value in args
+               for v in (value if isinstance(value, (list, tuple)) else (value,))
+               if isinstance(v, torch.Tensor))
 
 
 def _forget(table: dict[Any, TensorRef], key: Any, length: int, poison: bool) -> None:

@@ -19,12 +19,10 @@ and backward are copies of its nodes, renamed; its backward is never run.
   own op *k*, its own weight by relative name, or the same outside tensor); the same output
   specs, relative module paths and source lines; the same inputs and outputs requiring grad.
   Autograd builds the backward from those nodes alone, so the member's backward is the full
-  block's up to renaming. With autograd on, a forward also records device queries (autograd
-  asks fake tensors through dispatch); the comparison leaves them aside, and the copy has
-  them. A member that matches no full block of its group (another op on a flag, a path taken
-  on data, a first block whose input needs no grad) is recorded in full itself, and later
-  members may match it (sliding and global attention alternating). A group with `MAX_MISSES`
-  such members is recorded as usual from then on.
+  block's up to renaming. A member that matches no full block of its group (another op on a
+  flag, a path taken on data, a first block whose input needs no grad) is recorded in full
+  itself, and later members may match it (sliding and global attention alternating). A
+  group with `MAX_MISSES` such members is recorded as usual from then on.
 - **Splice** (`StandIns.finish`): each placeholder becomes a copy of its full block's nodes,
   the backward's being one contiguous run of nodes under its path; the copies read the
   member's inputs, weights and incoming gradients, and the member's weight gradients are the
@@ -62,9 +60,6 @@ log = logging.getLogger(__name__)
 
 FORWARD = "fxlens_blocks.forward_stand_in"
 BACKWARD = "fxlens_blocks.backward_stand_in"
-# Checking a gradient's or an output's device, autograd asks fake tensors through dispatch:
-# with grad on, a forward records these where the same forward with grad off does not.
-DEVICE_QUERY = "prim.device.default"
 # A member that matches none of its group's blocks recorded in full is recorded in full too,
 # and later members may match it (sliding and global attention layers alternating). A group
 # with this many such members (a path chosen on data: MoE routing) is recorded in full from
@@ -260,12 +255,10 @@ class StandIns:
         for i, ref in enumerate(record.inputs):
             if ref is not None:
                 inputs.setdefault(ref, i)
-        kept = [n.id for n in nodes[record.start:record.end] if n.target != DEVICE_QUERY]
-        position = {node: k for k, node in enumerate(kept)}
 
         def where(ref: TensorRef) -> Any:
-            if ref.node in position:
-                return ("op", position[ref.node], ref.index)
+            if record.start <= ref.node < record.end:
+                return ("op", ref.node - record.start, ref.index)
             if ref in inputs:
                 return ("in", inputs[ref])
             own = _own_name(nodes[ref.node], path)
@@ -273,12 +266,11 @@ class StandIns:
         return where
 
     def _key(self, record: _Forward) -> list[Any]:
-        """The block's forward, device queries aside (grad mode adds them)."""
+        """The block's forward, as the proof compares it."""
         where = self._relative(record)
         return [(n.kind, n.target, map_refs(n.args, where), n.outputs,
                  _moved(n.module, record.path, "<block>"), n.module_type, n.source)
-                for n in self._recorder.nodes[record.start:record.end]
-                if n.target != DEVICE_QUERY]
+                for n in self._recorder.nodes[record.start:record.end]]
 
     def _returned(self, record: _Forward, out: Any) -> tuple[Any, ...]:
         where = self._relative(record)
