@@ -40,11 +40,13 @@ class NxGroups:
         self.parent = self.uf.parents
         self.members: dict[int, list[int]] = {}
         self.has_gemm: dict[int, bool] = {}
+        self.mask: dict[int, int] = {}
 
     def add(self, node: int, gemm: bool) -> None:
         self.uf.union(node)
         self.members[node] = [node]
         self.has_gemm[node] = gemm
+        self.mask[node] = 1 << node
 
     def find(self, node: int) -> int:
         return int(self.uf[node])
@@ -58,6 +60,7 @@ class NxGroups:
         other = rb if root == ra else ra
         self.members[root] += self.members.pop(other)
         self.has_gemm[root] = self.has_gemm[root] or self.has_gemm.pop(other)
+        self.mask[root] |= self.mask.pop(other)
 
 
 def users_graph(fg: FusionGraph) -> nx.DiGraph:
@@ -68,7 +71,7 @@ def users_graph(fg: FusionGraph) -> nx.DiGraph:
 
 
 def nx_creates_cycle(graph: nx.DiGraph) -> Callable[..., bool]:
-    def creates_cycle(fg: FusionGraph, groups: Any, a: int, node: int) -> bool:
+    def creates_cycle(fg: FusionGraph, groups: Any, a: int, node: int, reach: Any) -> bool:
         ga, gb = groups.find(a), groups.find(node)
         view = nx.subgraph_view(graph, filter_node=lambda n: (
             n in groups.parent and n <= node and groups.find(n) != ga))

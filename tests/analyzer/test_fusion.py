@@ -8,15 +8,25 @@ import pytest
 import torch
 from torch import nn
 
+from fxlens.analyzer.capture.training import capture_training
 from fxlens.analyzer.core.codec import encode
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.cost.engine import analyze
-from fxlens.analyzer.fusion.kernels import FusionAnalysis, analyze_fusion, fused_report
+from fxlens.analyzer.fusion import kernels
+from fxlens.analyzer.fusion.kernels import (
+    FusionAnalysis,
+    Policy,
+    analyze_fusion,
+    effective_kinds,
+    fused_report,
+    plan_kernels,
+)
+from fxlens.analyzer.fusion.types import FusionGraph
 from fxlens.api import AnalysisOptions, analyze_loaded, capture
 from fxlens.rules import load_rules
 from fxlens.rules.fusion import FUSION_RULES, kinds_of
-from tests.models import mlp
+from tests.models import mlp, tiny_gpt
 from tests.rules.test_fusion import Chain, LinearRelu
 
 F32 = 4
@@ -61,6 +71,23 @@ class Around(nn.Module):
 def test_no_fusion_across_a_kernel_in_between() -> None:
     fusion, _ = fusion_of(Around().eval(), torch.randn(4, 16))
     assert encode(fusion.section)["kernels_fused"] == 3
+
+
+def test_the_search_skip_keeps_the_kernels_of_the_full_search(monkeypatch) -> None:
+    """The cycle check skips only nodes that reach no member of the other group
+    (`_descendants`): on tiny_gpt's training step, where backward ops read forward tensors,
+    both policies give the kernels of the search without the skip."""
+    registry = load_rules()
+    module, inputs = tiny_gpt.build()
+    graph = capture_training(module, inputs, registry).graph
+    report = analyze(graph, registry)
+    fg = FusionGraph(graph, effective_kinds(report, kinds_of(list(graph.nodes), registry)))
+    costs = {n.id: n for n in report.nodes}
+    policies = (Policy(), Policy(gemm_epilogues=True))
+    plans = [plan_kernels(fg, costs, policy) for policy in policies]
+    monkeypatch.setattr(kernels, "_descendants", lambda users, calls: None)
+    assert plans == [plan_kernels(fg, costs, policy) for policy in policies]
+    assert len(plans[0].kernels) > len(plans[1].kernels) > 20
 
 
 def test_findings_ranked_by_saved_bytes_with_seconds_on_a_device() -> None:
