@@ -108,6 +108,24 @@ def test_blocks_that_differ_are_never_copied_from_each_other(caplog):
     _assert_identical(ours, full)
 
 
+class Heads(nn.Module):
+    """Blocks side by side on the input itself, which needs no grad: only their weights do."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(8, 16) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        band, full = torch.tril(torch.ones(8, 8)), torch.ones(8, 8)
+        return sum(block(x, band, full) for block in self.blocks)
+
+
+def test_blocks_whose_inputs_need_no_grad_are_recorded_in_full(caplog):
+    ours, full, copied = _both(Heads(), _inputs(), caplog)
+    assert copied == 0
+    _assert_identical(ours, full)
+
+
 class Routed(nn.Module):
     """Each block takes a path chosen on data: every member differs from the first."""
 
@@ -165,6 +183,16 @@ def test_steps_the_stand_ins_cannot_give_are_recorded_in_full(caplog, stack):
     """Every block's output is also a model output (gradients summed where a stand-in's
     arrive), or activation checkpointing runs each block again in the backward."""
     ours, full, _ = _both(stack, _inputs(), caplog)
+    _assert_identical(ours, full)
+
+
+def test_a_module_backward_hook_turns_the_stand_ins_off(caplog):
+    seen: list[tuple[int, ...]] = []
+    model = Stack([Block(8, 16) for _ in range(3)])
+    model.blocks[1].register_full_backward_hook(
+        lambda module, grad_in, grad_out: seen.append(tuple(grad_out[0].shape)))
+    ours, full, copied = _both(model, _inputs(), caplog)
+    assert copied == 0 and seen == [(4, 8, 8)] * 2
     _assert_identical(ours, full)
 
 

@@ -7,7 +7,8 @@ repeated block is proven identical to is recorded in full, and the repeated bloc
 and backward are copies of its nodes, renamed; its backward is never run.
 
 - **Groups** are guessed from structure (`blocks.guessed_repeats`: one container, one class,
-  the same weight specs, requires_grad included). A group's first block is recorded in full,
+  the same weight specs, requires_grad included); none where a module backward hook may
+  run (it would see a stand-in's gradients). A group's first block is recorded in full,
   between two identity functions (`_Mark`, no op of their own) that note the gradients
   coming into its outputs and going out to its inputs.
 - **Members.** Each later block runs its forward once inside one autograd function,
@@ -112,7 +113,8 @@ class StandIns:
         self._recorder = recorder
         self._saved = saved
         self._state = state
-        self._groups: tuple[Group, ...] = guessed_repeats(module).groups
+        self._groups: tuple[Group, ...] = (() if _backward_hooks(module)
+                                            else guessed_repeats(module).groups)
         self._blocks = dict(module.named_modules())
         self._firsts: dict[int, list[_First]] = {}    # each group's blocks recorded in full
         self._members: list[_Member] = []
@@ -230,8 +232,11 @@ class StandIns:
                               output_grads, *grad_tensors)
         record.end = len(self._recorder.nodes)
         key, returned = self._key(record), self._returned(record, box["out"])
+        # Outputs need grad only through the inputs handed to the stand-in: a block that
+        # reads none needing grad but has weights that do is recorded in full.
+        needs = tuple(t.requires_grad for t in made)
         first = next((f for f in firsts if f.key == key and f.returned == returned
-                      and f.output_grads == output_grads), None)
+                      and f.output_grads == output_grads == needs), None)
         if first is None:
             self._recorder.truncate(mark, poison=False)      # and recorded in full
             self._misses[group] += 1
@@ -526,6 +531,15 @@ def _renumbered(node: Node, id: int, ref: Callable[[TensorRef], TensorRef], modu
         args[name] = value
     return Node(id, node.kind, node.target, args, node.outputs, module, node.module_type,
                 node.source, node.phase)
+
+
+def _backward_hooks(module: torch.nn.Module) -> bool:
+    """Whether a module backward hook may run: it would see a stand-in's gradients, at
+    another point of the backward than the full recording's."""
+    from torch.nn.modules import module as modules
+
+    return bool(modules._global_backward_hooks or modules._global_backward_pre_hooks) or any(
+        m._backward_hooks or m._backward_pre_hooks for m in module.modules())
 
 
 def _replace_leaves(value: Any, by_id: Mapping[int, torch.Tensor]) -> Any:
