@@ -108,6 +108,26 @@ def test_blocks_that_differ_are_never_copied_from_each_other(caplog):
     _assert_identical(ours, full)
 
 
+class Normed(nn.Module):
+    """BatchNorm in train mode writes its statistics, the block's own buffers, in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm, self.fc = nn.BatchNorm1d(8), nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor, band: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        return x + self.fc(self.norm(x))
+
+
+def test_blocks_writing_their_own_batchnorm_statistics_are_copied(caplog):
+    ours, full, copied = _both(Stack([Normed() for _ in range(4)]), _inputs(), caplog)
+    assert copied == 3
+    _assert_identical(ours, full)
+    written = [n for n in ours.graph.nodes if n.target == "aten.add_.Tensor"
+               and n.module.endswith(".norm")]
+    assert {n.module for n in written} == {f"blocks.{i}.norm" for i in range(4)}
+
+
 class Heads(nn.Module):
     """Blocks side by side on the input itself, which needs no grad: only their weights do."""
 

@@ -113,6 +113,9 @@ class StandIns:
         self._recorder = recorder
         self._saved = saved
         self._state = state
+        # Each weight's node, before any op writes into it (BatchNorm's statistics in train
+        # mode): a copy reads the member's weights as its own forward would have found them.
+        self._weights = {name: recorder.peek(tensor) for name, tensor in state.items()}
         self._groups: tuple[Group, ...] = (() if _backward_hooks(module)
                                             else guessed_repeats(module).groups)
         self._blocks = dict(module.named_modules())
@@ -184,7 +187,7 @@ class StandIns:
             return forward(*args, **kwargs)
         self._grad_sources.update(s for s in sources if s is not None)
         grads_out: dict[int, TensorRef | None] = {}
-        marked = self._mark(grads_out, [tensors[i] for i in record.grad_inputs])
+        marked = self._mark(grads_out, [tensors[i] for i in record.grad_inputs], inputs=True)
         args, kwargs = _replace_leaves((args, kwargs), dict(zip(
             (id(tensors[i]) for i in record.grad_inputs), marked, strict=True)))
         saved_at = len(self._saved)
@@ -201,15 +204,15 @@ class StandIns:
             tuple(self._saved[saved_at:]), grads_out=grads_out)
         self._firsts.setdefault(group, []).append(first)
         needing = [t for t in outputs if t.requires_grad]
-        marked = self._mark(first.grads_in, needing)
+        marked = self._mark(first.grads_in, needing, inputs=False)
         return _replace_leaves(out, dict(zip(map(id, needing), marked, strict=True)))
 
-    def _mark(self, seen: dict[int, TensorRef | None], tensors: list[torch.Tensor]
-              ) -> list[torch.Tensor]:
+    def _mark(self, seen: dict[int, TensorRef | None], tensors: list[torch.Tensor],
+              inputs: bool) -> list[torch.Tensor]:
         if not tensors:
             return []
         with self._recorder.quiet():
-            marked = list(_Mark.apply(self, seen, *tensors))
+            marked = list(_Mark.apply(self, seen, inputs, *tensors))
         for tensor, mark in zip(tensors, marked, strict=True):
             self._recorder.alias(mark, tensor)
         return marked
@@ -314,8 +317,6 @@ class StandIns:
                                                  in self._state.items() if t.grad is not None}
         grads = {name: recorder.peek(t.grad) for name, t in self._state.items()
                  if t.grad is not None}
-        log.info("the step's backward of %d repeated blocks is copied from the first block of "
-                 "their group", len(self._members))
         splice = _Splice(self, {m.first.forward.path: self._region(m.first)
                                 for m in self._members})
         for node in recorder.nodes:
@@ -327,6 +328,8 @@ class StandIns:
             if ref is None:
                 raise Unstandable(f"{name}'s gradient was never recorded")
             splice.grads.setdefault(name, splice.fix(ref))
+        log.info("the step's backward of %d repeated blocks is copied from the first block of "
+                 "their group", len(self._members))
         return splice.out, saved, splice.grads
 
     def _region(self, first: _First) -> range:
@@ -455,8 +458,7 @@ class _Splice:
         own = _own_name(self.nodes[r.node], source)
         if own is None:
             return self.fix(r)
-        tensor = self.stand_ins._state.get(f"{target}.{own}")
-        mapped = self.stand_ins._recorder.peek(tensor) if tensor is not None else None
+        mapped = self.stand_ins._weights.get(f"{target}.{own}")
         if mapped is None:
             raise Unstandable(f"{target}.{own} is not a recorded weight")
         return self.fix(mapped)
@@ -473,22 +475,26 @@ class _Splice:
 
 
 class _Mark(torch.autograd.Function):
-    """Identity on tensors, noting the gradients that pass back through it."""
+    """Identity on tensors, noting the gradients that pass back through it. On a block's
+    inputs it returns views, so a block that writes into its input fails and the step is
+    recorded in full (the caller would read what it wrote); on its outputs it returns
+    aliases that are not views, which the caller may write into (ResNet's ``hidden_state +=
+    residual``), as it may into what a full block returns."""
 
     @staticmethod
     def forward(ctx: Any, stand_ins: StandIns, seen: dict[int, TensorRef | None],
-                *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                inputs: bool, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.stand_ins, ctx.seen = stand_ins, seen
         ctx.set_materialize_grads(False)
         stand_ins._recorder.unrecordable.add(ctx._sequence_nr())
-        return tuple(t.view_as(t) for t in tensors)
+        return tuple(t.view_as(t) if inputs else t.detach() for t in tensors)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
         recorder = ctx.stand_ins._recorder
         for i, grad in enumerate(grads):
             ctx.seen[i] = recorder.peek(grad) if grad is not None else None
-        return (None, None, *grads)
+        return (None, None, None, *grads)
 
 
 class _StandIn(torch.autograd.Function):
