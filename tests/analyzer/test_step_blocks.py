@@ -128,6 +128,24 @@ def test_blocks_writing_their_own_batchnorm_statistics_are_copied(caplog):
     assert {n.module for n in written} == {f"blocks.{i}.norm" for i in range(4)}
 
 
+class Written(Stack):
+    """The caller writes into what each block returns (ResNet's ``hidden_state += residual``)."""
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        band, full = torch.tril(torch.ones(8, 8)), torch.ones(8, 8)
+        x = self.stem(x)
+        for block in self.blocks:
+            x = block(x, band, full)
+            x += 1
+        return (self.head(x),)
+
+
+def test_a_caller_writing_into_a_blocks_output_keeps_the_copies(caplog):
+    ours, full, copied = _both(Written([Block(8, 16) for _ in range(4)]), _inputs(), caplog)
+    assert copied == 3
+    _assert_identical(ours, full)
+
+
 class Heads(nn.Module):
     """Blocks side by side on the input itself, which needs no grad: only their weights do."""
 
