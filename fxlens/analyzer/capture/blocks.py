@@ -343,7 +343,7 @@ def find_repeats(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[st
         wrappers = {p: functools.partial(tracker.wrap, p, m) for p, m in blocks.items()}
         with contextlib.ExitStack() as stack:
             for context in (torch_chatter_to_debug_log(), mode, torch.no_grad(),
-                            _forwards_replaced(blocks, wrappers)):
+                            forwards_replaced(blocks, wrappers)):
                 stack.enter_context(context)
             if alongside is not None:
                 stack.enter_context(alongside.start(state, fake_args, fake_kwargs))
@@ -383,7 +383,7 @@ def _groups(tracker: _Fingerprints) -> Repeats:
 
 
 @contextlib.contextmanager
-def _forwards_replaced(
+def forwards_replaced(
     blocks: Mapping[str, torch.nn.Module],
     wrappers: Mapping[str, Callable[[Callable[..., Any]], Callable[..., Any]]],
 ) -> Iterator[None]:
@@ -453,7 +453,7 @@ def standing_in(module: torch.nn.Module, repeats: Repeats) -> Iterator[list[Grou
                 _STAND_IN_DEVICES[(block, member)] = weight.device
     traced: list[Group] = []
     try:
-        with _forwards_replaced(blocks, wrappers):
+        with forwards_replaced(blocks, wrappers):
             yield traced
         traced += [_STAND_IN_OUTPUTS.get(block, group)
                    for block, group in enumerate(repeats.groups)]

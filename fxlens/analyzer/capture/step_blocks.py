@@ -46,14 +46,14 @@ import contextlib
 import functools
 import logging
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
 
-from fxlens.analyzer.capture.blocks import Group, guessed_repeats
+from fxlens.analyzer.capture.blocks import Group, forwards_replaced, guessed_repeats
 from fxlens.analyzer.capture.recorder import Recorder
 from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef, map_refs
 
@@ -81,6 +81,20 @@ class _Forward:
     end: int                                    # one past its last
     inputs: tuple[TensorRef | None, ...]        # its tensor inputs, in pytree order
     grad_inputs: tuple[int, ...]                # which of them require grad
+
+
+class _Call:
+    """A block's forward about to run: its arguments, tensor inputs and record so far."""
+
+    def __init__(self, forward: Callable[..., Any], args: tuple[Any, ...],
+                 kwargs: dict[str, Any], recorder: Recorder, path: str) -> None:
+        self.forward, self.args, self.kwargs = forward, args, kwargs
+        self.tensors = [t for t in pytree.tree_leaves((args, kwargs))
+                        if isinstance(t, torch.Tensor)]
+        self.record = _Forward(path, len(recorder.nodes), 0,
+                               tuple(recorder.peek(t) for t in self.tensors),
+                               tuple(i for i, t in enumerate(self.tensors) if t.requires_grad))
+        self.sources = [self.record.inputs[i] for i in self.record.grad_inputs]
 
 
 @dataclass
@@ -127,24 +141,16 @@ class StandIns:
         self._grad_sources: set[TensorRef] = set()   # inputs requiring grad, of any block
         self._open = False
 
-    @contextlib.contextmanager
-    def installed(self) -> Iterator[None]:
+    def installed(self) -> contextlib.AbstractContextManager[None]:
         """Every grouped block's ``forward`` wrapped (an instance attribute), put back after."""
-        saved: list[tuple[torch.nn.Module, Any]] = []
-        try:
-            for g, group in enumerate(self._groups):
-                for member, path in enumerate(group.members):
-                    block = self._blocks[path]
-                    saved.append((block, block.__dict__.get("forward")))
-                    block.forward = functools.partial(self._run, g, member, path,
-                                                      block.forward)
-            yield
-        finally:
-            for block, before in saved:
-                if before is None:
-                    del block.forward
-                else:
-                    block.forward = before
+        wrappers = {path: self._wrapper(g, member, path)
+                    for g, group in enumerate(self._groups)
+                    for member, path in enumerate(group.members)}
+        return forwards_replaced(self._blocks, wrappers)
+
+    def _wrapper(self, group: int, member: int, path: str
+                 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        return lambda forward: functools.partial(self._run, group, member, path, forward)
 
     # --- the forward -----------------------------------------------------------------------
 
@@ -159,39 +165,27 @@ class StandIns:
         try:
             if group in self._broken:
                 return forward(*args, **kwargs)
+            call = _Call(forward, args, kwargs, self._recorder, path)
+            if any(s in self._grad_sources for s in call.sources):
+                raise Unstandable(f"{path} reads an input needing grad that another block reads")
+            if None in call.sources:
+                self._broken.add(group)
+                return forward(*args, **kwargs)
             if member > 0 and self._firsts.get(group):
-                return self._member(group, path, forward, args, kwargs)
-            return self._first(group, path, forward, args, kwargs)
+                return self._member(group, call)
+            return self._first(group, call)
         finally:
             self._open = False
 
-    def _inputs(self, path: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-                ) -> tuple[list[torch.Tensor], _Forward, list[TensorRef | None]]:
-        """The block's tensor inputs, its record so far, and the refs of those needing grad."""
-        recorder = self._recorder
-        tensors = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
-        record = _Forward(path, len(recorder.nodes), 0, tuple(recorder.peek(t) for t in tensors),
-                          tuple(i for i, t in enumerate(tensors) if t.requires_grad))
-        return tensors, record, [record.inputs[i] for i in record.grad_inputs]
-
-    def _check_unshared(self, path: str, sources: list[TensorRef | None]) -> None:
-        if any(s in self._grad_sources for s in sources):
-            raise Unstandable(f"{path} reads an input needing grad that another block reads")
-
-    def _first(self, group: int, path: str, forward: Callable[..., Any],
-               args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        tensors, record, sources = self._inputs(path, args, kwargs)
-        self._check_unshared(path, sources)
-        if None in sources:
-            self._broken.add(group)
-            return forward(*args, **kwargs)
-        self._grad_sources.update(s for s in sources if s is not None)
+    def _first(self, group: int, call: _Call) -> Any:
+        tensors, record = call.tensors, call.record
+        self._grad_sources.update(s for s in call.sources if s is not None)
         grads_out: dict[int, TensorRef | None] = {}
         marked = self._mark(grads_out, [tensors[i] for i in record.grad_inputs], inputs=True)
-        args, kwargs = _replace_leaves((args, kwargs), dict(zip(
+        args, kwargs = _replace_leaves((call.args, call.kwargs), dict(zip(
             (id(tensors[i]) for i in record.grad_inputs), marked, strict=True)))
         saved_at = len(self._saved)
-        out = forward(*args, **kwargs)
+        out = call.forward(*args, **kwargs)
         record.end = len(self._recorder.nodes)
         outputs = [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
         refs = [self._recorder.peek(t) for t in outputs]
@@ -217,22 +211,17 @@ class StandIns:
             self._recorder.alias(mark, tensor)
         return marked
 
-    def _member(self, group: int, path: str, forward: Callable[..., Any],
-                args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        tensors, record, sources = self._inputs(path, args, kwargs)
-        self._check_unshared(path, sources)
-        if None in sources:
-            self._broken.add(group)
-            return forward(*args, **kwargs)
+    def _member(self, group: int, call: _Call) -> Any:
+        tensors, record = call.tensors, call.record
         firsts = [f for f in self._firsts[group] if f.forward.grad_inputs == record.grad_inputs]
         if not firsts:                          # the first block's input needed no grad
-            return self._first(group, path, forward, args, kwargs)
+            return self._first(group, call)
         mark = self._recorder.mark()
         grad_tensors = [tensors[i] for i in record.grad_inputs]
         box: dict[str, Any] = {}
         output_grads = firsts[0].output_grads
-        made = _StandIn.apply(self, len(self._members), box, forward, args, kwargs,
-                              output_grads, *grad_tensors)
+        made = _StandIn.apply(self, len(self._members), box, call.forward, call.args,
+                              call.kwargs, output_grads, *grad_tensors)
         record.end = len(self._recorder.nodes)
         key, returned = self._key(record), self._returned(record, box["out"])
         # Outputs need grad only through the inputs handed to the stand-in: a block that
@@ -245,12 +234,12 @@ class StandIns:
             self._misses[group] += 1
             if self._misses[group] >= MAX_MISSES:
                 self._broken.add(group)
-                return forward(*args, **kwargs)
-            return self._first(group, path, forward, args, kwargs)
+                return call.forward(*call.args, **call.kwargs)
+            return self._first(group, call)
         self._recorder.truncate(mark, poison=True)           # a copy of the first's instead
         self._recorder.placeholder(FORWARD, {"inputs": list(record.inputs),
                                              "member": len(self._members)}, made)
-        self._grad_sources.update(s for s in sources if s is not None)
+        self._grad_sources.update(s for s in call.sources if s is not None)
         self._members.append(_Member(record, first, len(self._saved), tuple(
             (tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in grad_tensors)))
         return _replace_leaves(box["out"], dict(zip(
@@ -374,22 +363,11 @@ class _Splice:
 
     def _forward(self, node: Node) -> None:
         member = self.stand_ins._members[node.args["member"]]
-        first = member.first
-        copied = self.forwards[member.forward.path] = {}
-        inputs = {ref: member.forward.inputs[i]
-                  for i, ref in reversed(list(enumerate(first.forward.inputs)))
-                  if ref is not None}
-        target = member.forward.path
+        first, target = member.first, member.forward.path
+        copied = self.forwards[target] = {}
 
         def ref(r: TensorRef) -> TensorRef:
-            if r.node in copied:
-                return TensorRef(copied[r.node], r.index)
-            if r in inputs:
-                mapped = inputs[r]
-                if mapped is None:
-                    raise Unstandable(f"{target} reads an input never seen")
-                return self.fix(mapped)
-            return self._weight_or_outside(r, first.forward.path, target)
+            return self._member_ref(r, member, copied)
 
         self._copy(range(first.forward.start, first.forward.end), copied, ref,
                    first.forward.path, target)
@@ -399,8 +377,7 @@ class _Splice:
 
     def _backward(self, node: Node) -> None:
         member = self.stand_ins._members[node.args["member"]]
-        first = member.first
-        target = member.forward.path
+        first, target = member.first, member.forward.path
         forward = self.forwards[target]
         needing = [i for i, grad in enumerate(first.output_grads) if grad]
         incoming = {r: node.args["grads"][needing[j]] for j, r in first.grads_in.items()
@@ -416,12 +393,10 @@ class _Splice:
                 if grad is None:
                     raise Unstandable(f"{target} got no gradient where the first block got one")
                 return self.fix(grad)
-            if r.node in forward:
-                return TensorRef(forward[r.node], r.index)
             if self.nodes[r.node].phase == "backward":
                 raise Unstandable(f"{first.forward.path}'s backward reads node {r.node} "
                                   "from outside it")
-            return self._forward_ref(r, first, member)
+            return self._member_ref(r, member, forward)
 
         self._copy(region, copied, ref, first.forward.path, target)
         for i in range(len(first.forward.grad_inputs)):
@@ -442,26 +417,29 @@ class _Splice:
                 raise Unstandable(f"{name}'s gradient is not made in its block's backward")
             self.grads[target + own] = TensorRef(copied[grad.node], grad.index)
 
-    def _forward_ref(self, r: TensorRef, first: _First, member: _Member) -> TensorRef:
-        """A ref the first block's backward reads from before it, as the member's."""
+    def _member_ref(self, r: TensorRef, member: _Member, forward: Mapping[int, int]
+                    ) -> TensorRef:
+        """A ref the first block's nodes read, as the member's: the copy of a forward node
+        (`forward`: the first's node → its copy), the member's input in the same place, the
+        member's own weight of the same name, or the same outside tensor."""
+        first = member.first
+        if r.node in forward:
+            return TensorRef(forward[r.node], r.index)
+        if first.forward.start <= r.node < first.forward.end:
+            raise Unstandable(f"{first.forward.path}'s node {r.node} has no copy")
         for i, source in enumerate(first.forward.inputs):
             if source == r:
                 mapped = member.forward.inputs[i]
                 if mapped is None:
                     raise Unstandable(f"{member.forward.path} reads an input never seen")
                 return self.fix(mapped)
-        if first.forward.start <= r.node < first.forward.end:
-            raise Unstandable(f"{first.forward.path}'s node {r.node} has no copy")
-        return self._weight_or_outside(r, first.forward.path, member.forward.path)
-
-    def _weight_or_outside(self, r: TensorRef, source: str, target: str) -> TensorRef:
-        own = _own_name(self.nodes[r.node], source)
+        own = _own_name(self.nodes[r.node], first.forward.path)
         if own is None:
             return self.fix(r)
-        mapped = self.stand_ins._weights.get(f"{target}.{own}")
-        if mapped is None:
-            raise Unstandable(f"{target}.{own} is not a recorded weight")
-        return self.fix(mapped)
+        weight = self.stand_ins._weights.get(f"{member.forward.path}.{own}")
+        if weight is None:
+            raise Unstandable(f"{member.forward.path}.{own} is not a recorded weight")
+        return self.fix(weight)
 
     def _copy(self, nodes: range, copied: dict[int, int],
               ref: Callable[[TensorRef], TensorRef], source: str, target: str) -> None:
