@@ -8,10 +8,13 @@ and backward are copies of its nodes, renamed; its backward is never run.
 
 - **Groups** are guessed from structure (`blocks.guessed_repeats`: one container, one class,
   the same weight specs, requires_grad included); none where a module backward hook may
-  run (it would see a stand-in's gradients). A group's first block is recorded in full,
-  between two identity functions (`_Mark`, no op of their own) that note the gradients
-  coming into its outputs and going out to its inputs.
-- **Members.** Each later block runs its forward once inside one autograd function,
+  run (it would see a stand-in's gradients). A group's first block runs as it is. If the
+  second reads an input needing grad that the first read too (a decoder's encoder states,
+  T5's position bias: gradients summed into one tensor from several blocks would be summed
+  at other points), the group runs as it is; else the second is recorded in full between
+  two identity functions (`_Mark`, no op of their own) that note the gradients coming into
+  its outputs and going out to its inputs.
+- **Members.** Each block after that runs its forward once inside one autograd function,
   `_StandIn`, with autograd off. Its forward nodes are recorded, compared, then dropped: one
   placeholder node stands for them, and one more for its backward, whose outputs are fresh
   gradients for the block's inputs.
@@ -21,16 +24,15 @@ and backward are copies of its nodes, renamed; its backward is never run.
   specs, relative module paths and source lines; the same inputs and outputs requiring grad.
   Autograd builds the backward from those nodes alone, so the member's backward is the full
   block's up to renaming. A member that matches no full block of its group (another op on a
-  flag, a path taken on data, a first block whose input needs no grad) is recorded in full
-  itself, and later members may match it (sliding and global attention alternating). A
-  group with `MAX_MISSES` such members is recorded as usual from then on.
+  flag, a path taken on data) is recorded in full itself, and later members may match it
+  (sliding and global attention alternating). A group with `MAX_MISSES` such members runs
+  as it is from then on.
 - **Splice** (`StandIns.finish`): each placeholder becomes a copy of its full block's nodes,
   the backward's being one contiguous run of nodes under its path; the copies read the
   member's inputs, weights and incoming gradients, and the member's weight gradients are the
   copy's.
-- **Anything else that would differ from the full recording raises `Unstandable`**: an
-  input needing grad that two blocks read (T5's position bias, a decoder's encoder states:
-  gradients summed into it from several blocks are summed at other points), an op that
+- **Anything else that would differ from the full recording raises `Unstandable`**: a
+  block reading an input needing grad that a marked or stood-in block read, an op that
   autograd runs for a stand-in or a mark (a gradient summed into a tensor that other code
   reads too: the recorder's `NotRecordable`), a block called twice (activation
   checkpointing runs it again), a full block whose backward is not one run of its own nodes,
@@ -136,26 +138,27 @@ class StandIns:
         self._firsts: dict[int, list[_First]] = {}    # each group's blocks recorded in full
         self._members: list[_Member] = []
         self._misses: Counter[int] = Counter()        # members of a group that differed
+        self._observed: set[int] = set()              # groups whose first block has run
         self._broken: set[int] = set()
         self._called: set[str] = set()
-        self._grad_sources: set[TensorRef] = set()   # inputs requiring grad, of any block
+        self._stood_sources: set[TensorRef] = set()  # inputs needing grad, of firsts and members
+        self._plain_sources: set[TensorRef] = set()  # and of the blocks that ran as they are
         self._open = False
 
     def installed(self) -> contextlib.AbstractContextManager[None]:
         """Every grouped block's ``forward`` wrapped (an instance attribute), put back after."""
-        wrappers = {path: self._wrapper(g, member, path)
-                    for g, group in enumerate(self._groups)
-                    for member, path in enumerate(group.members)}
+        wrappers = {path: self._wrapper(g, path)
+                    for g, group in enumerate(self._groups) for path in group.members}
         return forwards_replaced(self._blocks, wrappers)
 
-    def _wrapper(self, group: int, member: int, path: str
+    def _wrapper(self, group: int, path: str
                  ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        return lambda forward: functools.partial(self._run, group, member, path, forward)
+        return lambda forward: functools.partial(self._run, group, path, forward)
 
     # --- the forward -----------------------------------------------------------------------
 
-    def _run(self, group: int, member: int, path: str, forward: Callable[..., Any],
-             *args: Any, **kwargs: Any) -> Any:
+    def _run(self, group: int, path: str, forward: Callable[..., Any], *args: Any,
+             **kwargs: Any) -> Any:
         if self._open:                        # nested in a block: one of its ops
             return forward(*args, **kwargs)
         if path in self._called:
@@ -163,23 +166,30 @@ class StandIns:
         self._called.add(path)
         self._open = True
         try:
-            if group in self._broken:
-                return forward(*args, **kwargs)
             call = _Call(forward, args, kwargs, self._recorder, path)
-            if any(s in self._grad_sources for s in call.sources):
-                raise Unstandable(f"{path} reads an input needing grad that another block reads")
-            if None in call.sources:
-                self._broken.add(group)
-                return forward(*args, **kwargs)
-            if member > 0 and self._firsts.get(group):
-                return self._member(group, call)
-            return self._first(group, call)
+            if any(s in self._stood_sources for s in call.sources):
+                raise Unstandable(f"{path} reads an input needing grad that a block stood "
+                                  "in for or marked reads too")
+            if group not in self._observed:      # a group's first block runs as it is
+                self._observed.add(group)
+            elif group not in self._broken:
+                if None in call.sources or any(s in self._plain_sources for s in call.sources):
+                    self._broken.add(group)
+                elif self._firsts.get(group):
+                    return self._member(group, call)
+                else:
+                    return self._first(group, call)
+            return self._plain(call)
         finally:
             self._open = False
 
+    def _plain(self, call: _Call) -> Any:
+        self._plain_sources.update(s for s in call.sources if s is not None)
+        return call.forward(*call.args, **call.kwargs)
+
     def _first(self, group: int, call: _Call) -> Any:
         tensors, record = call.tensors, call.record
-        self._grad_sources.update(s for s in call.sources if s is not None)
+        self._stood_sources.update(s for s in call.sources if s is not None)
         grads_out: dict[int, TensorRef | None] = {}
         marked = self._mark(grads_out, [tensors[i] for i in record.grad_inputs], inputs=True)
         args, kwargs = _replace_leaves((call.args, call.kwargs), dict(zip(
@@ -234,12 +244,12 @@ class StandIns:
             self._misses[group] += 1
             if self._misses[group] >= MAX_MISSES:
                 self._broken.add(group)
-                return call.forward(*call.args, **call.kwargs)
+                return self._plain(call)
             return self._first(group, call)
         self._recorder.truncate(mark, poison=True)           # a copy of the first's instead
         self._recorder.placeholder(FORWARD, {"inputs": list(record.inputs),
                                              "member": len(self._members)}, made)
-        self._grad_sources.update(s for s in call.sources if s is not None)
+        self._stood_sources.update(s for s in call.sources if s is not None)
         self._members.append(_Member(record, first, len(self._saved), tuple(
             (tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in grad_tensors)))
         return _replace_leaves(box["out"], dict(zip(
