@@ -103,10 +103,10 @@ def _record(
 ) -> tuple[_Recorded | None, str]:
     """The step on fake tensors, else on small real ones (`fake_then_real`). With
     `stand_ins`, on fake tensors, repeated blocks are stood in for (`step_blocks`); None if
-    they would not give the full recording, which is then recorded again on fresh fake
-    tensors (autograd keeps a parameter's gradient accumulator while the failed attempt's
-    graph lives, and a fresh one records a device query). On real tensors every block runs:
-    the path may follow each one's data."""
+    they would not give the full recording, which the caller then records on fresh fake
+    tensors, so nothing of the failed attempt (a parameter's ``.grad``, autograd's gradient
+    accumulators) is reused. On real tensors every block runs: the path may follow each
+    one's data."""
     def run(module: torch.nn.Module, state: dict[str, torch.Tensor], args: tuple[Any, ...],
             kwargs: dict[str, Any], fake_mode: FakeTensorMode | None) -> _Recorded | None:
         if not stand_ins or fake_mode is None:
