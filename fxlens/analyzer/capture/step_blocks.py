@@ -101,7 +101,8 @@ class _Call:
 
 @dataclass
 class _First:
-    """The first block of a group: its forward, and the gradients its marks saw."""
+    """A block of a group recorded in full between marks: its forward, and the gradients its
+    marks saw; later blocks that match it are its copies."""
 
     forward: _Forward
     key: list[Any]
@@ -224,7 +225,7 @@ class StandIns:
     def _member(self, group: int, call: _Call) -> Any:
         tensors, record = call.tensors, call.record
         firsts = [f for f in self._firsts[group] if f.forward.grad_inputs == record.grad_inputs]
-        if not firsts:                          # the first block's input needed no grad
+        if not firsts:               # no full block has this one's inputs needing grad
             return self._first(group, call)
         mark = self._recorder.mark()
         grad_tensors = [tensors[i] for i in record.grad_inputs]
