@@ -627,7 +627,13 @@ class _Copy:
         return self.outside(ref)
 
     def _path(self, path: str) -> str:
-        if path == self.source or path.startswith(self.source + "."):
-            return self.target + path[len(self.source):]
-        return path
+        return moved(path, self.source, self.target)
+
+
+def moved(path: str, source: str, target: str) -> str:
+    """`path` with its prefix `source` (a module path) replaced by `target`; as it is when it
+    is not under `source`."""
+    if path == source or path.startswith(source + "."):
+        return target + path[len(source):]
+    return path
 

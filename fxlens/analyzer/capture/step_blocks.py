@@ -55,7 +55,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from fxlens.analyzer.capture.blocks import Group, forwards_replaced, guessed_repeats
+from fxlens.analyzer.capture.blocks import Group, forwards_replaced, guessed_repeats, moved
 from fxlens.analyzer.capture.recorder import Recorder
 from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef, map_refs
 
@@ -277,7 +277,7 @@ class StandIns:
         """The block's forward, as the proof compares it."""
         where = self._relative(record)
         return [(n.kind, n.target, map_refs(n.args, where), n.outputs,
-                 _moved(n.module, record.path, "<block>"), n.module_type, n.source)
+                 moved(n.module, record.path, "<block>"), n.module_type, n.source)
                 for n in self._recorder.nodes[record.start:record.end]]
 
     def _returned(self, record: _Forward, out: Any) -> tuple[Any, ...]:
@@ -308,13 +308,13 @@ class StandIns:
 
     # --- the splice ------------------------------------------------------------------------
 
-    def finish(self) -> tuple[list[Node], list[TensorRef], dict[str, TensorRef]]:
+    def finish(self) -> tuple[list[Node], list[TensorRef], dict[str, TensorRef]] | None:
         """The recorded nodes with every placeholder replaced by a copy of its first block's
-        nodes, the saved tensors, and the gradient of every weight that has one, by name."""
+        nodes, the saved tensors, and the gradient of every weight that has one, by name;
+        None where no block was stood in for (the recording is the full one)."""
         recorder = self._recorder
         if not self._members:
-            return recorder.nodes, self._saved, {name: recorder.ref(t.grad) for name, t
-                                                 in self._state.items() if t.grad is not None}
+            return None
         grads = {name: recorder.peek(t.grad) for name, t in self._state.items()
                  if t.grad is not None}
         splice = _Splice(self, {m.first.forward.path: self._region(m.first)
@@ -350,7 +350,7 @@ class _Splice:
         self.nodes = stand_ins._recorder.nodes
         self.regions = regions
         self.out: list[Node] = []
-        self.moved: dict[int, int] = {}                    # recorded node → spliced node
+        self.new_id: dict[int, int] = {}                   # recorded node → spliced node
         self.renamed: dict[TensorRef, TensorRef] = {}      # a placeholder's outputs
         self.forwards: dict[str, dict[int, int]] = {}      # member → first's node → its copy
         self.saved: dict[str, list[TensorRef]] = {}        # member → what autograd saved
@@ -359,9 +359,9 @@ class _Splice:
     def fix(self, ref: TensorRef) -> TensorRef:
         if ref in self.renamed:
             return self.renamed[ref]
-        if ref.node not in self.moved:
+        if ref.node not in self.new_id:
             raise Unstandable(f"node {ref.node} is read before it is made, or was dropped")
-        return TensorRef(self.moved[ref.node], ref.index)
+        return TensorRef(self.new_id[ref.node], ref.index)
 
     def add(self, node: Node) -> None:
         if node.target == FORWARD:
@@ -369,7 +369,7 @@ class _Splice:
         elif node.target == BACKWARD:
             self._backward(node)
         else:
-            self.moved[node.id] = len(self.out)
+            self.new_id[node.id] = len(self.out)
             self.out.append(_renumbered(node, len(self.out), self.fix, node.module))
 
     def _forward(self, node: Node) -> None:
@@ -460,7 +460,7 @@ class _Splice:
                 raise Unstandable(f"a stand-in inside {source}")
             copied[i] = len(self.out)
             self.out.append(_renumbered(node, len(self.out), ref,
-                                        _moved(node.module, source, target)))
+                                        moved(node.module, source, target)))
 
 
 class _Mark(torch.autograd.Function):
@@ -557,11 +557,6 @@ def _under(name: str, path: str) -> str | None:
     if name == path or name.startswith(path + "."):
         return name[len(path):]
     return None
-
-
-def _moved(name: str, source: str, target: str) -> str:
-    suffix = _under(name, source)
-    return name if suffix is None else target + suffix
 
 
 def _plain(value: Any) -> bool:

@@ -149,8 +149,9 @@ def _record_once(
                                "(are all parameters frozen?)")
         recorder.phase = "backward"
         torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
-    if blocks is not None:
-        nodes, saved, grads = blocks.finish()
+    spliced = blocks.finish() if blocks is not None else None
+    if spliced is not None:
+        nodes, saved, grads = spliced
         return _Recorded(nodes, saved, {grads[n]: "gradient" for n in state if n in grads})
     return _Recorded(recorder.nodes, saved, {recorder.ref(t.grad): "gradient"
                                              for t in state.values() if t.grad is not None})
