@@ -412,6 +412,37 @@ def run_cli(*argv: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           text=True, cwd=cwd, timeout=120)
 
 
+def test_a_closed_pipe_silences_its_console_and_the_run_goes_on() -> None:
+    from fxlens.cli.console import _Console
+
+    read, write = os.pipe()
+    os.close(read)                          # the reader is gone before anything is written
+    with os.fdopen(write, "w") as stream:
+        console = _Console(file=stream, highlight=False, markup=False, emoji=False)
+        console.print("a table")            # rich's own console raises SystemExit(1) here
+        console.print("and more")
+        assert console.quiet
+        stream.write("buffered for the closed pipe\n")   # goes to the null device now
+
+
+def test_a_reader_closing_stdout_early_keeps_the_exit_code(tmp_path: Path,
+                                                          base_report: Path) -> None:
+    """``analyze model.py --fail-on … | head``: the gate still fails the job (exit 1, not
+    2 as "bad input"), and nothing is said about the pipe."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "fxlens", str(ROOT / "tests/models/tiny_gpt.py"), "--out",
+             "o", "--no-pages", "--baseline", str(base_report), "--fail-on", "params:+0"],
+            stdout=write, stderr=subprocess.PIPE, text=True, cwd=tmp_path, timeout=120)
+    finally:
+        os.close(write)
+    assert result.returncode == 1, result.stderr
+    assert "error" not in result.stderr and "Traceback" not in result.stderr
+    assert (tmp_path / "o" / "report.json").is_file()
+
+
 @pytest.mark.slow
 def test_os_exit_in_build_is_exit_2_not_0(tmp_path: Path) -> None:
     (tmp_path / "osexit.py").write_text("import os\ndef build():\n    os._exit(0)\n")

@@ -30,7 +30,7 @@ from fxlens.cli.args import (
     non_negative_int,
     positive_int,
 )
-from fxlens.cli.console import EXIT_OK, err, note, out, say
+from fxlens.cli.console import EXIT_OK, err, note, out, say, write_raw
 
 STDOUT = "-"
 SUBCOMMAND_HELP = """subcommands:
@@ -294,7 +294,6 @@ def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
     (`fxlens.analyzer.core.beside`), the pages are written by a child while this process
     writes the JSON; if the child fails, they are written here."""
     import functools
-    import sys
 
     from fxlens.analyzer.core.beside import beside, result_or_none
     from fxlens.analyzer.core.report import write_report
@@ -309,8 +308,7 @@ def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
         write_pages = functools.partial(write, report, _page_options_of(args, folder))
     with beside(write_pages) as pages_beside:
         if args.json == STDOUT:
-            sys.stdout.write(report.to_json())
-            sys.stdout.flush()
+            write_raw(report.to_json())
         else:
             json_path = Path(args.json) if args.json else folder / "report.json"
             write_report(report, json_path)

@@ -14,9 +14,18 @@ Exit codes — CI reads them, so each means one thing:
     2  bad input: the model, a report, an option, a path (one line on stderr)
     3  internal error: a bug in fxlens (one line and where to report it; ``--debug`` shows
        the traceback)
+
+A reader that stops reading (``analyze model.py | head``, a pager quit early) closes the pipe:
+from then on that stream is silent, the run goes on and exits with its own code, so a gate
+piped into ``head`` still fails the job, and nothing is reported as an error. (Rich's own
+console raises ``SystemExit(1)`` there, which would read as "a check tripped".)
 """
 
 from __future__ import annotations
+
+import os
+import sys
+from typing import IO
 
 from rich.console import Console
 from rich.text import Text
@@ -28,8 +37,35 @@ EXIT_OK, EXIT_GATE, EXIT_ERROR, EXIT_INTERNAL = 0, 1, 2, 3
 BUG_REPORTS = ("please report it to the fxlens maintainers with the command and the output of "
                "the same command under --debug")
 
-out = Console(highlight=False, markup=False, emoji=False)
-err = Console(stderr=True, highlight=False, markup=False, emoji=False)
+
+class _Console(Console):
+    def on_broken_pipe(self) -> None:
+        """The reader closed this console's pipe: this stream is silent from now on."""
+        self.quiet = True
+        _silence(self.file)
+
+
+def _silence(stream: IO[str]) -> None:
+    """Point `stream` at the null device, so that what is still buffered for a closed pipe,
+    and everything written later, goes nowhere (the interpreter's last flush included)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, stream.fileno())
+    finally:
+        os.close(devnull)
+
+
+def write_raw(text: str) -> None:
+    """`text` as it is on stdout (a report's JSON), silent once the reader closed the pipe."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        _silence(sys.stdout)
+
+
+out = _Console(highlight=False, markup=False, emoji=False)
+err = _Console(stderr=True, highlight=False, markup=False, emoji=False)
 
 
 def one_line(text: object) -> str:

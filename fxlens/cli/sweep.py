@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     import json
 
     from fxlens.analyzer.core.files import check_writable, write_atomic
-    from fxlens.cli.console import EXIT_GATE, EXIT_OK, err, out, say
+    from fxlens.cli.console import EXIT_GATE, EXIT_OK, err, out, say, write_raw
     from fxlens.reports.sweep import render_sweep_html, render_sweep_markdown, sweep_view
     from fxlens.reports.terminal import render_view
     from fxlens.sweep import axis_value, run_sweep, swept_axes, write_csv
@@ -135,7 +135,7 @@ def run(args: argparse.Namespace) -> int:
         write_csv(rows, args.csv)
         written.append(args.csv)
     if args.json == "-":
-        print(json.dumps(rows, indent=1, sort_keys=True))
+        write_raw(json.dumps(rows, indent=1, sort_keys=True) + "\n")
     elif args.json is not None:
         write_atomic(Path(args.json), json.dumps(rows, indent=1, sort_keys=True) + "\n")
         written.append(Path(args.json))
