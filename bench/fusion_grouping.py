@@ -41,12 +41,14 @@ class NxGroups:
         self.members: dict[int, list[int]] = {}
         self.has_gemm: dict[int, bool] = {}
         self.mask: dict[int, int] = {}
+        self.readers: dict[int, int] = {}
 
-    def add(self, node: int, gemm: bool) -> None:
+    def add(self, node: int, gemm: bool, readers: int = 0) -> None:
         self.uf.union(node)
         self.members[node] = [node]
         self.has_gemm[node] = gemm
         self.mask[node] = 1 << node
+        self.readers[node] = readers
 
     def find(self, node: int) -> int:
         return int(self.uf[node])
@@ -61,6 +63,7 @@ class NxGroups:
         self.members[root] += self.members.pop(other)
         self.has_gemm[root] = self.has_gemm[root] or self.has_gemm.pop(other)
         self.mask[root] |= self.mask.pop(other)
+        self.readers[root] |= self.readers.pop(other)
 
 
 def users_graph(fg: FusionGraph) -> nx.DiGraph:

@@ -90,6 +90,22 @@ def test_the_search_skip_keeps_the_kernels_of_the_full_search(monkeypatch) -> No
     assert len(plans[0].kernels) > len(plans[1].kernels) > 20
 
 
+@pytest.mark.parametrize("search", [False, True], ids=["descendant bitmasks", "search"])
+def test_a_cycle_is_a_path_through_an_outside_kernel_only(search: bool) -> None:
+    """Node 0 feeds 1 and 2, and 1 feeds 2. With 1 and 2 in one kernel, adding 0 to it
+    leaves no kernel in between (1 reaches 2, but inside the kernel); with 1 alone, 0 → 1 → 2
+    runs through kernel {1}. The same answers with and without the descendant bitmasks."""
+    users = [[1, 2], [2], []]
+    reach = None if search else kernels._descendants(users, [0, 1, 2])
+    for grouped, cycle in ((True, False), (False, True)):
+        groups = kernels._Groups()
+        for node in range(3):
+            groups.add(node, False, kernels._bits(users[node]))
+        if grouped:
+            groups.union(1, 2)
+        assert kernels._creates_cycle(users, groups, 0, 2, reach) is cycle
+
+
 def test_findings_ranked_by_saved_bytes_with_seconds_on_a_device() -> None:
     bandwidth = 1e9
     fusion, _ = fusion_of(LinearRelu().eval(), torch.randn(4, 32), bandwidth=bandwidth)

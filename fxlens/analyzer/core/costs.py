@@ -38,7 +38,7 @@ from fxlens.analyzer.core.coded import (
     duplicate,
 )
 from fxlens.analyzer.core.errors import RuleError
-from fxlens.analyzer.core.graph import Graph, Node, TensorRef, TensorSpec
+from fxlens.analyzer.core.graph import Graph, Node, TensorRef, TensorSpec, packet
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ class CostRegistry:
 
     def alias_check(self, target: str) -> AliasRule | None:
         """The alias check for an overload (exact first, then its packet), if any."""
-        found = self._alias.get(target) or self._alias.get(_packet(target))
+        found = self._alias.get(target) or self._alias.get(packet(target))
         return found[0] if found else None
 
     def _check_unique(self, key: str, site: str) -> None:
@@ -219,7 +219,7 @@ class CostRegistry:
     def find(self, target: str) -> Registration | str | None:
         """The registration of an op key (an overload: exact first, then its packet), the
         reason it is free, or None when unsupported."""
-        return self._find_key(target) or self._find_key(_packet(target))
+        return self._find_key(target) or self._find_key(packet(target))
 
     def _find_key(self, key: str) -> Registration | str | None:
         if key in self._rules:
@@ -252,10 +252,6 @@ class CostRegistry:
         """Refuse registrations from now on (see the class docstring); returns self."""
         self._frozen = True
         return self
-
-
-def _packet(target: str) -> str:
-    return ".".join(target.split(".")[:2])
 
 
 # Every rule the decorators below have declared, in whichever module imported them: the

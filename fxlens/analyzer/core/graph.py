@@ -13,6 +13,7 @@ Known limitations: symbolic (dynamic) shapes are concretised at capture time.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
@@ -98,6 +99,7 @@ class NodeKind(str, Enum):
     CALL = "call"
 
 
+@functools.cache   # a graph has few distinct targets; rules and matchers ask per node
 def packet(target: str) -> str:
     """The overload packet of an op name: ``aten.mm`` for ``aten.mm.default``."""
     parts = target.split(".")

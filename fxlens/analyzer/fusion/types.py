@@ -61,7 +61,8 @@ class FusionGraph:
                  = lambda _: None) -> None:
         self.graph = graph
         self.kinds = kinds
-        self.rule_of = rules_of
+        self._rules_of = rules_of
+        self._rule: dict[int, Any] = {}
         self._source: dict[TensorRef, TensorRef] = {}
         self.reads: dict[int, list[tuple[TensorRef, int]]] = {}   # node → (source, bytes read)
         self.consumers: dict[TensorRef, list[int]] = defaultdict(list)
@@ -73,6 +74,15 @@ class FusionGraph:
 
     def kind(self, node_id: int) -> OpKind:
         return self.kinds.get(node_id, OpKind.FREE)
+
+    def rule_of(self, node: Node) -> Any:
+        """The cost rule of `node` (what `rules_of` says), looked up once per node: every
+        matcher asks."""
+        try:
+            return self._rule[node.id]
+        except KeyError:
+            found = self._rule[node.id] = self._rules_of(node)
+            return found
 
     def node(self, node_id: int) -> Node:
         return self.graph.nodes[node_id]
