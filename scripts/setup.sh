@@ -28,3 +28,8 @@ pip_install() {  # pip's notes about absent local mirrors are noise; its failure
 pip_install "torch==2.13.0"
 pip_install -e ".[dev]"
 .venv/bin/python -c "import torch, fxlens, transformers, diffusers" || { echo "setup: import check failed" >&2; exit 1; }
+# Byte-compile fxlens once: pip compiles what it installs, but not an editable checkout, and
+# where PYTHONDONTWRITEBYTECODE is set (as in many containers) every run would compile every
+# module again: importing what `analyze` uses took 0.70-0.75 s from a fresh clone here, and
+# 0.49-0.51 s compiled.
+.venv/bin/python -m compileall -q fxlens >/dev/null
