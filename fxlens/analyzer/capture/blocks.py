@@ -144,9 +144,11 @@ class _Call:
 class _Fingerprints(TorchDispatchMode):
     """Fingerprints every wrapped block's forward (see the module docstring)."""
 
-    def __init__(self, names: Mapping[int, str]) -> None:
+    def __init__(self, names: Mapping[int, str],
+                 observe: Callable[[Any, Any, Any, Any], None] | None = None) -> None:
         super().__init__()
         self._names = names                         # id(parameter or buffer) → qualified name
+        self._observe = observe                     # an `Alongside`'s, called on every op
         self._outside = _Identities()               # ("outside", n): the n-th one seen
         self._seen = 0
         self.open: _Call | None = None
@@ -158,6 +160,8 @@ class _Fingerprints(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if self._observe is not None:
+            self._observe(func, args, kwargs, out)
         call = self.open
         if call is None or not call.valid:
             return out
@@ -318,11 +322,13 @@ def candidates(module: torch.nn.Module) -> dict[str, torch.nn.Module]:
 
 class Alongside(Protocol):
     """Another observer of the proof's fake forward (the eager memory simulation), so the
-    model runs once for both: `start` gives its mode, `finish` is called if the forward
-    completed."""
+    model runs once for both: `start` gives what to call with each op call (function,
+    arguments, keyword arguments, what it returned) from the proof's own dispatch mode (a
+    second mode would cost each op a second trip through Python dispatch); `finish` is
+    called if the forward completed."""
 
     def start(self, state: dict[str, torch.Tensor], args: tuple[Any, ...],
-              kwargs: dict[str, Any]) -> TorchDispatchMode: ...
+              kwargs: dict[str, Any]) -> Callable[[Any, Any, Any, Any], None]: ...
 
     def finish(self) -> None: ...
 
@@ -339,15 +345,13 @@ def find_repeats(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[st
         with torch_chatter_to_debug_log(), CpuFakeTensorMode(allow_non_fake_inputs=True) as mode:
             state, fake_args, fake_kwargs = pytree.tree_map_only(
                 torch.Tensor, lambda t: fake_cpu(t, mode), (module_state(module), args, kwargs))
-        tracker = _Fingerprints({id(t): n for n, t in state.items()})
+        observe = alongside.start(state, fake_args, fake_kwargs) if alongside else None
+        tracker = _Fingerprints({id(t): n for n, t in state.items()}, observe)
         wrappers = {p: functools.partial(tracker.wrap, p, m) for p, m in blocks.items()}
         with contextlib.ExitStack() as stack:
             for context in (torch_chatter_to_debug_log(), mode, torch.no_grad(),
-                            forwards_replaced(blocks, wrappers)):
+                            forwards_replaced(blocks, wrappers), tracker):
                 stack.enter_context(context)
-            if alongside is not None:
-                stack.enter_context(alongside.start(state, fake_args, fake_kwargs))
-            stack.enter_context(tracker)
             out = torch.func.functional_call(module, state, fake_args, fake_kwargs)
     except Exception as error:  # the export below reports what is wrong with the model
         log.info("no repeated blocks: the fingerprinting forward failed (%s)", error)

@@ -71,6 +71,11 @@ class StorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        self.observe(func, args, kwargs, out)
+        return out
+
+    def observe(self, func: Any, args: Any, kwargs: Any, out: Any) -> None:
+        """Follow what one op call returned (`args` and `kwargs` what it was given)."""
         received = {_key(t) for t in _tensors((args, kwargs))}
         for tensor in _tensors(out):
             self._register(tensor, received)
@@ -78,7 +83,6 @@ class StorageTracker(TorchDispatchMode):
         self.ops.append(str(func))
         if self.live_bytes > self.peak_bytes:
             self.peak_bytes, self.peak_op = self.live_bytes, str(func)
-        return out
 
     def _register(self, tensor: torch.Tensor, received: set[int]) -> None:
         try:
@@ -224,9 +228,9 @@ class EagerAlongside:
         self._tracker: StorageTracker | None = None
 
     def start(self, state: dict[str, torch.Tensor], args: tuple[Any, ...],
-              kwargs: dict[str, Any]) -> StorageTracker:
+              kwargs: dict[str, Any]) -> Callable[[Any, Any, Any, Any], None]:
         self._tracker = _forward_tracker(state, args, kwargs)
-        return self._tracker
+        return self._tracker.observe
 
     def finish(self) -> None:
         assert self._tracker is not None, "finish() after start()"
