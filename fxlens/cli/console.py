@@ -48,9 +48,13 @@ class _Console(Console):
 def _silence(stream: IO[str]) -> None:
     """Point `stream` at the null device, so that what is still buffered for a closed pipe,
     and everything written later, goes nowhere (the interpreter's last flush included)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError):   # not a file (a test's capture): nothing to redirect
+        return
     devnull = os.open(os.devnull, os.O_WRONLY)
     try:
-        os.dup2(devnull, stream.fileno())
+        os.dup2(devnull, fd)
     finally:
         os.close(devnull)
 

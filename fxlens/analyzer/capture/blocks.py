@@ -74,6 +74,7 @@ ENTER, EXIT, STAND_IN = (f"{NAMESPACE}.{op}.default" for op in ("enter", "exit",
 
 
 Leaf = tuple[Any, ...]   # where a tensor comes from, or a constant, as a hashable tuple
+Observe = Callable[[Any, Any, Any, Any], None]   # (op, args, kwargs, what it returned)
 
 
 class SpliceError(Exception):
@@ -144,8 +145,7 @@ class _Call:
 class _Fingerprints(TorchDispatchMode):
     """Fingerprints every wrapped block's forward (see the module docstring)."""
 
-    def __init__(self, names: Mapping[int, str],
-                 observe: Callable[[Any, Any, Any, Any], None] | None = None) -> None:
+    def __init__(self, names: Mapping[int, str], observe: Observe | None = None) -> None:
         super().__init__()
         self._names = names                         # id(parameter or buffer) → qualified name
         self._observe = observe                     # an `Alongside`'s, called on every op
@@ -328,7 +328,7 @@ class Alongside(Protocol):
     called if the forward completed."""
 
     def start(self, state: dict[str, torch.Tensor], args: tuple[Any, ...],
-              kwargs: dict[str, Any]) -> Callable[[Any, Any, Any, Any], None]: ...
+              kwargs: dict[str, Any]) -> Observe: ...
 
     def finish(self) -> None: ...
 
@@ -345,7 +345,8 @@ def find_repeats(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[st
         with torch_chatter_to_debug_log(), CpuFakeTensorMode(allow_non_fake_inputs=True) as mode:
             state, fake_args, fake_kwargs = pytree.tree_map_only(
                 torch.Tensor, lambda t: fake_cpu(t, mode), (module_state(module), args, kwargs))
-        observe = alongside.start(state, fake_args, fake_kwargs) if alongside else None
+        observe = (alongside.start(state, fake_args, fake_kwargs) if alongside is not None
+                   else None)
         tracker = _Fingerprints({id(t): n for n, t in state.items()}, observe)
         wrappers = {p: functools.partial(tracker.wrap, p, m) for p, m in blocks.items()}
         with contextlib.ExitStack() as stack:
