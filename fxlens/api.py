@@ -30,13 +30,14 @@ def analyze_target(
     target: str,
     options: AnalysisOptions = AnalysisOptions(),
     on_step: Callable[[str], None] = lambda _: None,
+    on_costed: Callable[[Report], None] | None = None,
 ) -> Report:
     """Load `target`, capture it (a training step with `options.train`) and run every
-    analysis the options ask for."""
+    analysis the options ask for; `on_costed` as in `analyze_loaded`."""
     check_options(options)   # every option before the model's code runs
     on_step(f"loading {target}")
     loaded = load(target, options.entry, options.overrides, options.sizes, options.allow_large)
-    return analyze_loaded(loaded, options, on_step)
+    return analyze_loaded(loaded, options, on_step, on_costed=on_costed)
 
 
 def analyze_loaded(
@@ -44,7 +45,9 @@ def analyze_loaded(
     options: AnalysisOptions = AnalysisOptions(),
     on_step: Callable[[str], None] = lambda _: None,
     device: DeviceSpec | None = None,
+    on_costed: Callable[[Report], None] | None = None,
 ) -> Report:
     """Capture a loaded model (a training step with `options.train`) and run every analysis
-    the options ask for; `device` replaces the one `options.device` names."""
-    return run_pipeline(loaded, options, on_step, device)
+    the options ask for; `device` replaces the one `options.device` names; `on_costed` is
+    given the report once its ops are costed, before the other analyses."""
+    return run_pipeline(loaded, options, on_step, device, on_costed)

@@ -152,6 +152,7 @@ class Context:
     fusion: FusionAnalysis | None = None
     eager: MeasuredMemory | None = None            # the eager forward simulated by capture
     fusion_beside: Beside | None = None            # the fusion analysis started in a child
+    on_costed: Callable[[Report], None] | None = None   # told the costed report, passes to come
 
     def forward(self) -> Graph:
         """The inference forward on the example inputs; for an inference report, the eager
@@ -428,10 +429,12 @@ PASSES: tuple[Pass[Context], ...] = (InferenceMemory(), TrainingStep(), KVCacheP
 
 def run_pipeline(loaded: LoadedModel, options: AnalysisOptions,
                  on_step: Callable[[str], None] = lambda _: None,
-                 device: DeviceSpec | None = None) -> Report:
+                 device: DeviceSpec | None = None,
+                 on_costed: Callable[[Report], None] | None = None) -> Report:
     """Capture `loaded` once (a training step with ``options.train``), cost every op, then
-    run every pass the options ask for."""
-    return run_context(Context(loaded, options, on_step, device=device))
+    run every pass the options ask for; `on_costed` is given the report with its ops costed
+    before the passes run (the CLI starts the graph layouts its pages will need)."""
+    return run_context(Context(loaded, options, on_step, device=device, on_costed=on_costed))
 
 
 def run_context(ctx: Context) -> Report:
@@ -468,6 +471,8 @@ def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
     early = FusionPass().wanted(options) and len(graph.nodes) >= FUSION_BESIDE_MIN_NODES
     with beside(functools.partial(fusion_analysis, ctx, report) if early
                 else None) as ctx.fusion_beside:
+        if ctx.on_costed is not None:
+            ctx.on_costed(report)
         return run_passes(PASSES, ctx, options, report)
 
 

@@ -215,23 +215,50 @@ def run(args: argparse.Namespace) -> int:
     review = _check_before(args, settings)
     from fxlens.analyzer.core.heap import settled_heap
     from fxlens.api import AnalysisOptions, analyze_target
-    from fxlens.reports.terminal import render_terminal
 
     options = AnalysisOptions(**settings)
-    with settled_heap() as settle:   # the analysis's own nests in it: frozen while writing
-        report = _analyze(args, options, analyze_target)
-        settle()
-        tables = err if args.json == STDOUT else out
-        written = _write_files(report, args)
-        if not args.quiet:
-            tables.print(render_terminal(report, depth=args.depth, top=args.top, full=args.full))
-            for path in written:
-                say(f"wrote {path}")
-        if review is not None:
-            from fxlens.cli.diff import against_baseline
+    layouts: dict[str, Any] = {}     # graph layouts started once the ops are costed
+    try:
+        with settled_heap() as settle:   # the analysis's own nests in it: frozen while writing
+            report = _analyze(args, options, analyze_target, _layouts_starter(args, layouts))
+            settle()
+            written = _write_files(report, args, layouts)
+            return _finish(args, options, report, written, review)
+    finally:
+        if layouts:
+            from fxlens.reports.write import close_layouts
 
-            return against_baseline(report, review, options, args.quiet, tables)
+            close_layouts(layouts)
+
+
+def _finish(args: argparse.Namespace, options: Any, report: Any, written: list[Path],
+            review: Any) -> int:
+    """The tables and what was written, then the baseline's gates if any."""
+    from fxlens.reports.terminal import render_terminal
+
+    tables = err if args.json == STDOUT else out
+    if not args.quiet:
+        tables.print(render_terminal(report, depth=args.depth, top=args.top, full=args.full))
+        for path in written:
+            say(f"wrote {path}")
+    if review is not None:
+        from fxlens.cli.diff import against_baseline
+
+        return against_baseline(report, review, options, args.quiet, tables)
     return EXIT_OK
+
+
+def _layouts_starter(args: argparse.Namespace, layouts: dict[str, Any]) -> Any:
+    """What the pipeline calls with the costed report: the pages' graph layouts started
+    then, so that graphviz works while the passes run (None without pages)."""
+    if args.no_pages:
+        return None
+    from fxlens.reports.write import start_layouts
+
+    def start(report: Any) -> None:
+        folder = args.out or Path("fxlens-out") / _safe_name(report.model.name)
+        layouts.update(start_layouts(report, _page_options_of(args, folder)))
+    return start
 
 
 def _check_before(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
@@ -259,14 +286,16 @@ def _check_before(args: argparse.Namespace, settings: dict[str, Any]) -> Any:
     return review
 
 
-def _analyze(args: argparse.Namespace, options: Any, analyze_target: Any) -> Any:
+def _analyze(args: argparse.Namespace, options: Any, analyze_target: Any, on_costed: Any
+             ) -> Any:
     if args.quiet:
-        return analyze_target(args.target, options)
+        return analyze_target(args.target, options, on_costed=on_costed)
     from fxlens.reports.escape import terminal_escape
 
     with err.status("loading…") as status:      # steps name the target: user text
         return analyze_target(args.target, options,
-                              on_step=lambda step: status.update(f"{terminal_escape(step)}…"))
+                              on_step=lambda step: status.update(f"{terminal_escape(step)}…"),
+                              on_costed=on_costed)
 
 
 def _output_paths(args: argparse.Namespace, name: str) -> list[Path]:
@@ -288,11 +317,13 @@ def _page_options_of(args: argparse.Namespace, folder: Path) -> Any:
                        md=args.md, color=args.color, expand=args.expand)
 
 
-def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
+def _write_files(report: Any, args: argparse.Namespace, layouts: dict[str, Any]
+                 ) -> list[Path]:
     """Write the report JSON (or print it) and the pages; a promised file that is not there
     afterwards is an internal error, never a silent success. Where the process may fork
     (`fxlens.analyzer.core.beside`), the pages are written by a child while this process
-    writes the JSON; if the child fails, they are written here."""
+    writes the JSON; if the child fails, they are written here, without the `layouts`
+    started early (the child may have read part of their output)."""
     import functools
 
     from fxlens.analyzer.core.beside import beside, result_or_none
@@ -306,7 +337,8 @@ def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
         from fxlens.reports.write import write_pages as write
 
         write_pages = functools.partial(write, report, _page_options_of(args, folder))
-    with beside(write_pages) as pages_beside:
+    in_child = None if write_pages is None else functools.partial(write_pages, started=layouts)
+    with beside(in_child) as pages_beside:
         if args.json == STDOUT:
             write_raw(report.to_json())
         else:
@@ -316,7 +348,7 @@ def _write_files(report: Any, args: argparse.Namespace) -> list[Path]:
         if write_pages is not None:
             # the child may use graphviz's budgets (SVG, then PNG) and a minute more
             pages = (result_or_none(pages_beside, "the pages", 2 * DOT_TIMEOUT_S + 60)
-                     or write_pages())
+                     or write_pages(started=layouts if pages_beside is None else None))
             for text in pages.notes:    # something asked for was not made: said even if --quiet
                 note(text)
             written += pages.paths

@@ -17,6 +17,10 @@ appearance, no timestamps): the same report gives the same bytes, which the gold
 - Edges carry the shape of the producer's first output; between collapsed blocks, parallel
   edges merge into one (the first one's label).
 
+`Layout` runs `dot` as a process started at once and read later, by this process or a forked
+child of it (`fxlens.cli.analyze` starts the pages' layouts as soon as the ops are costed);
+`graphviz_render` is one layout read right away.
+
 NB: summing node figures for a collapsed block is display aggregation, not a new metric.
 Known limitation: graphviz's layout of an expanded graph with thousands of nodes takes tens of
 seconds; the collapsed default stays small.
@@ -24,10 +28,16 @@ seconds; the collapsed default stays small.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
+import os
+import select
 import shutil
+import signal
 import subprocess
+import tempfile
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
@@ -361,18 +371,82 @@ def dot_binary() -> str | None:
 def graphviz_render(dot_source: str, fmt: str = "svg", timeout_s: float = DOT_TIMEOUT_S) -> bytes:
     """Run `dot -T<fmt>` on `dot_source`. Raises ReportError when dot is missing, fails or
     takes longer than `timeout_s`."""
-    binary = dot_binary()
-    if binary is None:
-        raise ReportError("graphviz's `dot` is not installed (apt-get install graphviz); "
-                          "the .dot file was still written")
+    layout = Layout(dot_source, fmt, timeout_s)
     try:
-        result = subprocess.run([binary, f"-T{fmt}"], input=dot_source.encode(),
-                                capture_output=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired as error:
-        raise ReportError(f"dot -T{fmt} took over {timeout_s:g} s on this graph") from error
-    if result.returncode != 0:
-        stderr = result.stderr.decode(errors="replace").strip()
-        log.debug("dot -T%s stderr:\n%s", fmt, stderr)
-        first = (stderr.splitlines() or ["no message"])[0]
-        raise ReportError(f"dot -T{fmt} failed: {first[:120]} (--debug for graphviz's output)")
-    return result.stdout
+        return layout.result()
+    finally:
+        layout.close()
+
+
+class Layout:
+    """`dot -T<fmt>` on `source`, started now; `result()` waits for what it wrote (as
+    `graphviz_render` returns it) at most `timeout_s` after the start.
+
+    The output comes through a pipe and dot's messages go to a temporary file, so a forked
+    child of this process can read the result too (`fxlens.cli.analyze` starts the layouts
+    as soon as the ops are costed and writes the pages in a child). There dot is not its
+    child and its exit status is out of reach (``wait`` reads 0): an SVG that dot left
+    without its closing tag (a crash halfway) is a failure too."""
+
+    def __init__(self, source: str, fmt: str = "svg", timeout_s: float = DOT_TIMEOUT_S) -> None:
+        binary = dot_binary()
+        if binary is None:
+            raise ReportError("graphviz's `dot` is not installed (apt-get install graphviz); "
+                              "the .dot file was still written")
+        self.source, self.fmt, self.timeout_s = source, fmt, timeout_s
+        self._deadline = time.monotonic() + timeout_s
+        self._messages = tempfile.TemporaryFile()   # noqa: SIM115 - closed by close()
+        self._process = subprocess.Popen([binary, f"-T{fmt}"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, stderr=self._messages)
+        self._output: bytes | None = None
+        assert self._process.stdin is not None
+        with contextlib.suppress(BrokenPipeError):   # dot stopped reading: its messages say
+            self._process.stdin.write(source.encode())
+        with contextlib.suppress(BrokenPipeError):
+            self._process.stdin.close()
+
+    def result(self) -> bytes:
+        if self._output is None:
+            self._output = self._read()
+        return self._output
+
+    def _read(self) -> bytes:
+        assert self._process.stdout is not None
+        pipe = self._process.stdout.fileno()
+        ready = select.poll()
+        ready.register(pipe, select.POLLIN)
+        chunks = []
+        while True:
+            left = self._deadline - time.monotonic()
+            if left <= 0 or not ready.poll(left * 1000):
+                self._kill()
+                raise ReportError(f"dot -T{self.fmt} took over {self.timeout_s:g} s on this "
+                                  "graph")
+            chunk = os.read(pipe, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+        output = b"".join(chunks)
+        code = self._process.wait()
+        if code != 0 or (self.fmt == "svg" and not output.rstrip().endswith(b"</svg>")):
+            self._messages.seek(0)
+            stderr = self._messages.read().decode(errors="replace").strip()
+            log.debug("dot -T%s stderr:\n%s", self.fmt, stderr)
+            first = (stderr.splitlines() or ["no message"])[0]
+            raise ReportError(f"dot -T{self.fmt} failed: {first[:120]} (--debug for "
+                              "graphviz's output)")
+        return output
+
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):   # not `Popen.kill`: see the docstring
+            os.kill(self._process.pid, signal.SIGKILL)
+
+    def close(self) -> None:
+        """Stop dot if it still runs, reap it where it is this process's child, and close
+        the pipe and the file."""
+        if self._process.poll() is None:
+            self._kill()
+        self._process.wait()
+        if self._process.stdout is not None:
+            self._process.stdout.close()
+        self._messages.close()

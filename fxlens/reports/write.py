@@ -9,7 +9,7 @@ missing), so `fxlens.cli` stays the only printer.
 
 from __future__ import annotations
 
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +18,7 @@ from fxlens.analyzer.core.files import write_atomic
 from fxlens.analyzer.core.report import Report
 from fxlens.reports.dot import (
     DOT_TIMEOUT_S,
+    Layout,
     block_runs,
     dot_binary,
     graphviz_render,
@@ -50,13 +51,55 @@ class Written:
     notes: list[str] = field(default_factory=list)
 
 
-def write_pages(report: Report, options: PageOptions) -> Written:
+def start_layouts(report: Report, options: PageOptions) -> dict[str, Layout]:
+    """The graph layouts `write_pages` will need, started now (each run's first block, then
+    the whole graph), by DOT source: given to `write_pages`, each is used if the report
+    still gives the same source. None started without graphviz or where the report cannot
+    be drawn yet (a colouring by a section still to come)."""
+    if dot_binary() is None:
+        return {}
+    try:
+        sources = _sources(report, options)
+    except ReportError:
+        return {}
+    started: dict[str, Layout] = {}
+    try:
+        for source, budget in sources:
+            started[source] = Layout(source, "svg", budget)
+    except (ReportError, OSError):   # no process to be had: write_pages lays out itself
+        close_layouts(started)
+        return {}
+    return started
+
+
+def close_layouts(layouts: Mapping[str, Layout]) -> None:
+    for layout in layouts.values():
+        layout.close()
+
+
+def _sources(report: Report, options: PageOptions) -> list[tuple[str, float]]:
+    """(DOT source, time budget) of each layout the pages need: each run's first block,
+    then the whole graph. NB: graphviz's cluster layout grows steeply with many blocks
+    (llama-3-70b's 80 took minutes); the default SVG gets a short budget, an asked-for
+    --svg the long."""
+    runs = [] if options.expand else block_runs(report)
+    blocks = [(render_block_dot(report, run[0], options.color), DEFAULT_SVG_BUDGET_S)
+              for run in runs]
+    budget = DOT_TIMEOUT_S if options.svg else DEFAULT_SVG_BUDGET_S
+    return [*blocks, (render_dot(report, options.color, options.expand), budget)]
+
+
+def write_pages(report: Report, options: PageOptions,
+                started: Mapping[str, Layout] | None = None) -> Written:
     """Render and write every page; graphviz output only when the `dot` binary exists.
 
-    The graphviz layouts (the whole graph, each run's first block) run as concurrent
-    processes while Python renders the Markdown and every part of the HTML but the graph
-    (`draft_html`): on a big report these are most of the pages' time, and they need nothing
-    from each other."""
+    The graphviz layouts (the whole graph, each run's first block) run as processes while
+    Python renders the Markdown and every part of the HTML but the graph (`draft_html`): on
+    a big report these are most of the pages' time, and they need nothing from each other.
+    The blocks' start first: one layer's forward and backward is the longest layout (0.6 s
+    on hf:llama-2-7b's training step, the whole graph 0.1 s). A layout in `started`
+    (`start_layouts`, called as soon as the ops were costed) is used where its source is
+    the one this report gives; the caller closes those."""
     written = Written()
     dot_path = options.dot or options.folder / "graph.dot"
     if dot_binary() is None:
@@ -66,29 +109,34 @@ def write_pages(report: Report, options: PageOptions) -> Written:
         svg, blocks = None, None
         markdown, draft = render_markdown(report), draft_html(report)
     else:
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            # The blocks first: one layer's forward and backward is the longest layout (0.8 s
-            # on hf:llama-2-7b's training step, the whole graph 0.1 s).
-            runs = [] if options.expand else block_runs(report)
-            laid_out = [pool.submit(graphviz_render, block, "svg", DEFAULT_SVG_BUDGET_S)
-                        for block in (render_block_dot(report, run[0], options.color)
-                                      for run in runs)]
-            dot_source = render_dot(report, options.color, options.expand)
+        runs = [] if options.expand else block_runs(report)
+        started = started or {}
+        ours: list[Layout] = []
+
+        def layout(source: str, budget: float) -> Layout:
+            if source in started:
+                return started[source]
+            ours.append(Layout(source, "svg", budget))
+            return ours[-1]
+
+        try:
+            laid_out = [layout(source, budget) for source, budget in _sources(report, options)]
+            dot_source = laid_out[-1].source
             _write(written, dot_path, dot_source)
-            # NB: graphviz's cluster layout grows steeply with many blocks (llama-3-70b's 80
-            # took minutes); the default SVG gets a short budget, an asked-for --svg the long.
-            budget = DOT_TIMEOUT_S if options.svg else DEFAULT_SVG_BUDGET_S
-            whole = pool.submit(graphviz_render, dot_source, "svg", budget)
             markdown, draft = render_markdown(report), draft_html(report)
-            svg = _graph_image(written, options, whole, dot_source)
-            blocks = _block_graphs(runs, laid_out, written) if svg is not None and runs else None
+            svg = _graph_image(written, options, laid_out[-1], dot_source)
+            blocks = (_block_graphs(runs, laid_out[:-1], written) if svg is not None and runs
+                      else None)
+        finally:
+            for made in ours:
+                made.close()
     _write(written, options.html or options.folder / "report.html",
            finish_html(draft, svg, block_graphs=blocks))
     _write(written, options.md or options.folder / "summary.md", markdown)
     return written
 
 
-def _graph_image(written: Written, options: PageOptions, whole: Future[bytes],
+def _graph_image(written: Written, options: PageOptions, whole: Layout,
                  dot_source: str) -> str | None:
     """The whole graph's SVG (and PNG, once the SVG made it) written; None, with a note,
     past its budget."""
@@ -107,7 +155,7 @@ def _graph_image(written: Written, options: PageOptions, whole: Future[bytes],
     return svg
 
 
-def _block_graphs(runs: list[list[int]], laid_out: list[Future[bytes]], written: Written
+def _block_graphs(runs: list[list[int]], laid_out: list[Layout], written: Written
                   ) -> BlockGraphs | None:
     """Each run's first block with every op drawn, for the page to expand in place of the
     run's summary nodes; skipped (with a note) past the SVG budget."""

@@ -74,3 +74,95 @@ def test_time_colour_without_roofline_is_a_clear_error(tmp_path: Path,
                                                        ) -> None:
     assert main([MODEL, "--out", str(tmp_path), "--quiet", "--color", "time"]) == 2
     assert "roofline" in capsys.readouterr().err
+
+
+needs_dot = pytest.mark.skipif(write.dot_binary() is None, reason="graphviz's dot is not installed")
+
+
+@needs_dot
+def test_a_layout_can_be_read_by_a_forked_child(tmp_path: Path) -> None:
+    """The CLI starts the layouts and a forked child writes the pages: the child reads
+    dot's output through the pipe though dot is not its child."""
+    import os
+
+    from fxlens.reports.dot import Layout
+
+    layout = Layout("digraph { a -> b }")
+    read, written = os.pipe()
+    pid = os.fork()
+    if pid == 0:   # the child: write what it read, then leave without running exit handlers
+        os.close(read)
+        try:
+            os.write(written, layout.result())
+        finally:
+            os._exit(0)
+    os.close(written)
+    with os.fdopen(read, "rb") as pipe:
+        svg = pipe.read()
+    os.waitpid(pid, 0)
+    layout.close()
+    assert svg.startswith(b"<?xml") and svg.rstrip().endswith(b"</svg>")
+
+
+def test_a_layout_cut_short_is_a_failure_even_with_exit_status_0(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where dot is not this process's child its exit status reads 0: an SVG without its
+    closing tag (dot crashed halfway) must still fail."""
+    from fxlens.analyzer.core.errors import ReportError
+    from fxlens.reports import dot
+
+    fake = tmp_path / "dot"
+    fake.write_text("#!/bin/sh\ncat >/dev/null\nprintf '<svg><g>'\necho 'cut short' >&2\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(dot, "dot_binary", lambda: str(fake))
+    with pytest.raises(ReportError, match="failed: cut short"):
+        dot.graphviz_render("digraph { a }")
+
+
+@needs_dot
+def test_layouts_started_early_are_the_ones_the_pages_use(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`write_pages` takes a layout started from the costed report where the final report
+    gives the same DOT source, starts its own where not, and writes the same pages."""
+    from fxlens.analyzer.core.loaded import LoadedModel
+    from fxlens.api import AnalysisOptions, analyze_loaded
+    from fxlens.reports.dot import Layout
+    from tests.models import tiny_gpt
+
+    module, inputs = tiny_gpt.build()
+    report = analyze_loaded(LoadedModel(module, inputs, "tiny_gpt", "tiny_gpt.py"),
+                            AnalysisOptions())
+    options = write.PageOptions(folder=tmp_path / "plain")
+    write.write_pages(report, options)
+    early = write.start_layouts(report, options)
+    assert len(early) == 2                       # the block, then the whole graph
+    stale = write.start_layouts(report, write.PageOptions(folder=tmp_path, color="bytes"))
+    made: list[str] = []
+
+    class Counted(Layout):
+        def __init__(self, source: str, *args: object) -> None:
+            made.append(source)
+            super().__init__(source, *args)      # type: ignore[arg-type]
+
+    monkeypatch.setattr(write, "Layout", Counted)
+    early_options = write.PageOptions(folder=tmp_path / "early")
+    write.write_pages(report, early_options, {**early, **stale})
+    assert made == []                            # every layout came from `early`
+    write.write_pages(report, write.PageOptions(folder=tmp_path / "stale"), stale)
+    assert len(made) == 2                        # other sources: laid out anew
+    write.close_layouts({**early, **stale})
+    for name in ("graph.dot", "graph.svg", "report.html", "summary.md"):
+        assert ((tmp_path / "early" / name).read_bytes()
+                == (tmp_path / "plain" / name).read_bytes()
+                == (tmp_path / "stale" / name).read_bytes()), name
+
+
+def test_no_layout_starts_before_the_report_can_be_drawn(tmp_path: Path) -> None:
+    """Coloured by time, the graph needs the roofline section, which comes after costing."""
+    from fxlens.analyzer.core.loaded import LoadedModel
+    from fxlens.api import AnalysisOptions, analyze_loaded
+    from tests.models import mlp
+
+    module, inputs = mlp.build()
+    report = analyze_loaded(LoadedModel(module, inputs, "mlp", "mlp.py"), AnalysisOptions())
+    assert write.start_layouts(report, write.PageOptions(folder=tmp_path, color="time")) == {}
