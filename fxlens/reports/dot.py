@@ -378,15 +378,30 @@ def graphviz_render(dot_source: str, fmt: str = "svg", timeout_s: float = DOT_TI
         layout.close()
 
 
+def _limited(command: list[str], seconds: float) -> list[str]:
+    """`command` under a CPU-time limit of `seconds` (whole, at least 1) and no core file,
+    through the POSIX shell; as it is where there is none."""
+    shell = shutil.which("sh")
+    if shell is None:
+        return command
+    return [shell, "-c", 'ulimit -c 0 && ulimit -t "$1" && shift && exec "$@"', "sh",
+            str(max(1, math.ceil(seconds))), *command]
+
+
 class Layout:
-    """`dot -T<fmt>` on `source`, started now; `result()` waits for what it wrote (as
-    `graphviz_render` returns it) at most `timeout_s` after the start.
+    """`dot -T<fmt>` on `source`, started now; `result()` gives what it wrote (as
+    `graphviz_render` returns it), waiting for it at most until `timeout_s` after the start.
 
     The output comes through a pipe and dot's messages go to a temporary file, so a forked
     child of this process can read the result too (`fxlens.cli.analyze` starts the layouts
     as soon as the ops are costed and writes the pages in a child). There dot is not its
     child and its exit status is out of reach (``wait`` reads 0): an SVG that dot left
-    without its closing tag (a crash halfway) is a failure too."""
+    without its closing tag (a crash halfway) is a failure too.
+
+    Nobody may read a layout until long after its budget (the passes of an analysis run
+    between its start and the pages), so dot also runs under a CPU-time limit of the budget
+    (``ulimit -t``, where a POSIX shell is there): a layout that cannot finish stops taking
+    a core from the analysis when its budget is spent, not when it is read."""
 
     def __init__(self, source: str, fmt: str = "svg", timeout_s: float = DOT_TIMEOUT_S) -> None:
         binary = dot_binary()
@@ -396,8 +411,9 @@ class Layout:
         self.source, self.fmt, self.timeout_s = source, fmt, timeout_s
         self._deadline = time.monotonic() + timeout_s
         self._messages = tempfile.TemporaryFile()   # noqa: SIM115 - closed by close()
-        self._process = subprocess.Popen([binary, f"-T{fmt}"], stdin=subprocess.PIPE,
-                                         stdout=subprocess.PIPE, stderr=self._messages)
+        self._process = subprocess.Popen(_limited([binary, f"-T{fmt}"], timeout_s),
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                         stderr=self._messages)
         self._output: bytes | None = None
         assert self._process.stdin is not None
         with contextlib.suppress(BrokenPipeError):   # dot stopped reading: its messages say
@@ -411,17 +427,19 @@ class Layout:
         return self._output
 
     def _read(self) -> bytes:
+        """The output, read as it comes: what dot already wrote is taken even past the
+        budget (dot writes it all at the end of its layout, so a first chunk means it made
+        it in time); nothing by the deadline is a layout over its budget."""
         assert self._process.stdout is not None
         pipe = self._process.stdout.fileno()
         ready = select.poll()
         ready.register(pipe, select.POLLIN)
-        chunks = []
+        chunks: list[bytes] = []
         while True:
-            left = self._deadline - time.monotonic()
-            if left <= 0 or not ready.poll(left * 1000):
+            wait_s = max(self._deadline - time.monotonic(), 0.0) if not chunks else 10.0
+            if not ready.poll(wait_s * 1000):
                 self._kill()
-                raise ReportError(f"dot -T{self.fmt} took over {self.timeout_s:g} s on this "
-                                  "graph")
+                raise self._over_budget()
             chunk = os.read(pipe, 1 << 20)
             if not chunk:
                 break
@@ -432,10 +450,15 @@ class Layout:
             self._messages.seek(0)
             stderr = self._messages.read().decode(errors="replace").strip()
             log.debug("dot -T%s stderr:\n%s", self.fmt, stderr)
-            first = (stderr.splitlines() or ["no message"])[0]
+            if code < 0 or not stderr:   # killed at its CPU limit, or cut short silently
+                raise self._over_budget()
+            first = stderr.splitlines()[0]
             raise ReportError(f"dot -T{self.fmt} failed: {first[:120]} (--debug for "
                               "graphviz's output)")
         return output
+
+    def _over_budget(self) -> ReportError:
+        return ReportError(f"dot -T{self.fmt} took over {self.timeout_s:g} s on this graph")
 
     def _kill(self) -> None:
         with contextlib.suppress(ProcessLookupError):   # not `Popen.kill`: see the docstring

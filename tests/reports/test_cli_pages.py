@@ -166,3 +166,28 @@ def test_no_layout_starts_before_the_report_can_be_drawn(tmp_path: Path) -> None
     module, inputs = mlp.build()
     report = analyze_loaded(LoadedModel(module, inputs, "mlp", "mlp.py"), AnalysisOptions())
     assert write.start_layouts(report, write.PageOptions(folder=tmp_path, color="time")) == {}
+
+
+def test_a_layout_nobody_reads_stops_at_its_budget(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Started early, a layout may be read long after its budget: dot must not keep a core
+    busy until then."""
+    import time
+
+    from fxlens.analyzer.core.errors import ReportError
+    from fxlens.reports import dot
+
+    fake = tmp_path / "dot"
+    fake.write_text("#!/bin/sh\ncat >/dev/null\nwhile :; do :; done\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(dot, "dot_binary", lambda: str(fake))
+    layout = dot.Layout("digraph { a }", "svg", timeout_s=0.5)
+    try:
+        deadline = time.monotonic() + 20
+        while layout._process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert layout._process.poll() is not None, "dot still runs past its CPU budget"
+        with pytest.raises(ReportError, match="took over 0.5 s"):
+            layout.result()
+    finally:
+        layout.close()
