@@ -10,6 +10,7 @@ missing), so `fxlens.cli` stays the only printer.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,6 +30,7 @@ from fxlens.reports.html import BlockGraphs, draft_html, finish_html
 from fxlens.reports.markdown import render_markdown
 
 DEFAULT_SVG_BUDGET_S = 10
+PARALLEL_LAYOUTS = 4     # graphviz processes at once: more only share the same cores
 
 
 @dataclass(frozen=True)
@@ -53,9 +55,10 @@ class Written:
 
 def start_layouts(report: Report, options: PageOptions) -> dict[str, Layout]:
     """The graph layouts `write_pages` will need, started now (each run's first block, then
-    the whole graph), by DOT source: given to `write_pages`, each is used if the report
-    still gives the same source. None started without graphviz or where the report cannot
-    be drawn yet (a colouring by a section still to come)."""
+    the whole graph; the first `PARALLEL_LAYOUTS` of them), by DOT source: given to
+    `write_pages`, each is used if the report still gives the same source. None started
+    without graphviz or where the report cannot be drawn yet (a colouring by a section
+    still to come)."""
     if dot_binary() is None:
         return {}
     try:
@@ -64,7 +67,7 @@ def start_layouts(report: Report, options: PageOptions) -> dict[str, Layout]:
         return {}
     started: dict[str, Layout] = {}
     try:
-        for source, budget in sources:
+        for source, budget in sources[:PARALLEL_LAYOUTS]:
             started[source] = Layout(source, "svg", budget)
     except (ReportError, OSError):   # no process to be had: write_pages lays out itself
         close_layouts(started)
@@ -93,13 +96,13 @@ def write_pages(report: Report, options: PageOptions,
                 started: Mapping[str, Layout] | None = None) -> Written:
     """Render and write every page; graphviz output only when the `dot` binary exists.
 
-    The graphviz layouts (the whole graph, each run's first block) run as processes while
-    Python renders the Markdown and every part of the HTML but the graph (`draft_html`): on
-    a big report these are most of the pages' time, and they need nothing from each other.
-    The blocks' start first: one layer's forward and backward is the longest layout (0.6 s
-    on hf:llama-2-7b's training step, the whole graph 0.1 s). A layout in `started`
-    (`start_layouts`, called as soon as the ops were costed) is used where its source is
-    the one this report gives; the caller closes those."""
+    The graphviz layouts (the whole graph, each run's first block; `PARALLEL_LAYOUTS` at
+    once) run while Python renders the Markdown and every part of the HTML but the graph
+    (`draft_html`): on a big report these are most of the pages' time, and they need
+    nothing from each other. The blocks' start first: one layer's forward and backward is
+    the longest layout (0.6 s on hf:llama-2-7b's training step, the whole graph 0.1 s). A
+    layout in `started` (`start_layouts`, called as soon as the ops were costed) is read
+    where its source is the one this report gives; the caller closes those."""
     written = Written()
     dot_path = options.dot or options.folder / "graph.dot"
     if dot_binary() is None:
@@ -111,32 +114,24 @@ def write_pages(report: Report, options: PageOptions,
     else:
         runs = [] if options.expand else block_runs(report)
         started = started or {}
-        ours: list[Layout] = []
-
-        def layout(source: str, budget: float) -> Layout:
-            if source in started:
-                return started[source]
-            ours.append(Layout(source, "svg", budget))
-            return ours[-1]
-
-        try:
-            laid_out = [layout(source, budget) for source, budget in _sources(report, options)]
-            dot_source = laid_out[-1].source
+        sources = _sources(report, options)
+        with ThreadPoolExecutor(max_workers=PARALLEL_LAYOUTS) as pool:
+            laid_out = [pool.submit(started[source].result) if source in started
+                        else pool.submit(graphviz_render, source, "svg", budget)
+                        for source, budget in sources]
+            dot_source = sources[-1][0]
             _write(written, dot_path, dot_source)
             markdown, draft = render_markdown(report), draft_html(report)
             svg = _graph_image(written, options, laid_out[-1], dot_source)
             blocks = (_block_graphs(runs, laid_out[:-1], written) if svg is not None and runs
                       else None)
-        finally:
-            for made in ours:
-                made.close()
     _write(written, options.html or options.folder / "report.html",
            finish_html(draft, svg, block_graphs=blocks))
     _write(written, options.md or options.folder / "summary.md", markdown)
     return written
 
 
-def _graph_image(written: Written, options: PageOptions, whole: Layout,
+def _graph_image(written: Written, options: PageOptions, whole: Future[bytes],
                  dot_source: str) -> str | None:
     """The whole graph's SVG (and PNG, once the SVG made it) written; None, with a note,
     past its budget."""
@@ -155,7 +150,7 @@ def _graph_image(written: Written, options: PageOptions, whole: Layout,
     return svg
 
 
-def _block_graphs(runs: list[list[int]], laid_out: list[Layout], written: Written
+def _block_graphs(runs: list[list[int]], laid_out: list[Future[bytes]], written: Written
                   ) -> BlockGraphs | None:
     """Each run's first block with every op drawn, for the page to expand in place of the
     run's summary nodes; skipped (with a note) past the SVG budget."""

@@ -126,7 +126,6 @@ def test_layouts_started_early_are_the_ones_the_pages_use(
     gives the same DOT source, starts its own where not, and writes the same pages."""
     from fxlens.analyzer.core.loaded import LoadedModel
     from fxlens.api import AnalysisOptions, analyze_loaded
-    from fxlens.reports.dot import Layout
     from tests.models import tiny_gpt
 
     module, inputs = tiny_gpt.build()
@@ -138,23 +137,29 @@ def test_layouts_started_early_are_the_ones_the_pages_use(
     assert len(early) == 2                       # the block, then the whole graph
     stale = write.start_layouts(report, write.PageOptions(folder=tmp_path, color="bytes"))
     made: list[str] = []
+    render = write.graphviz_render
 
-    class Counted(Layout):
-        def __init__(self, source: str, *args: object) -> None:
-            made.append(source)
-            super().__init__(source, *args)      # type: ignore[arg-type]
+    def counted(source: str, *args: object) -> bytes:
+        made.append(source)
+        return render(source, *args)             # type: ignore[arg-type]
 
-    monkeypatch.setattr(write, "Layout", Counted)
+    monkeypatch.setattr(write, "graphviz_render", counted)
     early_options = write.PageOptions(folder=tmp_path / "early")
     write.write_pages(report, early_options, {**early, **stale})
     assert made == []                            # every layout came from `early`
     write.write_pages(report, write.PageOptions(folder=tmp_path / "stale"), stale)
     assert len(made) == 2                        # other sources: laid out anew
-    write.close_layouts({**early, **stale})
+    monkeypatch.setattr(write, "PARALLEL_LAYOUTS", 1)
+    first = write.start_layouts(report, options)
+    assert len(first) == 1                       # at most PARALLEL_LAYOUTS started at once
+    write.write_pages(report, write.PageOptions(folder=tmp_path / "capped"), first)
+    assert len(made) == 3                        # the whole graph laid out then
+    write.close_layouts({**early, **stale, **first})
     for name in ("graph.dot", "graph.svg", "report.html", "summary.md"):
         assert ((tmp_path / "early" / name).read_bytes()
                 == (tmp_path / "plain" / name).read_bytes()
-                == (tmp_path / "stale" / name).read_bytes()), name
+                == (tmp_path / "stale" / name).read_bytes()
+                == (tmp_path / "capped" / name).read_bytes()), name
 
 
 def test_no_layout_starts_before_the_report_can_be_drawn(tmp_path: Path) -> None:
