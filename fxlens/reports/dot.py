@@ -421,6 +421,7 @@ class Layout:
             self._process.stdin.write(source.encode())
         with contextlib.suppress(BrokenPipeError):
             self._process.stdin.close()
+        self._process.stdin = None      # written and closed: `communicate` leaves it alone
 
     def result(self) -> bytes:
         if self._output is None:
@@ -432,6 +433,8 @@ class Layout:
         budget (dot writes it all at the end of its layout, so a first chunk means it made
         it in time); nothing by the deadline is a layout over its budget."""
         assert self._process.stdout is not None
+        if not hasattr(select, "poll"):   # Windows: no fork there, so dot is our child
+            return self._communicate()
         pipe = self._process.stdout.fileno()
         ready = select.poll()
         ready.register(pipe, select.POLLIN)
@@ -445,8 +448,19 @@ class Layout:
             if not chunk:
                 break
             chunks.append(chunk)
-        output = b"".join(chunks)
-        code = self._process.wait()
+        return self._checked(b"".join(chunks), self._process.wait())
+
+    def _communicate(self) -> bytes:
+        try:
+            output, _ = self._process.communicate(
+                timeout=max(self._deadline - time.monotonic(), 0.001))
+        except subprocess.TimeoutExpired:
+            self._kill()
+            raise self._over_budget() from None
+        return self._checked(output, self._process.returncode)
+
+    def _checked(self, output: bytes, code: int) -> bytes:
+        """`output` if dot ended well: exit status 0 and, for an SVG, its closing tag."""
         if code != 0 or (self.fmt == "svg" and not output.rstrip().endswith(b"</svg>")):
             self._messages.seek(0)
             stderr = self._messages.read().decode(errors="replace").strip()
@@ -462,8 +476,9 @@ class Layout:
         return ReportError(f"dot -T{self.fmt} took over {self.timeout_s:g} s on this graph")
 
     def _kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):   # not `Popen.kill`: see the docstring
-            os.kill(self._process.pid, signal.SIGKILL)
+        """Not `Popen.kill`, which sends nothing where dot is not this process's child."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self._process.pid, getattr(signal, "SIGKILL", signal.SIGTERM))
 
     def close(self) -> None:
         """Stop dot if it still runs, reap it where it is this process's child, and close

@@ -206,3 +206,23 @@ def test_a_layout_nobody_reads_stops_at_its_budget(tmp_path: Path,
             layout.result()
     finally:
         layout.close()
+
+
+@needs_dot
+def test_without_poll_a_layout_is_read_by_communicate(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where `select.poll` is missing (Windows), nothing forks, so dot is this process's
+    child: its output, its exit status and its budget come through `communicate`."""
+    import select
+
+    from fxlens.analyzer.core.errors import ReportError
+    from fxlens.reports import dot
+
+    monkeypatch.delattr(select, "poll")
+    assert dot.graphviz_render("digraph { a -> b }").rstrip().endswith(b"</svg>")
+    fake = tmp_path / "dot"
+    fake.write_text("#!/bin/sh\ncat >/dev/null\nwhile :; do :; done\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(dot, "dot_binary", lambda: str(fake))
+    with pytest.raises(ReportError, match="took over 0.5 s"):
+        dot.graphviz_render("digraph { a }", "svg", 0.5)
