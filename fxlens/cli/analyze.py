@@ -256,7 +256,7 @@ def _layouts_starter(args: argparse.Namespace, layouts: dict[str, Any]) -> Any:
     from fxlens.reports.write import start_layouts
 
     def start(report: Any) -> None:
-        folder = args.out or Path("fxlens-out") / _safe_name(report.model.name)
+        folder = _folder(args, report.model.name)
         layouts.update(start_layouts(report, _page_options_of(args, folder)))
     return start
 
@@ -300,7 +300,7 @@ def _analyze(args: argparse.Namespace, options: Any, analyze_target: Any, on_cos
 
 def _output_paths(args: argparse.Namespace, name: str) -> list[Path]:
     """Every file this run promises to write, for a model called `name`."""
-    folder = args.out or Path("fxlens-out") / _safe_name(name)
+    folder = _folder(args, name)
     paths = [] if args.json == STDOUT else [Path(args.json) if args.json else
                                              folder / "report.json"]
     if not args.no_pages:
@@ -329,7 +329,7 @@ def _write_files(report: Any, args: argparse.Namespace, layouts: dict[str, Any]
     from fxlens.analyzer.core.beside import beside, result_or_none
     from fxlens.analyzer.core.report import write_report
 
-    folder = args.out or Path("fxlens-out") / _safe_name(report.model.name)
+    folder = _folder(args, report.model.name)
     written: list[Path] = []
     write_pages = None
     if not args.no_pages:
@@ -356,6 +356,11 @@ def _write_files(report: Any, args: argparse.Namespace, layouts: dict[str, Any]
     if missing:   # the CLI handler turns this into exit 3
         raise RuntimeError(f"{missing[0]} was promised but is not there after writing")
     return written
+
+
+def _folder(args: argparse.Namespace, name: str) -> Path:
+    """The report folder: --out, else fxlens-out/<the model's name, made safe>."""
+    return args.out or Path("fxlens-out") / _safe_name(name)
 
 
 def _safe_name(name: str) -> str:
