@@ -40,7 +40,7 @@ from fxlens.analyzer.core.beside import MIN_WAIT_S, Beside, beside, result_or_no
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.core.graph import Graph
-from fxlens.analyzer.core.heap import settled_heap
+from fxlens.analyzer.core.heap import model_loaded, settled_heap
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.passes import Pass, run_passes
 from fxlens.analyzer.core.report import Report
@@ -440,6 +440,7 @@ def run_pipeline(loaded: LoadedModel, options: AnalysisOptions,
 def run_context(ctx: Context) -> Report:
     """`run_pipeline` on a prepared context, whose graphs the caller may read afterwards."""
     with settled_heap() as settle:   # the collector skips what the analysis keeps alive
+        model_loaded()
         return _run_context(ctx, settle)
 
 

@@ -213,22 +213,24 @@ def run(args: argparse.Namespace) -> int:
     if args.plan:
         settings["train"] = True
     review = _check_before(args, settings)
-    from fxlens.analyzer.core.heap import settled_heap
-    from fxlens.api import AnalysisOptions, analyze_target
+    from fxlens.analyzer.core.heap import collector_off_until_loaded, settled_heap
 
-    options = AnalysisOptions(**settings)
-    layouts: dict[str, Any] = {}     # graph layouts started once the ops are costed
-    try:
-        with settled_heap() as settle:   # the analysis's own nests in it: frozen while writing
-            report = _analyze(args, options, analyze_target, _layouts_starter(args, layouts))
-            settle()
-            written = _write_files(report, args, layouts)
-            return _finish(args, options, report, written, review)
-    finally:
-        if layouts:
-            from fxlens.reports.write import close_layouts
+    with collector_off_until_loaded():   # imports and loading make no garbage worth a walk
+        from fxlens.api import AnalysisOptions, analyze_target
 
-            close_layouts(layouts)
+        options = AnalysisOptions(**settings)
+        layouts: dict[str, Any] = {}     # graph layouts started once the ops are costed
+        try:
+            with settled_heap() as settle:   # the analysis's own nests in it: frozen while writing
+                report = _analyze(args, options, analyze_target, _layouts_starter(args, layouts))
+                settle()
+                written = _write_files(report, args, layouts)
+                return _finish(args, options, report, written, review)
+        finally:
+            if layouts:
+                from fxlens.reports.write import close_layouts
+
+                close_layouts(layouts)
 
 
 def _finish(args: argparse.Namespace, options: Any, report: Any, written: list[Path],

@@ -1,13 +1,16 @@
 """`settled_heap`: the analysis's objects frozen while it runs, given back after; a host's own
-freeze left alone; and the eager-memory simulation (the one figure made of object lifetimes)
-the same with the heap frozen, the collector off, or running."""
+freeze left alone; the collector off through the analyze command's start-up only; and the
+eager-memory simulation (the one figure made of object lifetimes) the same with the heap
+frozen, the collector off, or running."""
 
 from __future__ import annotations
 
 import gc
+from pathlib import Path
 
-from fxlens.analyzer.core.heap import settled_heap
+from fxlens.analyzer.core.heap import collector_off_until_loaded, model_loaded, settled_heap
 from fxlens.analyzer.memory.measure import simulate_eager_memory
+from fxlens.cli.main import main
 from tests.models.tiny_gpt import build as build_tiny_gpt
 
 
@@ -64,3 +67,45 @@ def test_eager_simulation_does_not_depend_on_the_collector() -> None:
         gc.enable()
     assert running.timeline == frozen.timeline == off.timeline
     assert running.peak_bytes == frozen.peak_bytes == off.peak_bytes > 0
+
+
+def test_the_collector_is_off_until_the_model_is_loaded_then_runs_again() -> None:
+    assert gc.isenabled()
+    with collector_off_until_loaded():
+        assert not gc.isenabled()
+        with settled_heap():
+            model_loaded()
+            assert gc.isenabled()
+        assert gc.isenabled()
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def test_a_start_up_that_loads_nothing_turns_the_collector_back_on() -> None:
+    try:
+        with collector_off_until_loaded():
+            raise ValueError("a bad target")
+    except ValueError:
+        pass
+    assert gc.isenabled()
+    model_loaded()   # no start-up open: nothing to turn on, nothing turned off
+    assert gc.isenabled()
+
+
+def test_a_host_that_turned_the_collector_off_is_left_alone() -> None:
+    gc.disable()
+    try:
+        with collector_off_until_loaded(), settled_heap():
+            model_loaded()
+            assert not gc.isenabled()
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_the_analyze_command_leaves_the_collector_as_it_found_it(tmp_path: Path) -> None:
+    """In process (tests, a notebook): on after a run, on after a load error, nothing frozen."""
+    model = Path(__file__).parents[1] / "models" / "tiny_gpt.py"
+    assert main([str(model), "--quiet", "--no-pages", "--json", str(tmp_path / "r.json")]) == 0
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    assert main([str(tmp_path / "missing.py"), "--quiet"]) == 2
+    assert gc.isenabled() and gc.get_freeze_count() == 0
