@@ -72,7 +72,6 @@ KNOWN_DIVERGENCES: dict[str, Divergence] = {
            ("falcon", "names in forward", 0.81),
            ("gpt_neox", "names in forward", 0.87),
            ("jamba", "MoE routing and the scan's states", 0.81),
-           ("llava", "the vision tower's features, names in forward", 0.84),
            ("mamba", "the scan's per-step states", 0.79),
            ("opt", "names in forward", 0.63),
            ("phi3", "names in forward", 0.89),
