@@ -7,8 +7,11 @@ section's formats (BatchNorms folded first), and the damage is measured on held-
 ways — the distortion of the model's own predictions (KL to the full-precision model; relative
 output error power for the regression), the primary metric, and the increase of the task loss.
 fxlens's rankings are compared with it by Spearman ρ and by whether the layer fxlens ranks
-worst is the truly worst (✗ with the true damage of fxlens's pick ÷ the worst's; the summary
-counts in parentheses the rows where that pick does at least 90 % of the worst's damage):
+worst is the truly worst (✓; else the true damage of fxlens's pick ÷ the worst's, after ≈ where
+the held-out rows cannot tell the pick from the worst — a paired test over the rows' damages,
+`ranking_models.tied` — and after ✗ where they can). The summary counts the rows whose pick is
+the worst, then those whose pick is the worst or tied with it, and in parentheses those whose
+pick does at least 90 % of the worst's damage:
 
 - calibrated: the section's calibrated score (KL measured on the calibration split for every
   layer when layers × formats ≤ 128, else for the Fisher's top 8 per format);
@@ -50,9 +53,16 @@ def _summary(rows: list[rm.Row], metric: str, label: str = "all") -> list[str]:
     for kind in SCORES:
         rho = statistics.median(r.rho[kind] for r in chosen)
         first = sum(r.worst_first[kind] for r in chosen)
+        close = sum(r.worst_or_tied[kind] for r in chosen)
         near = sum(r.first_ratio[kind] >= NEAR for r in chosen)
-        cells.append(f"{rho:.2f} · {first}/{len(chosen)} ({near})")
+        cells.append(f"{rho:.2f} · {first}/{len(chosen)} · {close} ({near})")
     return [f"| **{label}, {metric}** | | {len(chosen)} rows | " + " | ".join(cells) + " |"]
+
+
+def _pick(row: rm.Row, kind: str) -> str:
+    if row.worst_first[kind]:
+        return "✓"
+    return f"{'≈' if row.worst_or_tied[kind] else '✗'} {row.first_ratio[kind]:.2f}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,8 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"measured in {time.perf_counter() - trained:.1f} s", file=sys.stderr)
             rows += found
             for r in sorted(found, key=lambda r: (r.metric != "distortion", r.format)):
-                cells = [f"{r.rho[k]:+.2f} " + ("✓" if r.worst_first[k] else
-                                                 f"✗ {r.first_ratio[k]:.2f}") for k in SCORES]
+                cells = [f"{r.rho[k]:+.2f} " + _pick(r, k) for k in SCORES]
                 lines.append(f"| {r.model} ({r.layers}) | {seed} | {r.format} · {r.metric} | "
                              + " | ".join(cells) + " |")
     for model in dict.fromkeys(r.model for r in rows):

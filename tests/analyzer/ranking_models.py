@@ -10,7 +10,8 @@ the relative output error of a regression). NB: at 8 bits the task-loss change o
 layer is dominated by its first-order term (the held-out gradient times Δw, of either sign),
 which no sensitivity score predicts; the distortion is second order and always ≥ 0.
 `ranking_rows` compares fxlens's data-free and calibrated rankings with it (Spearman ρ, and
-whether the layer fxlens ranks worst is the truly worst).
+whether the layer fxlens ranks worst is the truly worst, or one the held-out rows cannot tell
+from it: `tied`, a paired test over the rows' damages).
 
 Models: a deep MLP and a BatchNorm + depthwise CNN on sklearn's digits, a 3-layer GRU reading
 the digits' rows as a sequence, a regression MLP with function-preserving outlier channels
@@ -53,18 +54,22 @@ class Case:
         with torch.no_grad():
             return (model or self.model)(*self.held_out)  # type: ignore[no-any-return]
 
-    def loss(self, out: torch.Tensor) -> float:
+    def loss_rows(self, out: torch.Tensor) -> torch.Tensor:
+        """The task loss of each row (cross-entropy per class row, MSE per output row)."""
         if self.task == "regress":
-            return float(F.mse_loss(out, self.target))
-        return float(F.cross_entropy(out.reshape(-1, out.shape[-1]), self.target.reshape(-1)))
+            return (out - self.target).double().pow(2).reshape(len(out), -1).mean(-1)
+        return F.cross_entropy(out.reshape(-1, out.shape[-1]).double(),
+                               self.target.reshape(-1), reduction="none")
 
-    def distortion(self, reference: torch.Tensor, out: torch.Tensor) -> float:
-        """KL(p ‖ p_quantized) per row (classify) or relative output error power (regress)."""
+    def distortion_rows(self, reference: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """KL(p ‖ p_quantized) of each class row (classify), or each output row's error power
+        over the reference's mean power (regress): their mean is the relative error power."""
         if self.task == "regress":
-            return float((out - reference).pow(2).mean() / reference.pow(2).mean())
+            error = (out - reference).double().pow(2).reshape(len(out), -1).mean(-1)
+            return error / reference.double().pow(2).mean()
         p = reference.reshape(-1, reference.shape[-1]).double().log_softmax(-1)
         q = out.reshape(-1, out.shape[-1]).double().log_softmax(-1)
-        return float((p.exp() * (p - q)).sum(-1).mean())
+        return (p.exp() * (p - q)).sum(-1)
 
 
 # --- data ------------------------------------------------------------------------------------
@@ -286,14 +291,16 @@ def candidates(case: Case) -> list[Layer]:
 METRICS = ("loss", "distortion")
 
 
-def true_damage(case: Case, formats: Sequence[str]) -> dict[tuple[str, str], dict[str, float]]:
-    """(format, metric) → layer → the damage on held-out data with that layer alone quantized
-    for real: ``loss``, the increase of the task loss; ``distortion``, the KL of the model's
-    own predictions (or their relative error power, for a regression)."""
+def true_damage(case: Case, formats: Sequence[str]
+                ) -> dict[tuple[str, str], dict[str, torch.Tensor]]:
+    """(format, metric) → layer → the damage on each held-out row with that layer alone
+    quantized for real: ``loss``, the increase of the task loss; ``distortion``, the KL of the
+    model's own predictions (or their relative error power, for a regression). The damage is
+    the rows' mean; the rows tell whether two layers' damages differ beyond sampling noise."""
     known = knowledge()
     reference = case.predict()
-    base = case.loss(reference)
-    out: dict[tuple[str, str], dict[str, float]] = {
+    base = case.loss_rows(reference)
+    out: dict[tuple[str, str], dict[str, torch.Tensor]] = {
         (f, m): {} for f in formats for m in METRICS}
     for layer in candidates(case):
         weight = layer.weight
@@ -304,8 +311,8 @@ def true_damage(case: Case, formats: Sequence[str]) -> dict[tuple[str, str], dic
                 predicted = case.predict()
             finally:
                 weight.data = original
-            out[fmt, "loss"][layer.name] = case.loss(predicted) - base
-            out[fmt, "distortion"][layer.name] = case.distortion(reference, predicted)
+            out[fmt, "loss"][layer.name] = case.loss_rows(predicted) - base
+            out[fmt, "distortion"][layer.name] = case.distortion_rows(reference, predicted)
     return out
 
 
@@ -332,8 +339,22 @@ class Row:
     truly_worst: str
     rho: dict[str, float]           # by fxlens score: calibrated, fisher, data-free, prior
     worst_first: dict[str, bool]
+    # the pick is the worst or tied with it: the held-out rows cannot tell the two apart
+    worst_or_tied: dict[str, bool]
     # the true damage of the layer fxlens ranks first ÷ the truly worst layer's (1: found)
     first_ratio: dict[str, float]
+
+
+# Two layers are tied when the mean of their paired per-row damage difference is within this many
+# standard errors of zero: the held-out sample cannot say which is worse (95 %, two-sided).
+TIE_Z = 1.96
+
+
+def tied(worst: torch.Tensor, other: torch.Tensor) -> bool:
+    """`other`'s per-row damage is not significantly below `worst`'s on the same rows."""
+    difference = worst - other
+    spread = float(difference.std()) / math.sqrt(len(difference)) if len(difference) > 1 else 0.0
+    return float(difference.mean()) <= TIE_Z * spread
 
 
 def _damage_key(scores: dict[str, float | None], name: str) -> float:
@@ -348,8 +369,9 @@ def ranking_rows(case: Case, formats: Sequence[str] | None = None) -> list[Row]:
     formats = list(formats or section["formats"])
     truth = true_damage(case, formats)
     rows = []
-    for (fmt, metric), damage in truth.items():
-        names = list(damage)
+    for (fmt, metric), per_row in truth.items():
+        names = list(per_row)
+        damage = {n: float(per_row[n].mean()) for n in names}
         by = {r["layer"]: r for r in section["layers"]}
         scores = {
             "calibrated": {n: by[n]["calibrated_score_db"].get(fmt) for n in names},
@@ -360,14 +382,15 @@ def ranking_rows(case: Case, formats: Sequence[str] | None = None) -> list[Row]:
         }
         hurt = [damage[n] for n in names]
         worst = max(names, key=lambda n: damage[n])
-        rho, first, ratio = {}, {}, {}
+        rho, first, close, ratio = {}, {}, {}, {}
         for kind, score in scores.items():
             keys = [_damage_key(score, n) for n in names]
             rho[kind] = spearman(keys, hurt)
             top = max(names, key=lambda n, s=score: _damage_key(s, n))
-            first[kind] = damage[top] >= damage[worst]       # the worst, or tied with it
+            first[kind] = damage[top] >= damage[worst]       # the worst, or exactly as bad
+            close[kind] = first[kind] or tied(per_row[worst], per_row[top])
             ratio[kind] = damage[top] / damage[worst] if damage[worst] > 0 else 1.0
-        rows.append(Row(case.name, fmt, metric, len(names), worst, rho, first, ratio))
+        rows.append(Row(case.name, fmt, metric, len(names), worst, rho, first, close, ratio))
     return rows
 
 

@@ -1,7 +1,8 @@
 """Does fxlens rank the layers the way real quantization damages them? Small models trained
 here (several seeds), each weight matrix quantized alone for real, the damage measured on
 held-out data (`tests.analyzer.ranking_models`), against fxlens's calibrated and data-free
-rankings: Spearman ρ, and the truly worst layer ranked first, on models of ≥ 8 layers.
+rankings: Spearman ρ, and the truly worst layer ranked first (or one the held-out rows cannot
+tell from it), on models of ≥ 8 layers.
 
 The damage asserted on is the distortion of the model's own held-out predictions (KL to the
 full-precision model): at 8 bits a small layer's task-loss change is its first-order term,
@@ -45,9 +46,11 @@ def test_calibrated_ranking_finds_the_worst_layer_of_a_deep_mlp() -> None:
     rows = [row for seed in (0, 1, 2) for row in _rows(rm.deep_mlp(seed, depth=8, epochs=12))]
     for row in rows:
         assert row.rho["calibrated"] >= 0.75, row
-    # NB: not all 9: the calibration and held-out splits (500 and 397 rows, the KL carried by few
-    # of them) disagree on the worst of two close layers (seed 2 int8: 63.3 vs 62.9 ·10⁻⁶)
-    assert sum(r.worst_first["calibrated"] for r in rows) >= 7, rows
+    # NB: the worst or tied with it (`rm.tied`): the calibration and held-out splits (500 and 397
+    # rows, the KL carried by few of them) disagree on the worst of two close layers, and which
+    # one the held-out split puts first moves with the CPU's rounding in training (seed 0 int8:
+    # 1.4 ± 14 ·10⁻⁶ apart on one machine, where another had seed 2 int8 63.3 vs 62.9 ·10⁻⁶)
+    assert sum(r.worst_or_tied["calibrated"] for r in rows) >= 8, rows
     # the Fisher alone (no measured KL) ranks too, and the data-free score beats depth alone
     assert statistics.median(r.rho["fisher"] for r in rows) >= 0.6, rows
     assert statistics.median(r.rho["data-free"] for r in rows) >= 0.6, rows
@@ -69,7 +72,7 @@ def test_recurrent_matrices_are_ranked_with_the_rest(seed: int) -> None:
     assert {"gru.weight_ih_l0", "gru.weight_hh_l0", "gru.weight_hh_l2"} <= names
     rows = _rows(case)
     assert statistics.median(r.rho["calibrated"] for r in rows) >= 0.8, rows
-    assert sum(r.worst_first["calibrated"] for r in rows) >= len(rows) - 1, rows
+    assert sum(r.worst_or_tied["calibrated"] for r in rows) >= len(rows) - 1, rows
 
 
 @pytest.mark.slow
@@ -91,7 +94,7 @@ def test_char_lm_embeddings_and_head_rank_where_they_hurt() -> None:
     rows = _rows(case)
     assert rows[0].layers == 27
     assert statistics.median(r.rho["calibrated"] for r in rows) >= 0.9, rows
-    assert sum(r.worst_first["calibrated"] for r in rows) >= len(rows) - 1, rows
+    assert sum(r.worst_or_tied["calibrated"] for r in rows) >= len(rows) - 1, rows
     assert statistics.median(r.rho["data-free"] for r in rows) >= 0.6, rows
 
 
@@ -139,3 +142,14 @@ def test_fisher_damage_predicts_the_measured_output_error_of_a_regression() -> N
               for r in section["layers"] for fmt in ("int8_per_tensor", "int8_per_channel")]
     assert len(ratios) == 16
     assert 0.3 <= statistics.median(ratios) <= 3.0, ratios
+
+
+def test_a_tie_is_a_difference_within_the_rows_noise() -> None:
+    """The worst layer's per-row damage against another's on the same rows (`rm.tied`)."""
+    g = torch.Generator().manual_seed(0)
+    rows = torch.rand(400, generator=g, dtype=torch.float64)
+    noise = torch.randn(400, generator=g, dtype=torch.float64)
+    assert rm.tied(rows, rows)                                  # the pick is the worst itself
+    assert rm.tied(rows + 0.01 * noise, rows)                   # apart by noise only
+    assert not rm.tied(rows * 1.5, rows)                        # 50 % worse on every row
+    assert not rm.tied(rows + 0.01 * noise + 0.01, rows)        # a shift of 20 standard errors
