@@ -34,7 +34,8 @@ their allocations set off walks everything built so far and frees nothing (0.45 
 loaded). `collector_off_until_loaded()` turns the collector off for the command;
 `model_loaded()`, called where the analysis has frozen the loaded heap, turns it back on, so
 the analysis itself is collected exactly as before. The only garbage left uncollected is
-start-up's own cycles, frozen with the rest.
+start-up's own cycles, frozen with the rest. NB: that includes cycles a model file's own code
+leaves while it loads; tensors are freed by reference counting as always.
 """
 
 from __future__ import annotations
