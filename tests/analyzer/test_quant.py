@@ -114,6 +114,29 @@ def test_calibration_measures_activations_and_output_sqnr() -> None:
         assert row["activation"]["input_absmax"] > 0
 
 
+def test_the_measured_kl_caps_its_top_rows_within_a_floor() -> None:
+    """The KL per row is averaged with its top 1 % of rows capped at the value below them,
+    never under half the plain mean; under 100 rows nothing is capped."""
+    from fxlens.analyzer.quant.calibrated import softmax_damage, tail_capped_mean
+
+    ramp = torch.arange(1, 201, dtype=torch.float64)             # top 2 rows → 198
+    assert tail_capped_mean(ramp) == pytest.approx((ramp.sum() - 199 - 200 + 2 * 198) / 200)
+    one_row = torch.full((200,), 1e-4, dtype=torch.float64)
+    one_row[7] = 1.0                     # the damage lives in one row: the floor holds it
+    assert tail_capped_mean(one_row) == pytest.approx(0.5 * float(one_row.mean()))
+    assert tail_capped_mean(ramp[:99]) == pytest.approx(float(ramp[:99].mean()))
+    assert tail_capped_mean(torch.zeros(0, dtype=torch.float64)) == 0.0
+
+    torch.manual_seed(0)
+    z = torch.randn(300, 10)
+    zq = z + 0.1 * torch.randn(300, 10)
+    zq[:3] += 5 * torch.randn(3, 10)                          # three rows far off
+    per_row, kl, agreement = softmax_damage([z[:150], z[150:]], [zq[:150], zq[150:]])
+    assert per_row.shape == (300,)
+    assert float(per_row.mean()) * 0.5 <= kl < float(per_row.mean())
+    assert agreement == pytest.approx(float((z.argmax(-1) == zq.argmax(-1)).double().mean()))
+
+
 @pytest.mark.parametrize("depth", [12, 40])
 def test_every_layer_is_measured_when_it_is_cheap(depth: int) -> None:
     """Layers × formats up to MEASURE_ALL_PAIRS: the score is the measured damage for every

@@ -379,6 +379,7 @@ class QuantLayer:
     risks: tuple[str, ...]
     risk_details: Mapping[str, str]
     output_sqnr_db: Mapping[str, float | None] | None = optional()
+    # nats per logit row, its top 1 % of rows capped (`quant.calibrated.tail_capped_mean`)
     output_kl: Mapping[str, float] | None = optional()
     top1_agreement: Mapping[str, float] | None = optional()
     calibrated_score_db: Mapping[str, float | None] | None = optional()

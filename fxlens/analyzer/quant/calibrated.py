@@ -11,9 +11,10 @@ is fake-quantized (and with ``activations`` its input too) and the damage to the
 all batches is measured three ways:
 
 - model-output SQNR ``10·log10(Σy² / Σ(y − ŷ)²)`` on every floating-point output leaf;
-- on the *logit* leaves (below): the mean KL divergence ``KL(softmax(z) ‖ softmax(ẑ))`` in nats
-  over every row of the last (class) dimension, and the top-1 agreement (share of rows whose
-  argmax is unchanged).
+- on the *logit* leaves (below): the KL divergence ``KL(softmax(z) ‖ softmax(ẑ))`` in nats
+  over every row of the last (class) dimension, averaged with its top 1 % of rows capped
+  (`tail_capped_mean`, `TAIL_SHARE`), and the top-1 agreement (share of rows whose argmax is
+  unchanged).
 
 Which of them ranks the layers (`Calibration.score_db`, higher is safer) is the *metric*:
 
@@ -84,6 +85,15 @@ MEASURE_TOP = 8
 # e.g. int4 rounding a whole down-scaled input column to zero: 5–11× on bench/README.md's
 # regression MLP). Bigger models keep `MEASURE_TOP` per format, so their cost is unchanged.
 MEASURE_ALL_PAIRS = 128
+# NB: a confident classifier's KL sits on few rows, those near a decision boundary: most rows'
+# KL is ~0 and a handful carry the mean, so which handful the calibration drew reorders the
+# top of the ranking. The measured KL is a winsorized mean — the top 1 % of rows capped at the
+# value below them — which cuts that noise; the floor keeps a layer whose damage truly lives in
+# a few rows from reading more than 2× (3 dB) safer than its plain mean. Measured
+# (bench/README.md, 160 rows of 5 trained models × 8 seeds): the calibrated pick is the
+# held-out worst in 144 rows against 139 with the plain mean (5 gained, none lost).
+TAIL_SHARE = 0.01
+TAIL_FLOOR = 0.5
 
 Inputs = tuple[Any, ...] | dict[str, Any]
 
@@ -148,15 +158,25 @@ def _collect(runs: Sequence[list[torch.Tensor]], logit_index: Sequence[frozenset
 
 
 def softmax_damage(reference: Sequence[torch.Tensor], quantized: Sequence[torch.Tensor]
-                   ) -> tuple[float, float]:
-    """(mean KL(softmax(z) ‖ softmax(ẑ)) in nats, top-1 agreement) over every logit row."""
-    kl, agree, rows = 0.0, 0.0, 0
-    for z, zq in zip(reference, quantized, strict=True):
-        p, q = z.double().log_softmax(-1), zq.double().log_softmax(-1)
-        kl += float((p.exp() * (p - q)).sum(-1).clamp(min=0).sum())
-        agree += float((z.argmax(-1) == zq.argmax(-1)).sum())
-        rows += z.shape[0]
-    return kl / max(rows, 1), agree / max(rows, 1)
+                   ) -> tuple[torch.Tensor, float, float]:
+    """(KL(softmax(z) ‖ softmax(ẑ)) of every logit row in nats, their `tail_capped_mean`,
+    top-1 agreement) over every logit row."""
+    per_row = row_kl(reference, quantized)
+    agree = sum(float((z.argmax(-1) == zq.argmax(-1)).sum())
+                for z, zq in zip(reference, quantized, strict=True))
+    return per_row, tail_capped_mean(per_row), agree / max(len(per_row), 1)
+
+
+def tail_capped_mean(rows: torch.Tensor) -> float:
+    """The rows' mean with the top `TAIL_SHARE` of them capped at the value below them (a
+    winsorized mean), never under `TAIL_FLOOR` × the plain mean; the plain mean when there
+    are fewer than 1 / `TAIL_SHARE` rows."""
+    mean = float(rows.mean()) if len(rows) else 0.0
+    top = int(len(rows) * TAIL_SHARE)
+    if top == 0:
+        return mean
+    cap = rows.kthvalue(len(rows) - top).values
+    return max(float(rows.clamp(max=cap).mean()), TAIL_FLOOR * mean)
 
 
 def damage_db(damage: float) -> float:
@@ -264,10 +284,9 @@ def _measure(module: torch.nn.Module, layers: Sequence[Layer], batches: Sequence
             outputs = _collect(_quantized_run(module, layer, fmt, act, batches), index)
             sqnr.setdefault(layer.name, {})[name] = sqnr_db(reference.flat, outputs.flat)
             if reference.logits:
-                kl.setdefault(layer.name, {})[name], agreement.setdefault(layer.name, {})[
-                    name] = softmax_damage(reference.logits, outputs.logits)
+                per_row, kl.setdefault(layer.name, {})[name], agreement.setdefault(
+                    layer.name, {})[name] = softmax_damage(reference.logits, outputs.logits)
                 if name == score_format:
-                    per_row = row_kl(reference.logits, outputs.logits)
                     per_row = per_row / per_row.mean().clamp(min=1e-300)
                     rows = per_row if rows is None else rows + per_row
     return sqnr, kl, agreement, rows
