@@ -291,7 +291,7 @@ def candidates(case: Case) -> list[Layer]:
 METRICS = ("loss", "distortion")
 
 
-def true_damage(case: Case, formats: Sequence[str]
+def true_damage(case: Case, formats: Sequence[str], metrics: Sequence[str] = METRICS
                 ) -> dict[tuple[str, str], dict[str, torch.Tensor]]:
     """(format, metric) → layer → the damage on each held-out row with that layer alone
     quantized for real: ``loss``, the increase of the task loss; ``distortion``, the KL of the
@@ -299,9 +299,9 @@ def true_damage(case: Case, formats: Sequence[str]
     the rows' mean; the rows tell whether two layers' damages differ beyond sampling noise."""
     known = knowledge()
     reference = case.predict()
-    base = case.loss_rows(reference)
+    base = case.loss_rows(reference) if "loss" in metrics else None
     out: dict[tuple[str, str], dict[str, torch.Tensor]] = {
-        (f, m): {} for f in formats for m in METRICS}
+        (f, m): {} for f in formats for m in metrics}
     for layer in candidates(case):
         weight = layer.weight
         original = weight.data
@@ -311,9 +311,18 @@ def true_damage(case: Case, formats: Sequence[str]
                 predicted = case.predict()
             finally:
                 weight.data = original
-            out[fmt, "loss"][layer.name] = case.loss_rows(predicted) - base
-            out[fmt, "distortion"][layer.name] = case.distortion_rows(reference, predicted)
+            if base is not None:
+                out[fmt, "loss"][layer.name] = case.loss_rows(predicted) - base
+            if "distortion" in metrics:
+                out[fmt, "distortion"][layer.name] = case.distortion_rows(reference, predicted)
     return out
+
+
+def on_calibration(case: Case) -> Case:
+    """The case with its calibration split as the rows `true_damage` measures (distortion
+    only: the calibration split has no labels here)."""
+    (inputs,) = case.calibration
+    return replace(case, held_out=inputs, target=torch.zeros(0))
 
 
 def fxlens_section(case: Case, calibrated: bool = True, synthetic: bool = True
