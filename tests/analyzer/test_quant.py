@@ -384,3 +384,40 @@ def test_a_report_from_before_the_fisher_scores_still_loads() -> None:
     section = decode(Quant, old)
     assert section.score_metric is None and section.layers[0].data_free_fisher is None
     assert encode(section) == old
+
+
+def _heavy_tailed_mlp() -> nn.Module:
+    """Weights no default init draws (Student-t): scored, not refused as random init."""
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                          nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))
+    with torch.no_grad():
+        for layer in model[::2]:
+            layer.weight.copy_(torch.distributions.StudentT(4.0).sample(layer.weight.shape)
+                               * 0.05)
+    return model
+
+
+def test_the_first_screen_says_how_many_layers_can_go_to_int4_and_what_the_plan_saves(
+) -> None:
+    from fxlens.reports.views.quant import quant_verdicts
+
+    model, x = _heavy_tailed_mlp(), torch.randn(4, 64)
+    graph = capture(model, (x,), load_rules())
+    section = quant_section(model, graph, knowledge(), QuantSettings(
+        example_inputs=(x,), plan=plan_request("w4a16", None)))
+    int4, plan = quant_verdicts(section)
+    said = [row.verdicts["int4_g128"] for row in section.layers]
+    assert int4.label == "int4_g128 weights"
+    assert int4.value == f"{said.count('ok')} of {len(said)} layers ok"
+    keep = [row.layer for row in section.layers if row.verdicts["int4_g128"] == "keep higher"]
+    assert {"0", "6"} <= set(keep)                       # first and last: QNT004, QNT005
+    assert all(name in int4.detail for name in keep) and "by data-free" in int4.detail
+    assert section.plan is not None
+    assert plan.value == f"{section.plan.compression_ratio:.2f}× smaller"
+    assert "int8_per_channel" in plan.detail and "predicted" in plan.detail
+
+    fresh = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 8))   # default init
+    unscored = quant_section(fresh, capture(fresh, (x,), load_rules()), knowledge(),
+                             QuantSettings(example_inputs=(x,)))
+    (figure,) = quant_verdicts(unscored)
+    assert figure.value == "not scored" and "random initialisation" in figure.detail

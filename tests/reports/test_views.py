@@ -12,6 +12,7 @@ from rich.console import Console
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.report import Report
 from fxlens.api import AnalysisOptions, analyze_loaded
+from fxlens.reports.escape import markdown_escape
 from fxlens.reports.html import render_html
 from fxlens.reports.markdown import render_markdown
 from fxlens.reports.terminal import render_terminal
@@ -98,6 +99,7 @@ def test_every_headline_number_reads_the_same_on_every_surface(full_report: Repo
     terminal = terminal_text(full_report)
     page, markdown = render_html(full_report, None), render_markdown(full_report)
     for figure in headline(full_report):
-        assert f"| {figure.label} | {figure.value}" in markdown, figure.label
+        assert f"| {markdown_escape(figure.label)} | {markdown_escape(figure.value)}" in (
+            markdown), figure.label
         assert figure.value in terminal and figure.label in terminal, figure.label
         assert f'<div class="v">{figure.value}</div>' in page, figure.label

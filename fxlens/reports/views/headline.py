@@ -12,12 +12,14 @@ from fxlens.analyzer.core.sections import (
     KVCache,
     Memory,
     Plan,
+    Quant,
     Roofline,
     Training,
 )
 from fxlens.reports.units import binary_bytes, seconds, si
 from fxlens.reports.view import Figure, Tone
 from fxlens.reports.views.plan import plan_verdict
+from fxlens.reports.views.quant import quant_verdicts
 
 
 def inputs_text(report: Report) -> str:
@@ -93,7 +95,8 @@ def _memory_figures(report: Report) -> list[Figure]:
 
 
 def verdicts(report: Report) -> tuple[Figure, ...]:
-    """Every verdict that applies: coverage gaps, does it fit, with what would change it."""
+    """Every verdict that applies: coverage gaps, does it fit, can the weights go to 4 bits,
+    with what would change it."""
     out = []
     coverage = report.coverage
     missing = sum(coverage.unsupported.values()) + len(coverage.failed)
@@ -111,6 +114,9 @@ def verdicts(report: Report) -> tuple[Figure, ...]:
     plan = report.get(Plan)
     if plan is not None:
         out.append(plan_verdict(plan))
+    quant = report.get(Quant)
+    if quant is not None:
+        out += quant_verdicts(quant)
     return tuple(out)
 
 

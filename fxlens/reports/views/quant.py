@@ -15,7 +15,7 @@ from typing import Any
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import Quant, QuantLayer, QuantPlan, QuantRisk
 from fxlens.reports.units import binary_bytes, si
-from fxlens.reports.view import Block, Cell, Column, Detail, Table, Tone, View
+from fxlens.reports.view import Block, Cell, Column, Detail, Figure, Table, Tone, View
 
 
 def quant_view(report: Report, detail: Detail) -> View | None:
@@ -61,22 +61,78 @@ def _rank_key(row: QuantLayer, fmt: str) -> float:
     return math.inf
 
 
+def _ranked_by(section: Quant) -> str:
+    """The score that ranks the layers and gives the verdicts, in words."""
+    if section.calibration is None:
+        return "data-free KL" if section.score_metric == "kl" else "data-free SQNR"
+    metric = section.calibration.metric
+    return ("calibrated KL of the softmax" if metric == "kl" else "calibrated top-1 flips"
+            if metric == "agreement" else "calibrated output SQNR")
+
+
+# why no layer has a verdict, by the section's status
+UNSCORED = {
+    "random_init": "the weights look like random initialisation: load trained weights to "
+                   "score the layers",
+    "meta": "the weights are not loaded (meta device): load them to score the layers",
+}
+
+
+def _names(names: Sequence[str], shown: int = 3) -> str:
+    return ", ".join(names[:shown]) + (f" +{len(names) - shown}" if len(names) > shown else "")
+
+
+def quant_verdicts(section: Quant) -> tuple[Figure, ...]:
+    """The first screen's answer to "can it go to int4?" (the section's 4-bit format, else its
+    score format): how many layers can, which are risky or to keep higher, most sensitive
+    first; then the plan's size and predicted damage."""
+    fmt = next((f for f in section.formats if f.startswith("int4")), section.score_format)
+    scored = [r for r in sorted(section.layers, key=lambda r: _rank_key(r, fmt))
+              if r.status == "scored"]
+    by_verdict = {v: [r.layer or "(root)" for r in scored if r.verdicts.get(fmt) == v]
+                  for v in ("ok", "risky", "keep higher")}
+    label = f"{fmt} weights"
+    if not scored:
+        figures = [Figure(label, "not scored", UNSCORED.get(
+            section.status, f"no layer could be scored ({section.status}): see the "
+                            "quantization notes"), Tone.WARN)]
+    else:
+        parts = [f"{v}: {_names(by_verdict[v])}" for v in ("keep higher", "risky")
+                 if by_verdict[v]]
+        if len(scored) < len(section.layers):
+            parts.append(f"{len(section.layers) - len(scored)} unscored")
+        ok = len(by_verdict["ok"])
+        figures = [Figure(label, f"{ok} of {len(scored)} layers ok",
+                          " · ".join([*parts, f"by {_ranked_by(section)}"]),
+                          Tone.GOOD if ok == len(scored) else Tone.WARN)]
+    plan = section.plan
+    if plan is not None:
+        what, value = _predicted(plan, section.score_metric or "sqnr")
+        detail = (f"{binary_bytes(plan.weight_bytes)} of weights (from "
+                  f"{binary_bytes(plan.original_bytes)}) · {_plan_layers(plan)} · {what} "
+                  f"{value}")
+        if plan.budget_bytes is not None:
+            detail += (f" · {'fits' if plan.fits else 'does not fit'} the budget of "
+                       f"{binary_bytes(plan.budget_bytes)}")
+        tone = Tone.STRONG if plan.fits is None else Tone.GOOD if plan.fits else Tone.BAD
+        figures.append(Figure(f"quantization plan ({plan.name})",
+                              f"{plan.compression_ratio:.2f}× smaller", detail, tone))
+    return tuple(figures)
+
+
 def layer_table(section: Quant, top: int, full: bool = False) -> Table:
     fmt = section.score_format
     calibrated = section.calibration is not None
     metric = section.calibration.metric if section.calibration is not None else "sqnr"
     ranked = sorted(section.layers, key=lambda r: _rank_key(r, fmt))
-    free_kl = not calibrated and section.score_metric == "kl"
-    by = ("calibrated KL of the softmax" if metric == "kl" else "calibrated top-1 flips"
-          if metric == "agreement" else "calibrated output SQNR") if calibrated else (
-          "data-free KL" if free_kl else "data-free SQNR")
+    by = _ranked_by(section)
     shown = [f for f in section.formats if f == fmt or f.startswith("int4")]
     verdict_formats = [f for f in section.formats if f.startswith(VERDICT_FORMATS)] or shown
     names = ["layer", "params"] + [f"{_short(f)}?" for f in verdict_formats]
     if full:
         names += ["max/std", "kurt."] + [f"w {f}" for f in shown]
     measured = ["output"] + ([metric] if metric != "sqnr" else []) + ["act. outliers"]
-    names += ["score"] + (measured if calibrated else []) + ["risks"]
+    names += ["data-free"] + (measured if calibrated else []) + ["risks"]
     if section.plan is not None:
         names.append("plan")
     heads = [Column(n, right=n not in ("layer", "risks", "plan") and not n.endswith("?"))
@@ -107,25 +163,33 @@ def layer_table(section: Quant, top: int, full: bool = False) -> Table:
                     f"(by {by} at {fmt}, dB)", heads, rows, caption=caption)
 
 
-def plan_table(plan: QuantPlan, metric: str = "sqnr") -> Table:
+def _plan_layers(plan: QuantPlan) -> str:
+    """``4 × fp8_e4m3, 6 × int4_g128``: how many layers the plan puts at each format."""
     counts: dict[str, int] = {}
     for fmt in plan.precision.values():
         counts[fmt] = counts.get(fmt, 0) + 1
+    return ", ".join(f"{n} × {f}" for f, n in sorted(counts.items()))
+
+
+def _predicted(plan: QuantPlan, metric: str) -> tuple[str, str]:
+    """(what, value) of the plan's predicted damage, in the unit of the score that sized it."""
+    predicted = plan.predicted_output_sqnr_db
+    if metric == "kl":      # the plan's figure is −10·log10 of the summed KL
+        kl = "0" if predicted is None else f"{10 ** (-predicted / 10):.2g}"
+        return "predicted KL", f"{kl} nats per row ({_db(predicted) or '∞'} dB, {plan.basis})"
+    return "predicted output SQNR", f"{_db(predicted) or '∞'} dB ({plan.basis})"
+
+
+def plan_table(plan: QuantPlan, metric: str = "sqnr") -> Table:
     rows: list[tuple[str, str | Cell]] = [
-        ("layers", ", ".join(f"{n} × {f}" for f, n in sorted(counts.items()))),
+        ("layers", _plan_layers(plan)),
         ("weight memory", f"{binary_bytes(plan.weight_bytes)} (from "
                           f"{binary_bytes(plan.original_bytes)}, scales included)"),
         ("compression", f"{plan.compression_ratio:.2f}×")]
     if plan.budget_bytes is not None:
         verdict = Cell("fits", Tone.GOOD) if plan.fits else Cell("does not fit", Tone.BAD)
         rows.append((f"budget {binary_bytes(plan.budget_bytes)}", verdict))
-    predicted = plan.predicted_output_sqnr_db
-    if metric == "kl":      # the plan's figure is −10·log10 of the summed KL
-        kl = "0" if predicted is None else f"{10 ** (-predicted / 10):.2g}"
-        rows.append(("predicted KL", f"{kl} nats per row ({_db(predicted) or '∞'} dB, "
-                                     f"{plan.basis})"))
-    else:
-        rows.append(("predicted output SQNR", f"{_db(predicted) or '∞'} dB ({plan.basis})"))
+    rows.append(_predicted(plan, metric))
     return Table.of(f"quantization plan · {plan.name} · activations {plan.activations}",
                     (Column("", strong=True), Column("", right=True)), rows, show_header=False)
 
