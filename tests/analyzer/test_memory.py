@@ -66,6 +66,33 @@ def test_views_and_in_place_ops_share_their_base_storage() -> None:
     assert (p.param_bytes, p.buffer_bytes, p.input_bytes) == (8 * 16 * F32, 16 * F32, X)
 
 
+def test_a_tied_weight_is_one_storage_under_both_its_names() -> None:
+    """GPT-2's lm_head.weight is transformer.wte.weight: torch.export gives each name a graph
+    input, and counting both overstated the weights by a vocabulary × width matrix."""
+    b = Build()
+    x = b.leaf(T(4, 8))
+    emb = b.leaf(T(16, 8), NodeKind.PARAM, "wte.weight")
+    head = b.leaf(T(16, 8), NodeKind.PARAM, "lm_head.weight")
+    b.call("aten.mm.default", {"self": x, "mat2": head}, T(4, 16))
+    b.call("aten.mm.default", {"self": x, "mat2": emb}, T(4, 16))
+    tied = profile(b.graph(tied={"lm_head.weight": "wte.weight"}))
+    untied = profile(b.graph())
+    assert tied.param_bytes == 16 * 8 * F32
+    assert untied.param_bytes == 2 * 16 * 8 * F32
+
+
+def test_a_tied_hf_model_counts_its_weights_once() -> None:
+    from fxlens.analyzer.capture.hf import load_preset
+    from fxlens.analyzer.core.sections import Memory
+    from fxlens.api import AnalysisOptions, analyze_loaded
+
+    loaded = load_preset("gpt2", {"n_layer": "1", "n_embd": "32", "n_head": "2",
+                                  "vocab_size": "512"}, 1, 8)
+    memory = analyze_loaded(loaded, AnalysisOptions(fusion=False)).require(Memory)
+    unique = sum(p.numel() * p.element_size() for p in loaded.module.parameters())
+    assert memory.param_bytes == unique
+
+
 def test_graph_outputs_live_to_the_end() -> None:
     b = Build()
     x = b.leaf(T(4, 8))

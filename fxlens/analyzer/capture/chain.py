@@ -110,7 +110,7 @@ def capture(
         return Graph(
             nodes=tuple(nodes), capture_method=label, params=param_infos(module),
             module_types={p: type_name(type(m)) for p, m in module.named_modules()},
-            outputs=outputs, notes=tuple(notes),
+            outputs=outputs, notes=tuple(notes), tied=tied_names(module),
         )
     raise _capture_error(last_error, notes)
 
@@ -294,6 +294,19 @@ def param_infos(module: torch.nn.Module) -> tuple[ParamInfo, ...]:
               for n, p in module.named_parameters()]
     buffers = [ParamInfo(n, spec_of(b), True, False) for n, b in module.named_buffers()]
     return tuple(params + buffers)
+
+
+def tied_names(module: torch.nn.Module) -> dict[str, str]:
+    """Each further name of a tensor the module holds under several (tied input and output
+    embeddings), mapped to its first name: one storage, however many graph inputs."""
+    first: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    named = (*module.named_parameters(remove_duplicate=False),
+             *module.named_buffers(remove_duplicate=False))
+    for name, tensor in named:
+        tied.update({name: first[id(tensor)]} if id(tensor) in first else {})
+        first.setdefault(id(tensor), name)
+    return tied
 
 
 def _first_line(error: BaseException) -> str:

@@ -39,7 +39,7 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 
-from fxlens.analyzer.capture.chain import Inputs, param_infos, plain_outputs
+from fxlens.analyzer.capture.chain import Inputs, param_infos, plain_outputs, tied_names
 from fxlens.analyzer.capture.fx_convert import type_name, user_frame
 from fxlens.analyzer.capture.recorder import Recorder, fake_then_real, module_tracking
 from fxlens.analyzer.capture.step_blocks import StandIns
@@ -89,7 +89,7 @@ def capture_training(
     assert recorded is not None
     # NB: the recorder decomposed unknown ops as they ran; nothing is left to splice in.
     graph = Graph(
-        nodes=tuple(recorded.nodes), params=param_infos(module),
+        nodes=tuple(recorded.nodes), params=param_infos(module), tied=tied_names(module),
         capture_method="joint forward+backward recorded at dispatch level",
         module_types={p: type_name(type(m)) for p, m in module.named_modules()},
         roles=recorded.roles, notes=(f"recorded on {tensors}",),

@@ -174,6 +174,9 @@ class Graph:
     # Tensors of a training step that outlive it, by role: "gradient" (a parameter's .grad),
     # "optimizer_state". Like `outputs`, they stay live to the end of the graph.
     roles: Mapping[TensorRef, str] = field(default_factory=dict)
+    # A parameter or buffer held under several names (tied embeddings): further name → first.
+    # A capture may give each name its own graph input; they are one storage.
+    tied: Mapping[str, str] = field(default_factory=dict)
 
     def spec(self, ref: TensorRef) -> TensorSpec | None:
         outputs = self.nodes[ref.node].outputs

@@ -221,12 +221,19 @@ def plan_storages(
     st = Storages()
     eager = EagerScopes(graph) if lifetimes is Lifetimes.EAGER else None
     positions = {node.id: position for position, node in enumerate(graph.nodes)}
+    resident: dict[tuple[str, int], int] = {}   # a parameter's or buffer's storage, first name
     for position, node in enumerate(graph.nodes):
         if node.kind is not NodeKind.CALL:
+            name = graph.tied.get(str(node.target), str(node.target))
             for i, spec in enumerate(node.outputs):
-                if spec is not None:
-                    st.of_ref[TensorRef(node.id, i)] = st.open(node, position, spec,
-                                                               RESIDENT[node.kind])
+                if spec is None:
+                    continue
+                sid = resident.get((name, i))
+                if sid is None:
+                    sid = st.open(node, position, spec, RESIDENT[node.kind])
+                    if node.kind is not NodeKind.INPUT:
+                        resident[(name, i)] = sid
+                st.of_ref[TensorRef(node.id, i)] = sid
             continue
         held = eager if node.phase == "forward" else None
         for ref in node.input_refs():
