@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -446,7 +446,8 @@ def run_context(ctx: Context) -> Report:
 
 def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
     loaded, options, on_step = ctx.loaded, ctx.options, ctx.on_step
-    check_options(options)
+    # A device given as a spec (validate's calibrated profile) is not looked up by its name.
+    check_options(options if ctx.device is None else replace(options, device=None))
     ctx.device_spec()   # a bad --device fails before the capture, not after
     check_scale(loaded.module, loaded.name, options.allow_large)
     if options.train:

@@ -3,6 +3,8 @@ and nothing else is added; the model is captured once per shape."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from fxlens.analyzer.core.loaded import LoadedModel
@@ -92,6 +94,18 @@ def test_a_pass_whose_needs_are_missing_names_both() -> None:
 def test_validate_runs_the_same_pipeline() -> None:
     report = validate(loaded(mlp.build, "mlp"), host_cpu(), RunSettings("cpu", 0, 1))
     assert keys(report) == {"memory", "roofline", "validation"}
+
+
+def test_validate_predicts_with_a_profile_that_is_not_in_the_cache(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A calibrated profile is named after its device ("cuda"); given as a spec, it must not be
+    looked up again by that name (there is no cached profile of it here)."""
+    import dataclasses
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    profile = dataclasses.replace(host_cpu(), name="cuda", calibrated=True)
+    report = validate(loaded(mlp.build, "mlp"), profile, RunSettings("cpu", 0, 1))
+    assert report.require(Roofline).device.name == "cuda"
 
 
 def test_one_token_inputs_cut_only_the_sequence() -> None:
