@@ -30,7 +30,14 @@ from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.time.device_calibration import Calibration, allow_tf32, calibrate
 from fxlens.analyzer.time.validate import RunSettings, prepare, run_graph, validation_section
 from fxlens.pipeline import AnalysisOptions, Context, resolve_device, run_context
-from fxlens.rules.hardware import DTYPE_KEYS, DeviceSpec, host_cpu, profile_dir, registry_name
+from fxlens.rules.hardware import (
+    DTYPE_KEYS,
+    MISALIGNED_GEMM,
+    DeviceSpec,
+    host_cpu,
+    profile_dir,
+    registry_name,
+)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -72,6 +79,8 @@ def profile_spec(measured: Calibration) -> DeviceSpec:
         kind="gpu" if measured.device == "cuda" else "cpu",
         compute_efficiency=1.0, bandwidth_efficiency=1.0,
         launch_s=measured.launch_s, calibrated=True,
+        kernel_efficiency=({MISALIGNED_GEMM: measured.misaligned_gemm_share}
+                           if measured.misaligned_gemm_share else {}),
     )
 
 

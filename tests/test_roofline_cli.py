@@ -84,6 +84,7 @@ def test_calibrate_cpu_writes_a_profile_that_analyze_uses(
     assert set(spec.peak_flops) == set(DTYPE_KEYS)
     assert spec.peak_flops["fp32"] > 0 and spec.bandwidth_bytes_per_s > 0 and spec.launch_s > 0
     assert spec.compute_efficiency == spec.bandwidth_efficiency == 1.0
+    assert 0 < spec.kernel_efficiency["gemm-misaligned"] <= 1     # measured, a share of peak
     assert "fp32 FLOP/s" in capsys.readouterr().out
     out = tmp_path / "r.json"
     assert main([MLP, "--device", "cpu", "--profile", str(profile), "--json", str(out),

@@ -58,6 +58,8 @@ def calibration_table(profile: Any) -> Any:
         how = (f"({measured.sizes[key]})² GEMM" if key in measured.sizes
                else measured.skipped.get(key, ""))
         rows.append((f"{key} FLOP/s", si(value, "FLOP/s") if value else "-", how))
+    for kernel, share in sorted(spec.kernel_efficiency.items()):
+        rows.append((kernel, f"{share:.0%} of peak", "bf16 (n, n) @ (n, n−1) over (n, n)²"))
     rows.append(("copy bandwidth", si(spec.bandwidth_bytes_per_s, "B/s"), "read + written"))
     rows.append(("launch", seconds(spec.launch_s), "per tiny op"))
     return Table.of(f"calibrated · {measured.device_name}",

@@ -28,6 +28,18 @@ Multiplication Background User's Guide" shows Hopper/Ampere GEMMs below peak; Ba
 and NVIDIA's bandwidthTest reach ≈ 80–90 % of HBM bandwidth). `GEMM_EFFICIENCY` = 0.7 and
 `BANDWIDTH_EFFICIENCY` = 0.8 are those rules of thumb; `analyze calibrate` measures the real
 figures of one machine and a profile replaces both peaks and factors (factors 1.0).
+Kernel classes (`KERNEL_CLASSES`): a cost rule names the class of kernel a call runs on when
+it reaches a share of the peak other than `compute_efficiency` (`Cost.kernel`), and a device
+lists that share in `kernel_efficiency` (a share of the *datasheet* peak, like the factors):
+- ``gemm-misaligned``: a 16- or 8-bit GEMM with a leading dimension that is not a multiple of
+  16 bytes (GPT-2's 50,257-token vocabulary, an odd hidden size). cuBLAS needs 16-byte aligned
+  leading dimensions for its Hopper (sm90) kernels and falls back to Turing-era tensor-core
+  kernels (``cutlass_75_tensorop_bf16_s1688gemm``). Measured on an H200 by bench/gpu_check.py
+  (2026-11-27, torch 2.11 + CUDA 13.0): bf16 ``F.linear`` with N = 8191 or 50,257 ran at 95
+  TFLOP/s, with K = 8191 at 133, where the aligned shapes ran at 705-789: 0.10-0.13 of the
+  989.5 TFLOP/s dense peak; 0.1 for the Hopper entries. Other GPUs are unmeasured and keep
+  `compute_efficiency` (`analyze calibrate` measures any device's own share); CPU GEMMs
+  (oneDNN) showed no such cliff.
 NB: launch cost: a CUDA kernel launch costs ≈ 2–5 µs of CPU time and PyTorch's eager
 dispatch ≈ 5–10 µs per op on top for tiny kernels; `GPU_LAUNCH_S` = 5 µs. Calibrate to measure.
 
@@ -68,6 +80,9 @@ GPU_LAUNCH_S = 5e-6
 CPU_LAUNCH_S = 5e-6
 LINK_EFFICIENCY = 0.8
 GB = 1e9
+MISALIGNED_GEMM = "gemm-misaligned"
+KERNEL_CLASSES = (MISALIGNED_GEMM,)
+HOPPER_KERNELS: Mapping[str, float] = {MISALIGNED_GEMM: 0.1}
 
 
 @dataclass(frozen=True)
@@ -94,6 +109,7 @@ class DeviceSpec:
     intra_node_bytes_per_s: float = 0.0          # per GPU, one direction (NVLink, PCIe)
     inter_node_bytes_per_s: float = 0.0          # per GPU, one direction (the node's network)
     link_source: str = ""
+    kernel_efficiency: Mapping[str, float] = field(default_factory=dict)   # class → share
 
     def peak(self, key: str) -> tuple[float, str]:
         """Datasheet dense FLOP/s for dtype `key` and the key whose figure it is (after
@@ -103,8 +119,11 @@ class DeviceSpec:
             seen = FALLBACK[seen]
         return self.peak_flops.get(seen, 0.0), seen
 
-    def achievable_flops(self, key: str) -> float:
-        return self.peak(key)[0] * self.compute_efficiency
+    def achievable_flops(self, key: str, kernel: str = "") -> float:
+        """FLOP/s real kernels reach at dtype `key`; a kernel class of `kernel_efficiency`
+        (e.g. ``gemm-misaligned``) reaches its own share of the peak."""
+        share = self.kernel_efficiency.get(kernel, self.compute_efficiency)
+        return self.peak(key)[0] * share
 
     @property
     def achievable_bandwidth(self) -> float:
@@ -121,8 +140,11 @@ class DeviceSpec:
         return DeviceFigures(**{k: v for k, v in self.to_json().items() if k in known})
 
     def to_json(self) -> dict[str, Any]:
-        return {f.name: (dict(getattr(self, f.name)) if f.name == "peak_flops"
+        return {f.name: (dict(getattr(self, f.name)) if f.name in _MAPPINGS
                          else getattr(self, f.name)) for f in fields(self)}
+
+
+_MAPPINGS = ("peak_flops", "kernel_efficiency")
 
 
 @dataclass(frozen=True)
@@ -136,12 +158,13 @@ class Links:
 
 
 def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: float,
-         source: str, links: Links) -> DeviceSpec:
-    """`tflops`: dense TFLOP/s in `DTYPE_KEYS` order (fp32, tf32, bf16, fp16, fp8, int8)."""
+         source: str, links: Links, kernels: Mapping[str, float] | None = None) -> DeviceSpec:
+    """`tflops`: dense TFLOP/s in `DTYPE_KEYS` order (fp32, tf32, bf16, fp16, fp8, int8);
+    `kernels`: the kernel classes' shares of the peak (`KERNEL_CLASSES`)."""
     assert len(tflops) == len(DTYPE_KEYS)
     peaks = {k: v * T for k, v in zip(DTYPE_KEYS, tflops, strict=True)}
     return DeviceSpec(name, memory_gib * GIB, source, peaks, bandwidth_tb_s * T,
-                      gpus_per_node=links.gpus_per_node,
+                      kernel_efficiency=dict(kernels or {}), gpus_per_node=links.gpus_per_node,
                       intra_node_bytes_per_s=links.intra_gb_s * GB,
                       inter_node_bytes_per_s=links.inter_gb_s * GB, link_source=links.source)
 
@@ -167,13 +190,13 @@ DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
     #               fp32   tf32    bf16    fp16    fp8     int8     TB/s
     _gpu("h100", 80, (67, 494.5, 989.5, 989.5, 1979, 1979), 3.35,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 SXM5, 80 GB HBM3; dense = sparse / 2)",
-         DGX_H100),
+         DGX_H100, HOPPER_KERNELS),
     _gpu("h100-pcie", 80, (51, 378, 756.5, 756.5, 1513, 1513), 2.0,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 PCIe, 80 GB HBM2e; dense = sparse / 2)",
-         PCIE5_NODE),
+         PCIE5_NODE, HOPPER_KERNELS),
     _gpu("h200", 141, (67, 494.5, 989.5, 989.5, 1979, 1979), 4.8,
          "NVIDIA H200 Tensor Core GPU Datasheet (H200 SXM, 141 GB HBM3e; dense = sparse / 2)",
-         DGX_H100),
+         DGX_H100, HOPPER_KERNELS),
     # Ampere: no FP8. A100 SXM bandwidth: 1,555 GB/s (40 GB), 2,039 GB/s (80 GB).
     _gpu("a100-40gb", 40, (19.5, 156, 312, 312, 0, 624), 1.555,
          "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 40 GB HBM2; dense figures)", DGX_A100),
@@ -266,6 +289,8 @@ def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> D
     if bad:
         raise ValueError(f"unknown dtype key(s) {sorted(bad)} in peak_flops; known: {DTYPE_KEYS}")
     values: dict[str, Any] = {k: _number(k, data[k]) for k in _NUMBERS if k in data}
+    if "kernel_efficiency" in data:
+        values["kernel_efficiency"] = _kernel_shares(data["kernel_efficiency"])
     for whole in ("memory_bytes", "gpus_per_node"):
         if whole in values:
             values[whole] = int(values[whole])
@@ -280,6 +305,15 @@ def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> D
     return _usable(replace(base, peak_flops=merged, **values))
 
 
+def _kernel_shares(data: Any) -> dict[str, float]:
+    if not isinstance(data, Mapping):
+        raise ValueError("kernel_efficiency must be an object of kernel class → share")
+    bad = set(data) - set(KERNEL_CLASSES)
+    if bad:
+        raise ValueError(f"unknown kernel class(es) {sorted(bad)}; known: {KERNEL_CLASSES}")
+    return {k: _number(f"kernel_efficiency.{k}", v) for k, v in data.items()}
+
+
 def _number(name: str, value: Any) -> float:
     """A finite, non-negative figure (a NaN peak would make every time NaN, a negative one
     negative throughput); efficiencies are shares, at most 1."""
@@ -288,7 +322,7 @@ def _number(name: str, value: Any) -> float:
     number = float(value)
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"{name} must be a finite number ≥ 0, got {number:g}")
-    if name.endswith("_efficiency") and not 0 < number <= 1:
+    if "_efficiency" in name and not 0 < number <= 1:
         raise ValueError(f"{name} is a share of the peak: it must be in (0, 1], got {number:g}")
     return number
 

@@ -58,6 +58,20 @@ def test_tf32_only_when_allowed_and_bf16_at_its_own_peak() -> None:
     assert bf16["nodes"][0]["time_s"] == pytest.approx(flops / (0.5 * 8e12) + LAUNCH)
 
 
+def test_a_misaligned_gemm_runs_at_its_kernel_class_share() -> None:
+    """A bf16 product whose output rows are 2 × 1023 bytes is rated at the device's
+    ``gemm-misaligned`` share of the peak, the aligned one at its compute efficiency."""
+    import dataclasses
+
+    toy = dataclasses.replace(TOY, kernel_efficiency={"gemm-misaligned": 0.1})
+    n = 1024
+    for cols, share in ((n, 0.5), (n - 1, 0.1)):
+        report, graph = single_op("aten.mm.default", T(n, n, dtype="bfloat16"),
+                                  T(n, cols, dtype="bfloat16"))
+        node = encode(roofline_section(report, graph, toy))["nodes"][0]
+        assert node["time_s"] == pytest.approx(2 * n * n * cols / (share * 8e12) + LAUNCH)
+
+
 def test_an_elementwise_op_is_memory_bound() -> None:
     n = 2**20
     node = section("aten.add.Tensor", T(n), T(n))["nodes"][0]

@@ -106,6 +106,9 @@ def test_user_file_overrides_and_adds_devices(tmp_path: Path) -> None:
 @pytest.mark.parametrize("bad", [
     {"devices": {"x": {"peak_flops": {"fp4": 1.0}}}},
     {"devices": {"x": {"bandwidth": 1.0}}},
+    {"devices": {"h100": {"kernel_efficiency": {"gemm-odd": 0.5}}}},
+    {"devices": {"h100": {"kernel_efficiency": {"gemm-misaligned": 1.5}}}},
+    {"devices": {"h100": {"kernel_efficiency": [0.5]}}},
     {"devices": []},
     {"nothing": {}},
 ])
@@ -114,6 +117,22 @@ def test_bad_user_files_name_the_problem(tmp_path: Path, bad: dict) -> None:
     path.write_text(json.dumps(bad))
     with pytest.raises(ValueError, match="cannot read devices from"):
         load_devices(path)
+
+
+def test_kernel_class_shares_are_the_devices_and_can_be_overridden(tmp_path: Path) -> None:
+    """Hopper's misaligned-GEMM share was measured on an H200 (bench/gpu); others keep their
+    compute efficiency until measured; a user file sets its own."""
+    h100 = device("h100")
+    assert h100.achievable_flops("bf16", "gemm-misaligned") == pytest.approx(0.1 * 989.5 * T)
+    assert h100.achievable_flops("bf16") == pytest.approx(GEMM_EFFICIENCY * 989.5 * T)
+    a100 = device("a100")
+    assert a100.achievable_flops("bf16", "gemm-misaligned") == a100.achievable_flops("bf16")
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps({"devices": {"a100": {"kernel_efficiency":
+                                                     {"gemm-misaligned": 0.25}}}}))
+    mine = load_devices(path)["a100-80gb"]
+    assert mine.achievable_flops("bf16", "gemm-misaligned") == pytest.approx(0.25 * 312 * T)
+    assert spec_from_json(mine.to_json()) == mine
 
 
 def test_profiles_round_trip_and_are_found_in_the_cache(

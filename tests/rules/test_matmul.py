@@ -88,6 +88,32 @@ def test_grouped_mm_fallback_matches_its_per_expert_mms(counts: list[int], k: in
     assert ours == counter.get_total_flops() == 2 * s * k * n
 
 
+@pytest.mark.parametrize(("x", "w", "expected"), [
+    # GPT-2's lm_head: output rows of 50,257 bf16 values are not 16-byte aligned.
+    (T(64, 768, dtype="bfloat16"), T(50257, 768, dtype="bfloat16"), "gemm-misaligned"),
+    (T(64, 768, dtype="bfloat16"), T(50304, 768, dtype="bfloat16"), ""),
+    (T(64, 8191, dtype="bfloat16"), T(64, 8191, dtype="bfloat16"), "gemm-misaligned"),
+    (T(8191, 64, dtype="bfloat16"), T(64, 64, dtype="bfloat16"), ""),      # M is no stride
+    (T(64, 768), T(50257, 768), ""),                                        # fp32: no mark
+    (T(1, 768, dtype="bfloat16"), T(50257, 768, dtype="bfloat16"), ""),    # one row: GEMV
+])
+def test_tensor_core_alignment_names_the_kernel_class(x: TensorSpec, w: TensorSpec,
+                                                      expected: str) -> None:
+    assert cost_of("aten.linear.default", x, w).kernel == expected
+
+
+def test_a_transposed_view_is_aligned_by_its_own_stride() -> None:
+    """``x @ w.t()`` with w (N, K): the view's leading dimension is K, not N."""
+    w_t = TensorSpec((768, 50257), "bfloat16", (1, 768))
+    x = T(64, 768, dtype="bfloat16")
+    out = T(64, 50257, dtype="bfloat16")
+    cost = cost_of("aten.mm.default", x, w_t, given_outputs=(out,))
+    assert cost.kernel == "gemm-misaligned"                # the output's rows still are not
+    aligned = cost_of("aten.mm.default", x, TensorSpec((768, 50304), "bfloat16", (1, 768)),
+                      given_outputs=(T(64, 50304, dtype="bfloat16"),))
+    assert aligned.kernel == ""
+
+
 def test_linear_is_matmul_with_the_transposed_weight():
     x, w = T(b, m, k), T(n, k)
     linear = cost_of("aten.linear.default", x, w, T(n)).flops

@@ -50,6 +50,7 @@ class Cost:
     bytes_read: int | None = None
     bytes_written: int | None = None
     note: str = ""      # the convention the rule applied to this call, shown per node
+    kernel: str = ""    # a kernel class with its own share of the peak (``gemm-misaligned``)
 
 
 class OpCall:

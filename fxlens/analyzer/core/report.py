@@ -82,6 +82,7 @@ class NodeReport:
     bytes_written: int
     phase: str = "forward"
     note: str = ""              # the convention its rule applied (e.g. causal attention)
+    kernel: str = ""            # a kernel class with its own rate (gemm-misaligned)
 
 
 @dataclass(frozen=True)

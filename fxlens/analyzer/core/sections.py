@@ -212,6 +212,7 @@ class DeviceFigures:
     bandwidth_efficiency: float
     launch_s: float
     calibrated: bool
+    kernel_efficiency: Mapping[str, float] = field(default_factory=dict)   # class → share
 
 
 @dataclass(frozen=True)

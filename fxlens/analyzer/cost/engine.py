@@ -44,6 +44,7 @@ class NodeCost:
     bytes_written: int
     error: str = ""
     note: str = ""          # the convention the rule applied (causal attention…)
+    kernel: str = ""        # the kernel class, where it has its own rate
 
 
 def cost_node(node: Node, graph: Graph, registry: CostRegistry, strict: bool = False) -> NodeCost:
@@ -68,7 +69,8 @@ def cost_node(node: Node, graph: Graph, registry: CostRegistry, strict: bool = F
     written = cost.bytes_written
     if written is None:
         written = sum(spec.nbytes for spec in call.outputs)
-    return NodeCost("costed", int(cost.flops), int(read), int(written), note=cost.note)
+    return NodeCost("costed", int(cost.flops), int(read), int(written), note=cost.note,
+                    kernel=cost.kernel)
 
 
 def analyze(
@@ -103,7 +105,7 @@ def _node_report(node: Node, cost: NodeCost) -> NodeReport:
         inputs=tuple(dict.fromkeys(r.node for r in node.input_refs())),
         outputs=tuple(o.to_json() for o in node.outputs if o is not None),
         flops=cost.flops, bytes_read=cost.bytes_read, bytes_written=cost.bytes_written,
-        phase=node.phase, note=cost.note,
+        phase=node.phase, note=cost.note, kernel=cost.kernel,
     )
 
 

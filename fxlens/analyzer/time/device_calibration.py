@@ -13,6 +13,11 @@ datasheet's (with achievable factors of 1.0: they are achieved). Per dtype key:
   taken. (The fastest call decides the size, so one slow call on a busy machine does not stop
   the growth at a small matrix.) This keeps the CPU run to a few seconds even
   where a dtype is emulated (fp16 on CPUs without AVX512-FP16 runs at a few GFLOP/s).
+- misaligned GEMMs: a bf16 ``F.linear`` at the size the bf16 GEMM was measured at, with
+  N = n − 1 (rows of the output not 16-byte aligned), its rate over the aligned one: the
+  share of the peak such products reach (the ``gemm-misaligned`` kernel class of
+  `fxlens.rules.hardware`; 0.13 on an H200, whose cuBLAS falls back to Turing-era kernels;
+  about 1 on CPUs).
 - bandwidth: ``dst.copy_(src)`` of `COPY_BYTES` (read + written = 2 × size) per call.
 - launch: the median time of a one-element ``aten.add.Tensor`` overload call (`LAUNCH_CALLS`
   in a row, synchronised once): the per-op overhead a tiny kernel pays.
@@ -49,6 +54,7 @@ class Calibration:
     launch_s: float
     sizes: dict[str, int] = field(default_factory=dict)     # n of the GEMM measured
     skipped: dict[str, str] = field(default_factory=dict)   # dtype key → why not measured
+    misaligned_gemm_share: float | None = None   # bf16, N = n − 1, over the aligned rate
     details: dict[str, Any] = field(default_factory=dict)   # threads, torch version
 
 
@@ -99,6 +105,18 @@ def gemm_flops(key: str, device: torch.device) -> tuple[float, int]:
     return 2 * n**3 / seconds, n
 
 
+def misaligned_share(n: int, aligned_flops: float, device: torch.device) -> float:
+    """Rate of a bf16 (n, n) @ (n, n−1) product over `aligned_flops` (the (n, n) one's)."""
+    generator = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=generator).to(device=device, dtype=torch.bfloat16)
+    w = a[: n - 1].contiguous()               # an nn.Linear weight (N, K) with N = n − 1
+    timed = _timer(device)
+    timed(lambda: torch.nn.functional.linear(a, w))
+    seconds = statistics.median(timed(lambda: torch.nn.functional.linear(a, w))
+                                for _ in range(REPEATS))
+    return min(1.0, 2 * n * n * (n - 1) / seconds / aligned_flops)
+
+
 def copy_bandwidth(device: torch.device) -> float:
     """Bytes per second of ``dst.copy_(src)``, read plus written."""
     size = COPY_BYTES[device.type]
@@ -138,10 +156,12 @@ def calibrate(device: str = "cpu") -> Calibration:
                 peaks[key], sizes[key] = gemm_flops(key, target)
         except (RuntimeError, NotImplementedError, TypeError) as error:
             peaks[key], skipped[key] = 0.0, f"{type(error).__name__}: {error}"[:200]
+    misaligned = (misaligned_share(sizes["bf16"], peaks["bf16"], target)
+                  if peaks.get("bf16") else None)
     return Calibration(
         device=target.type, device_name=_device_name(target), peak_flops=peaks,
         bandwidth_bytes_per_s=copy_bandwidth(target), launch_s=launch_overhead(target),
-        sizes=sizes, skipped=skipped,
+        sizes=sizes, skipped=skipped, misaligned_gemm_share=misaligned,
         details={"threads": torch.get_num_threads(), "torch_version": torch.__version__},
     )
 

@@ -61,7 +61,9 @@ def roofline_summary(section: Roofline) -> Table:
     if totals.uncosted_nodes:
         rows.append(("uncosted nodes", str(totals.uncosted_nodes),
                      Cell("unsupported ops: time not estimated", Tone.BAD)))
-    caption = (f"{device.source} · efficiency: compute {device.compute_efficiency}, "
+    kernels = "".join(f", {name} {share:.2g}" for name, share in
+                      sorted(device.kernel_efficiency.items()))
+    caption = (f"{device.source} · efficiency: compute {device.compute_efficiency}{kernels}, "
                f"bandwidth {device.bandwidth_efficiency}; launch {seconds(device.launch_s)} "
                "per kernel")
     return Table.of(f"roofline · {device.name} ({figures})",
