@@ -81,6 +81,7 @@ def profile_spec(measured: Calibration) -> DeviceSpec:
         launch_s=measured.launch_s, calibrated=True,
         kernel_efficiency=({MISALIGNED_GEMM: measured.misaligned_gemm_share}
                            if measured.misaligned_gemm_share else {}),
+        host_free_s=measured.host_free_s or 0.0, host_module_s=measured.host_module_s or 0.0,
     )
 
 

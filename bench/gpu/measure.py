@@ -192,9 +192,11 @@ def _train(case: Case, device: torch.device, loss: str, warmup: int, repeat: int
     reset_peak(device)
     step()
     steady = peak(device)
-    return {"resident_bytes": resident, "first_step_peak_bytes": first,
-            "step_peak_bytes": steady, "step_s": timed(step, device, max(warmup - 2, 0), repeat),
-            "weights_bytes": param_bytes(model)}
+    result = {"resident_bytes": resident, "first_step_peak_bytes": first,
+              "step_peak_bytes": steady, "step_s": timed(step, device, max(warmup - 2, 0), repeat),
+              "weights_bytes": param_bytes(model)}
+    result["kernel_s"], result["kernel_note"] = _kernel_time(step, device, min(repeat, 3))
+    return result
 
 
 def cache_bytes(cache: Any) -> int:

@@ -62,5 +62,7 @@ def calibration_table(profile: Any) -> Any:
         rows.append((kernel, f"{share:.0%} of peak", "bf16 (n, n) @ (n, n−1) over (n, n)²"))
     rows.append(("copy bandwidth", si(spec.bandwidth_bytes_per_s, "B/s"), "read + written"))
     rows.append(("launch", seconds(spec.launch_s), "per tiny op"))
+    rows.append(("host per view", seconds(spec.host_free_s), "a free op: no kernel"))
+    rows.append(("host per module", seconds(spec.host_module_s), "nn.Linear less F.linear"))
     return Table.of(f"calibrated · {measured.device_name}",
                     (Column("figure"), Column("measured", right=True), Column("how")), rows)

@@ -40,8 +40,12 @@ lists that share in `kernel_efficiency` (a share of the *datasheet* peak, like t
   989.5 TFLOP/s dense peak; 0.1 for the Hopper entries. Other GPUs are unmeasured and keep
   `compute_efficiency` (`analyze calibrate` measures any device's own share); CPU GEMMs
   (oneDNN) showed no such cliff.
-NB: launch cost: a CUDA kernel launch costs ≈ 2–5 µs of CPU time and PyTorch's eager
-dispatch ≈ 5–10 µs per op on top for tiny kernels; `GPU_LAUNCH_S` = 5 µs. Calibrate to measure.
+NB: host costs of an eager run on a GPU (`fxlens.analyzer.time.host`): a CUDA kernel launch
+costs ≈ 2–5 µs of CPU time and PyTorch's eager dispatch ≈ 5–10 µs per op on top; measured
+from Python on an H200's host (bench/gpu, 2026-11-27): 9.0 µs per ``torch.add``, 10.6 per aten
+overload call, 2.4 per view, 2.7 per transpose, 24.7 per ``nn.Linear`` module call (≈ 15 µs
+of module call around its op). `GPU_LAUNCH_S` = 10 µs, `HOST_FREE_S` = 2.5 µs,
+`HOST_MODULE_S` = 15 µs; `analyze calibrate` measures the machine's own.
 
 Links (for plans across GPUs): `intra_node_bytes_per_s` is one GPU's bandwidth to its node's
 peers in one direction (NVLink, Infinity Fabric, or PCIe where there is none: the datasheets'
@@ -76,7 +80,9 @@ FALLBACK: Mapping[str, str] = {"tf32": "fp32", "bf16": "fp32", "fp16": "fp32", "
                                "int8": "fp32"}
 GEMM_EFFICIENCY = 0.7
 BANDWIDTH_EFFICIENCY = 0.8
-GPU_LAUNCH_S = 5e-6
+GPU_LAUNCH_S = 10e-6
+HOST_FREE_S = 2.5e-6
+HOST_MODULE_S = 15e-6
 CPU_LAUNCH_S = 5e-6
 LINK_EFFICIENCY = 0.8
 GB = 1e9
@@ -110,6 +116,8 @@ class DeviceSpec:
     inter_node_bytes_per_s: float = 0.0          # per GPU, one direction (the node's network)
     link_source: str = ""
     kernel_efficiency: Mapping[str, float] = field(default_factory=dict)   # class → share
+    host_free_s: float = HOST_FREE_S         # the host per free op (view), GPU timeline
+    host_module_s: float = HOST_MODULE_S     # the host per module call, GPU timeline
 
     def peak(self, key: str) -> tuple[float, str]:
         """Datasheet dense FLOP/s for dtype `key` and the key whose figure it is (after
@@ -272,7 +280,7 @@ def device(name: str, extra: Mapping[str, DeviceSpec] | None = None) -> DeviceSp
 
 _NUMBERS = ("memory_bytes", "bandwidth_bytes_per_s", "compute_efficiency",
             "bandwidth_efficiency", "launch_s", "gpus_per_node", "intra_node_bytes_per_s",
-            "inter_node_bytes_per_s")
+            "inter_node_bytes_per_s", "host_free_s", "host_module_s")
 
 
 def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> DeviceSpec:

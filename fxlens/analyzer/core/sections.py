@@ -213,6 +213,8 @@ class DeviceFigures:
     launch_s: float
     calibrated: bool
     kernel_efficiency: Mapping[str, float] = field(default_factory=dict)   # class → share
+    host_free_s: float = 0.0        # the host per free op (a view), on a GPU
+    host_module_s: float = 0.0      # the host per module call, on a GPU
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,9 @@ datasheet's (with achievable factors of 1.0: they are achieved). Per dtype key:
 - bandwidth: ``dst.copy_(src)`` of `COPY_BYTES` (read + written = 2 × size) per call.
 - launch: the median time of a one-element ``aten.add.Tensor`` overload call (`LAUNCH_CALLS`
   in a row, synchronised once): the per-op overhead a tiny kernel pays.
+- host costs of an eager run (`fxlens.analyzer.time.host`): a view from Python (a free op,
+  no kernel), and an ``nn.Linear`` module call less the same ``F.linear`` call (what a module
+  call adds around its ops), timed the same way.
 
 NB: the machine may be shared: figures measured under load are lower than the hardware's;
 the profile records the thread count and torch version, not the load.
@@ -55,6 +58,8 @@ class Calibration:
     sizes: dict[str, int] = field(default_factory=dict)     # n of the GEMM measured
     skipped: dict[str, str] = field(default_factory=dict)   # dtype key → why not measured
     misaligned_gemm_share: float | None = None   # bf16, N = n − 1, over the aligned rate
+    host_free_s: float | None = None              # a view from Python
+    host_module_s: float | None = None            # an nn.Module call around its op
     details: dict[str, Any] = field(default_factory=dict)   # threads, torch version
 
 
@@ -132,13 +137,30 @@ def launch_overhead(device: torch.device) -> float:
     """Seconds per tiny op (a one-element add), dispatch and launch included."""
     x = torch.ones(1, device=device)
     add = torch.ops.aten.add.Tensor   # called as an executor calls an aten overload
+    return per_call(lambda: add(x, x), device)
+
+
+def per_call(fn: Callable[[], Any], device: torch.device) -> float:
+    """Median seconds per call of `fn`, `LAUNCH_CALLS` in a row, synchronised once."""
     timed = _timer(device)
 
     def burst() -> None:
         for _ in range(LAUNCH_CALLS):
-            add(x, x)
+            fn()
     timed(burst)
     return statistics.median(timed(burst) for _ in range(REPEATS)) / LAUNCH_CALLS
+
+
+def host_costs(device: torch.device) -> tuple[float, float]:
+    """Seconds of the host per free op (a view) and per module call around its op."""
+    x = torch.ones(4, 4, device=device)
+    linear = torch.nn.Linear(4, 4, device=device)
+    weight, bias = linear.weight.detach(), linear.bias.detach()
+    free = per_call(lambda: x.view(16), device)
+    with torch.no_grad():
+        module = per_call(lambda: linear(x), device)
+        functional = per_call(lambda: torch.nn.functional.linear(x, weight, bias), device)
+    return free, max(module - functional, 0.0)
 
 
 def calibrate(device: str = "cpu") -> Calibration:
@@ -158,10 +180,12 @@ def calibrate(device: str = "cpu") -> Calibration:
             peaks[key], skipped[key] = 0.0, f"{type(error).__name__}: {error}"[:200]
     misaligned = (misaligned_share(sizes["bf16"], peaks["bf16"], target)
                   if peaks.get("bf16") else None)
+    free_s, module_s = host_costs(target)
     return Calibration(
         device=target.type, device_name=_device_name(target), peak_flops=peaks,
         bandwidth_bytes_per_s=copy_bandwidth(target), launch_s=launch_overhead(target),
         sizes=sizes, skipped=skipped, misaligned_gemm_share=misaligned,
+        host_free_s=free_s, host_module_s=module_s,
         details={"threads": torch.get_num_threads(), "torch_version": torch.__version__},
     )
 

@@ -4,7 +4,9 @@ No op knowledge lives here and no device either: the device comes in as data (an
 with the `Device` protocol, e.g. `fxlens.rules.hardware.DeviceSpec`). Per costed node:
 
     time_s = max(flops / achievable peak of the node's dtype, bytes / achievable bandwidth)
-             + one kernel launch
+             + one kernel launch                          (a CPU: the host is the device)
+    time_s = what the kernel adds to the GPU's timeline   (a GPU: the host issues kernels
+             while earlier ones run, `fxlens.analyzer.time.host`)
 
 Free nodes (views, metadata) cost nothing; unsupported or failed ones are counted apart
 (`uncosted_nodes`) and cost nothing either. Arithmetic intensity is FLOPs per byte moved;
@@ -32,7 +34,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorSpec, ancestors
@@ -49,6 +51,7 @@ from fxlens.analyzer.core.sections import (
     Throughput,
     Training,
 )
+from fxlens.analyzer.time.host import HostCosts, Issue, gpu_timeline
 
 HOTSPOTS = 10
 FLOAT_KEYS: Mapping[str, str] = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
@@ -65,6 +68,12 @@ class Device(Protocol):
     def launch_s(self) -> float: ...
     @property
     def calibrated(self) -> bool: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def host_free_s(self) -> float: ...
+    @property
+    def host_module_s(self) -> float: ...
 
     def peak(self, key: str) -> tuple[float, str]: ...
     def achievable_flops(self, key: str, kernel: str = "") -> float: ...
@@ -130,8 +139,28 @@ def node_time(node: NodeReport, key: str, device: Device) -> NodeTime:
 
 def node_times(report: Report, graph: Graph, device: Device, tf32: bool = False
                ) -> list[NodeTime]:
-    return [node_time(n, dtype_key(node_dtype(graph.nodes[n.id], graph), tf32), device)
-            for n in report.nodes]
+    """Per node: on a CPU its work plus its launch; on a GPU what it adds to the GPU's
+    timeline while the host issues the kernels (`fxlens.analyzer.time.host`)."""
+    times = [node_time(n, dtype_key(node_dtype(graph.nodes[n.id], graph), tf32), device)
+             for n in report.nodes]
+    return on_gpu_timeline(report, times, device) if device.kind == "gpu" else times
+
+
+def on_gpu_timeline(report: Report, times: list[NodeTime], device: Device) -> list[NodeTime]:
+    kernels = [t.bound not in ("free", "uncosted") for t in times]
+    issues = [Issue(max(t.compute_s, t.memory_s) if kernel else None, n.module, n.phase)
+              for n, t, kernel in zip(report.nodes, times, kernels, strict=True)]
+    host = HostCosts(device.launch_s, device.host_free_s, device.host_module_s)
+    placed = []
+    for t, kernel, (time_s, wait) in zip(times, kernels, gpu_timeline(issues, host),
+                                          strict=True):
+        if not kernel:
+            placed.append(t)
+            continue
+        work_bound = "compute" if t.compute_s > t.memory_s else "memory"
+        bound = "launch" if wait >= max(t.compute_s, t.memory_s) else work_bound
+        placed.append(replace(t, time_s=time_s, bound=bound))
+    return placed
 
 
 def roofline_section(report: Report, graph: Graph, device: Device, tf32: bool = False,
