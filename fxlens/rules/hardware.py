@@ -41,11 +41,11 @@ lists that share in `kernel_efficiency` (a share of the *datasheet* peak, like t
   `compute_efficiency` (`analyze calibrate` measures any device's own share); CPU GEMMs
   (oneDNN) showed no such cliff.
 NB: host costs of an eager run on a GPU (`fxlens.analyzer.time.host`): a CUDA kernel launch
-costs ≈ 2–5 µs of CPU time and PyTorch's eager dispatch ≈ 5–10 µs per op on top; measured
-from Python on an H200's host (bench/gpu, 2026-11-27): 9.0 µs per ``torch.add``, 10.6 per aten
-overload call, 2.4 per view, 2.7 per transpose, 24.7 per ``nn.Linear`` module call (≈ 15 µs
-of module call around its op). `GPU_LAUNCH_S` = 10 µs, `HOST_FREE_S` = 2.5 µs,
-`HOST_MODULE_S` = 15 µs; `analyze calibrate` measures the machine's own.
+costs ≈ 2–5 µs of CPU time and PyTorch's eager dispatch ≈ 5–10 µs per op on top. Measured
+from Python on two H200 hosts (bench/gpu, 2026-11-27): 7.0–9.0 µs per ``torch.add``, 8.1–12.0
+per aten overload call, 1.3–2.9 per view, and an ``nn.Linear`` call 4.4 µs over the same
+``F.linear`` call. `GPU_LAUNCH_S` = 10 µs, `HOST_FREE_S` = 2 µs, `HOST_MODULE_S` = 5 µs;
+`analyze calibrate` measures the machine's own.
 
 Links (for plans across GPUs): `intra_node_bytes_per_s` is one GPU's bandwidth to its node's
 peers in one direction (NVLink, Infinity Fabric, or PCIe where there is none: the datasheets'
@@ -81,8 +81,8 @@ FALLBACK: Mapping[str, str] = {"tf32": "fp32", "bf16": "fp32", "fp16": "fp32", "
 GEMM_EFFICIENCY = 0.7
 BANDWIDTH_EFFICIENCY = 0.8
 GPU_LAUNCH_S = 10e-6
-HOST_FREE_S = 2.5e-6
-HOST_MODULE_S = 15e-6
+HOST_FREE_S = 2e-6
+HOST_MODULE_S = 5e-6
 CPU_LAUNCH_S = 5e-6
 LINK_EFFICIENCY = 0.8
 GB = 1e9
