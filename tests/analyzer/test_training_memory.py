@@ -25,6 +25,7 @@ from fxlens.analyzer.memory.training_state import (
     checkpoint_what_if,
     fits,
     largest_batch,
+    optimizer_step_bytes,
     optimizer_step_flops,
     parse_bytes,
     state_memory,
@@ -125,6 +126,23 @@ def test_optimizer_step_flops_counts_trainable_parameters_only() -> None:
     params = [ParamInfo("w", T(10, 10)), ParamInfo("frozen", T(10, 10), requires_grad=False),
               ParamInfo("buf", T(10), is_buffer=True, requires_grad=False)]
     assert optimizer_step_flops(params, Optimizer.ADAMW.spec) == 14 * 100
+
+
+@pytest.mark.parametrize(("precision", "optimizer", "bytes_per_param"), [
+    # torch.optim's foreach AdamW: 21 accesses of the fp32 master copy, then master → bf16
+    (Precision.AMP_BF16, Optimizer.ADAMW, 21 * 4 + 4 + 2),
+    (Precision.FP32, Optimizer.ADAMW, 21 * 4),
+    (Precision.BF16, Optimizer.ADAM, 19 * 2),
+    (Precision.FP32, Optimizer.SGD, 3 * 4),
+    (Precision.FP32, Optimizer.MOMENTUM, 8 * 4),
+    # no foreach path modelled: one pass, read every state, write all but the gradient
+    (Precision.FP32, Optimizer.ADAM8BIT, 2 * (4 + 2 * (1 + 4 / 256)) + 4),
+])
+def test_optimizer_step_bytes_follow_the_step_implementation(
+        precision: Precision, optimizer: Optimizer, bytes_per_param: float) -> None:
+    params = [ParamInfo("w", T(1024, 1024)), ParamInfo("frozen", T(8, 8), requires_grad=False)]
+    moved = optimizer_step_bytes(params, precision.spec, optimizer.spec)
+    assert moved == pytest.approx(bytes_per_param * 1024 * 1024)
 
 
 # --- a real module tree: tiny Llama on meta ----------------------------------------------------

@@ -158,6 +158,7 @@ class Training(Section):
     peak_breakdown: PeakBreakdown
     checkpointing: Checkpointing | None = optional()
     fit: Fit | None = optional()
+    optimizer_step_bytes: int = 0       # what one optimizer step reads and writes
 
 
 # --- KV cache ----------------------------------------------------------------------------------

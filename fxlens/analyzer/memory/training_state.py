@@ -49,6 +49,8 @@ class OptimizerPolicy(Protocol):
 
     def state_bytes(self, spec: TensorSpec, state_dtype: str) -> int: ...
     def step_flops(self, spec: TensorSpec) -> int: ...
+    @property
+    def step_accesses(self) -> int | None: ...
 
 
 # --- state memory ----------------------------------------------------------------------------
@@ -131,6 +133,25 @@ def state_memory(params: Iterable[ParamInfo], precision: PrecisionPolicy,
         by_module={p: by_module[p] for p in sorted(by_module)},
         trainable_numel=trainable, frozen_numel=frozen,
     )
+
+
+def optimizer_step_bytes(params: Iterable[ParamInfo], precision: PrecisionPolicy,
+                         optimizer: OptimizerPolicy) -> int:
+    """Bytes one optimizer step moves: per trainable parameter, `step_accesses` elements of
+    the copy it updates (the master copy, if kept) and that copy written to the working
+    weights; an optimizer without them reads every state once, writes all but the gradient."""
+    moved = 0
+    for p in params:
+        if p.is_buffer or not p.requires_grad:
+            continue
+        s = param_state(p, precision, optimizer)
+        updated = s.master_bytes or s.weights_bytes
+        if optimizer.step_accesses is None:
+            moved += 2 * (s.weights_bytes + s.master_bytes + s.optimizer_bytes) + s.grad_bytes
+        else:
+            moved += optimizer.step_accesses * updated
+            moved += s.master_bytes + s.weights_bytes if s.master_bytes else 0
+    return moved
 
 
 def optimizer_step_flops(params: Iterable[ParamInfo], optimizer: OptimizerPolicy) -> int:

@@ -45,6 +45,7 @@ from fxlens.analyzer.memory.training_state import (
     checkpoint_what_if,
     fits,
     largest_batch,
+    optimizer_step_bytes,
     optimizer_step_flops,
     state_memory,
 )
@@ -111,6 +112,8 @@ def training_section(
         forward_flops=flops["forward"],
         backward_flops=flops["backward"],
         optimizer_flops=optimizer_flops,
+        optimizer_step_bytes=optimizer_step_bytes(graph.params, settings.precision,
+                                                  settings.optimizer),
         step_flops=flops["forward"] + flops["backward"] + optimizer_flops,
         states=states.to_section(),
         saved_activation_bytes=sum(saved.values()),

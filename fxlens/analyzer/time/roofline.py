@@ -22,9 +22,10 @@ by default).
 NB: one peak per dtype for every op: an elementwise or reduction op in bf16 is rated at the
 bf16 tensor-core peak, which it never reaches; such ops are memory-bound at realistic sizes,
 so the bandwidth term decides them anyway. float64, int64 and bool ops use the fp32 peak.
-NB: a training step adds the optimizer step, estimated as one pass over the states that
-`fxlens.analyzer.memory.training_step` sized (read weights, master weights, gradients and optimizer
-state, write all but the gradients) at the fp32 peak, one launch per trainable tensor.
+NB: a training step adds the optimizer step: its FLOPs at the fp32 peak or the bytes its
+policy moves (`Training.optimizer_step_bytes`: torch.optim's multi-tensor step reads and writes
+the states several times, `fxlens.rules.training`), whichever takes longer, one launch per
+trainable tensor.
 NB: MFU = model FLOPs (the graph's, optimizer excluded) / predicted time / the *datasheet*
 peak of the dtype carrying most FLOPs; a roofline prediction therefore never exceeds the
 device's achievable factor (e.g. 0.7).
@@ -220,10 +221,9 @@ def module_times(report: Report, by_id: Mapping[int, NodeTime]) -> tuple[ModuleT
 
 
 def optimizer_time(training: Training, graph: Graph, device: Device) -> float:
-    """One optimizer step as a pass over the states (see the module docstring)."""
-    states = training.states
-    persistent = states.weights_bytes + states.master_bytes + states.optimizer_bytes
-    moved = 2 * persistent + states.grad_bytes
+    """One optimizer step: its FLOPs or its memory traffic (`Training.optimizer_step_bytes`,
+    sized by the optimizer's policy), whichever takes longer, and a launch per tensor."""
+    moved = training.optimizer_step_bytes
     tensors = sum(1 for p in graph.params if not p.is_buffer and p.requires_grad)
     compute_rate = device.achievable_flops("fp32")
     compute_s = training.optimizer_flops / compute_rate if compute_rate > 0 else 0.0
