@@ -457,7 +457,9 @@ def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
         floating = {p.dtype for p in loaded.module.parameters() if p.is_floating_point()}
         if options.precision is None and len(floating) > 1:
             cast = None   # a model mixing dtypes on purpose is recorded as it is
-        ctx.step = capture_training(loaded.module, loaded.inputs, ctx.registry, cast, on_step)
+        device = ctx.device_spec()   # attention with dropout: fused as on a GPU, not on a CPU
+        ctx.step = capture_training(loaded.module, loaded.inputs, ctx.registry, cast, on_step,
+                                    fused_attention=device is None or device.kind != "cpu")
         try:
             mixed_dtypes(ctx.step.graph, SAME_DTYPE_OPERANDS)
         except LoadError as error:

@@ -17,6 +17,10 @@ Repeated blocks are recorded once on fake tensors (`step_blocks`): a block prove
 one recorded in full is a copy of its nodes, forward and backward, and the graph is the one a
 full recording gives, node for node; where that cannot be shown, the step is recorded in full.
 
+Attention with dropout is recorded as the fused kernel a GPU runs, not CPU's math path, which
+saves the T×T probabilities (`fxlens.analyzer.capture.fused_attention`); with
+``fused_attention=False`` the step is what a CPU runs.
+
 Known limitations: ops whose output depends on data force a rerun on small real tensors, as
 in inference capture; the optimizer step is not recorded but accounted from its policy
 (`fxlens.analyzer.memory.training_state`).
@@ -40,6 +44,7 @@ from torch._subclasses.fake_tensor import (
 )
 
 from fxlens.analyzer.capture.chain import Inputs, param_infos, plain_outputs, tied_names
+from fxlens.analyzer.capture.fused_attention import fused_dropout_attention
 from fxlens.analyzer.capture.fx_convert import type_name, user_frame
 from fxlens.analyzer.capture.recorder import Recorder, fake_then_real, module_tracking
 from fxlens.analyzer.capture.step_blocks import StandIns
@@ -70,18 +75,22 @@ def capture_training(
     dtype: str | None = None,
     on_step: Callable[[str], None] = lambda _: None,
     stand_ins: bool = True,
+    fused_attention: bool = True,
 ) -> TrainingGraph:
     """Record one training step; `dtype` (e.g. "bfloat16") is the working precision of
     weights and activations, the model's own when None. With `stand_ins`, the backward of
     repeated blocks is copied from the first of each group (`step_blocks`); the graph is the
-    same either way."""
+    same either way. With `fused_attention`, attention with dropout runs the fused kernel, as
+    on a GPU (`fused_dropout_attention`); without, the math path a CPU takes."""
     args, kwargs = (tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((), dict(inputs))
     on_step("recording the training step")
     with _train_mode(module):
         try:
-            recorded, tensors = _record(module, args, kwargs, registry, dtype, stand_ins)
+            recorded, tensors = _record(module, args, kwargs, registry, dtype, stand_ins,
+                                        fused_attention)
             if recorded is None:    # the stand-ins would not give the full recording
-                recorded, tensors = _record(module, args, kwargs, registry, dtype, False)
+                recorded, tensors = _record(module, args, kwargs, registry, dtype, False,
+                                            fused_attention)
         except CaptureError:
             raise
         except Exception as error:   # the model's own failure, on fake or real tensors
@@ -99,7 +108,7 @@ def capture_training(
 
 def _record(
     module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-    registry: CostRegistry, dtype: str | None, stand_ins: bool,
+    registry: CostRegistry, dtype: str | None, stand_ins: bool, fused_attention: bool,
 ) -> tuple[_Recorded | None, str]:
     """The step on fake tensors, else on small real ones (`fake_then_real`). With
     `stand_ins`, on fake tensors, repeated blocks are stood in for (`step_blocks`); None if
@@ -110,9 +119,11 @@ def _record(
     def run(module: torch.nn.Module, state: dict[str, torch.Tensor], args: tuple[Any, ...],
             kwargs: dict[str, Any], fake_mode: FakeTensorMode | None) -> _Recorded | None:
         if not stand_ins or fake_mode is None:
-            return _record_once(module, state, args, kwargs, registry, fake_mode, False)
+            return _record_once(module, state, args, kwargs, registry, fake_mode, False,
+                                fused_attention)
         try:
-            return _record_once(module, state, args, kwargs, registry, fake_mode, True)
+            return _record_once(module, state, args, kwargs, registry, fake_mode, True,
+                                fused_attention)
         except (DataDependentOutputException, DynamicOutputShapeException):
             raise                    # the model's data decides: on to real tensors
         except Exception as error:   # the full recording says what is wrong, if anything
@@ -127,7 +138,7 @@ def _record(
 def _record_once(
     module: torch.nn.Module, state: dict[str, torch.Tensor], args: tuple[Any, ...],
     kwargs: dict[str, Any], registry: CostRegistry, fake_mode: FakeTensorMode | None,
-    stand_ins: bool,
+    stand_ins: bool, fused_attention: bool,
 ) -> _Recorded:
     recorder = Recorder.for_run(module, state, args, kwargs, registry.knows)
     saved: list[TensorRef] = []
@@ -139,7 +150,9 @@ def _record_once(
     blocks = StandIns(module, recorder, saved, state) if stand_ins else None
     installed = blocks.installed() if blocks is not None else contextlib.nullcontext()
     tensors = fake_mode if fake_mode is not None else contextlib.nullcontext()
-    with module_tracking(module, recorder.module_stack), tensors, recorder, installed:
+    # The backward runs with fused attention too: a checkpointed block recomputes its forward.
+    with (module_tracking(module, recorder.module_stack), tensors, recorder, installed,
+          fused_dropout_attention(fused_attention)):
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
             out = torch.func.functional_call(module, state, args, kwargs)
         outputs = [t for t in pytree.tree_leaves(plain_outputs(out))

@@ -1,0 +1,147 @@
+"""`fused_dropout_attention()`: attention with dropout recorded as the fused kernel a GPU runs.
+
+While a training step is recorded, `F.scaled_dot_product_attention` with ``dropout_p > 0`` is
+sent to ``aten._scaled_dot_product_flash_attention_for_cpu`` (the same dropout_p, is_causal,
+attn_mask and scale; its first output is the result), instead of the backend the composite
+would choose. A `TorchFunctionMode` catches the call however the model imported it.
+
+Why: PyTorch's CPU backend selection never takes its fused flash kernel with dropout, so the
+composite falls back to the math path: scores, ``_safe_softmax``, a dropout mask, ``mul``…,
+which *saves* the B×H×T×T fp32 probabilities and the dropout mask for the backward. On a GPU
+the flash and memory-efficient kernels draw dropout in-kernel from a Philox seed and save only
+the output and the logsumexp (B×H×T). Measured on an H200: a GPT-2 step (batch 8, 1024
+tokens, amp-bf16, AdamW) peaks at 8.8 GiB; recorded on the math path we predicted 20.4 GiB
+(≈ 400 MB of probabilities per layer). Every model that trains with attention dropout (GPT-2,
+BERT, ViT, T5, Whisper…) was overstated alike. The fused op and its backward are costed by
+`fxlens.rules.attention`: the same GEMMs, but a causal call counts only the scores computed
+where the math path's masked square counted all (GPT-2's forward at 1024 tokens: 7 % fewer
+FLOPs; at 128 tokens 1 %), as for attention without dropout.
+
+Left as the composite runs them:
+- ``dropout_p == 0``: the composite already takes the fused kernel where it can.
+- grouped-query calls (``enable_gqa`` with fewer key/value heads than query heads): whether a
+  GPU fuses them depends on the dtype (the CUDA flash kernel takes them, in fp16/bf16 only;
+  the memory-efficient kernel, which fp32 needs, does not, and falls back to math), so no one
+  answer is right; they keep the math path, an overstatement in half precision.
+- any call CPU's fused kernel would refuse without the dropout (`cpu_flash_takes`: the checks
+  of ``use_flash_attention_cpp`` in PyTorch's ``sdp_utils_cpp``). They are checked here, not
+  left to an exception: the fake kernel takes calls the real one refuses (3-D inputs, a mask
+  of any shape).
+- real tensors (the rerun a data-dependent model forces): CPU's real kernel refuses dropout.
+A call that fails on the fused op all the same is run as written: the capture never fails here.
+
+Limitation: the graph is that of a GPU run. A model trained on a CPU really takes the math
+path, so the pipeline turns this off when the analysis targets a CPU device.
+NB: dropout's own work (drawing the mask in-kernel) is not counted, on either path.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch._subclasses.fake_tensor import is_fake
+from torch.overrides import TorchFunctionMode
+
+log = logging.getLogger(__name__)
+
+aten = torch.ops.aten
+
+CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
+@contextmanager
+def fused_dropout_attention(enabled: bool = True) -> Iterator[None]:
+    """While open, attention with dropout on fake tensors runs the fused kernel (see the
+    module docstring); a no-op when not `enabled`."""
+    if not enabled:
+        yield
+        return
+    with _FusedDropout():
+        yield
+
+
+class _FusedDropout(TorchFunctionMode):
+    def __torch_function__(self, func: Callable[..., Any], types: Any,
+                           args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+                           ) -> Any:
+        kwargs = kwargs or {}
+        if func is F.scaled_dot_product_attention:
+            try:
+                out = _fused(*args, **kwargs)
+            except TypeError:    # arguments not as SDPA takes them: it says what is wrong
+                out = None
+            if out is not None:
+                return out
+        return func(*args, **kwargs)
+
+
+def _fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+           attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0,
+           is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False
+           ) -> torch.Tensor | None:
+    """The call's output from the fused kernel, or None where it is left as it is."""
+    if not dropout_p > 0 or not all(is_fake(t) for t in (query, key, value)):
+        return None
+    if is_causal and attn_mask is not None:
+        return None                     # the composite raises its own error for it
+    if not cpu_flash_takes(query, key, value, attn_mask):
+        return None
+    try:
+        mask = _additive(attn_mask, query.dtype)
+        out, _ = aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, dropout_p, is_causal, attn_mask=mask, scale=scale)
+    except Exception as error:   # never fail the capture for this
+        log.info("attention with dropout left on the composite's path (%s: %s)",
+                 type(error).__name__, error)
+        return None
+    return out
+
+
+def cpu_flash_takes(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                    attn_mask: torch.Tensor | None) -> bool:
+    """Whether PyTorch's CPU backend choice takes the fused flash kernel for these inputs
+    when dropout is 0: ``use_flash_attention_cpp`` (``sdp_utils_cpp``), its GQA case excepted
+    (heads must match here). Pinned against ``torch._fused_sdp_choice`` in the tests."""
+    qkv = (query, key, value)
+    if not torch.backends.cuda.flash_sdp_enabled():
+        return False
+    if any(t.is_nested or t.dim() != 4 for t in qkv):
+        return False
+    if len({t.shape[0] for t in qkv}) != 1 or len({t.shape[1] for t in qkv}) != 1:
+        return False                    # batch and heads (no GQA)
+    if len({t.shape[-1] for t in qkv}) != 1 or query.shape[2] == 0 or key.shape[2] == 0:
+        return False                    # head dims, empty sequences
+    if any(t.stride(-1) != 1 for t in qkv) or query.dtype not in CPU_FLASH_DTYPES:
+        return False
+    if key.dtype != query.dtype or value.dtype != query.dtype:
+        return False
+    return attn_mask is None or _mask_fits(attn_mask, query, key)
+
+
+def _mask_fits(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> bool:
+    """``check_attn_mask_shape``, and a dtype the composite takes."""
+    if mask.requires_grad or mask.dim() not in (2, 4):
+        return False
+    if mask.dtype not in (torch.bool, query.dtype):
+        return False
+    if mask.shape[-2] not in (query.shape[2], 1) or mask.shape[-1] not in (key.shape[2], 1):
+        return False
+    return mask.dim() == 2 or (mask.shape[0] in (1, query.shape[0])
+                               and mask.shape[1] in (1, query.shape[1]))
+
+
+def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A boolean mask as the additive one the composite hands its kernels (True: attend),
+    made by the same ops (``convert_boolean_attn_mask``)."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    masked = aten.scalar_tensor.default(-math.inf, dtype=dtype, device=mask.device)
+    kept = aten.scalar_tensor.default(0.0, dtype=dtype, layout=torch.strided,
+                                      device=mask.device)
+    return aten.where.self(mask, kept, masked)
