@@ -48,13 +48,20 @@ def environment(data: dict[str, Any]) -> list[str]:
     return [f"Device {data.get('device')}: {facts}; the run took {data.get('elapsed_s')} s."]
 
 
-def calibration(data: dict[str, Any]) -> list[str]:
-    result = data.get("calibrate")
+def _part(data: dict[str, Any], key: str, title: str) -> tuple[Any, list[str]]:
+    """A one-off part's value, or the lines to show instead (nothing when it did not run)."""
+    result = data.get(key)
     if result is None:
-        return []
+        return None, []
     if "error" in result:
-        return ["### Calibration", "", f"failed: {result['error']}"]
-    measured = result["value"]
+        return None, [f"### {title}", "", f"failed: {result['error']}"]
+    return result["value"], []
+
+
+def calibration(data: dict[str, Any]) -> list[str]:
+    measured, instead = _part(data, "calibrate", "Calibration")
+    if measured is None:
+        return instead
     sheet = data.get("specs", {}).get("datasheet")
     rows = []
     for key, value in measured["peak_flops"].items():
@@ -174,12 +181,9 @@ def decode_extras(data: dict[str, Any]) -> list[str]:
 
 
 def kernel_figures(data: dict[str, Any]) -> list[str]:
-    result = data.get("kernels")
-    if result is None:
-        return []
-    if "error" in result:
-        return ["### Kernels", "", f"failed: {result['error']}"]
-    k = result["value"]
+    k, instead = _part(data, "kernels", "Kernels")
+    if k is None:
+        return instead
     gemms = [(f"({g['m']}, {g['k']}) @ ({g['k']}, {g['n']})", "yes" if g["aligned"] else "no",
               ms(g["s"]), _rate(g["flops_per_s"], "FLOP/s")) for g in k["gemm"]]
     attention = [("×".join(map(str, a["shape"])), a["variant"], ms(a["s"]),
