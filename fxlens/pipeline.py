@@ -1,8 +1,8 @@
 """The one pipeline: capture once, cost every op, then the analysis passes, in order.
 
 This is where the engine (`fxlens.analyzer`) meets the op knowledge (`fxlens.rules`): the
-rule registry, precision and optimizer policies, fusion and quantization rules and device
-specs are handed to the rooms here. Inference and training run the same passes:
+rule registry, precision and optimizer policies, autocast's op lists, fusion and quantization
+rules and device specs are handed to the rooms here. Inference and training run the same passes:
 
     memory (inference)  Memory           liveness of the forward + the simulated eager peak
     training            Memory, Training liveness of the joint step, states, the step peak
@@ -36,6 +36,7 @@ from fxlens.analyzer.capture.chain import METHODS, capture
 from fxlens.analyzer.capture.check import check_scale, mixed_dtypes
 from fxlens.analyzer.capture.guard import user_code
 from fxlens.analyzer.capture.training import TrainingGraph, capture_training
+from fxlens.analyzer.capture.types import Autocast
 from fxlens.analyzer.core.beside import MIN_WAIT_S, Beside, beside, result_or_none
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.errors import LoadError
@@ -77,6 +78,7 @@ from fxlens.analyzer.time.roofline import (
     throughput_basis,
 )
 from fxlens.rules import load_rules
+from fxlens.rules.autocast import cpu_autocast, cuda_autocast
 from fxlens.rules.eager import SAME_DTYPE_OPERANDS
 from fxlens.rules.fusion import fusion_rules, kinds_of
 from fxlens.rules.hardware import LINK_EFFICIENCY, DeviceSpec
@@ -458,14 +460,18 @@ def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
         if options.precision is None and len(floating) > 1:
             cast = None   # a model mixing dtypes on purpose is recorded as it is
         device = ctx.device_spec()   # attention with dropout: fused as on a GPU, not on a CPU
+        on_gpu = device is None or device.kind != "cpu"
         ctx.step = capture_training(loaded.module, loaded.inputs, ctx.registry, cast, on_step,
-                                    fused_attention=device is None or device.kind != "cpu")
+                                    fused_attention=on_gpu,
+                                    autocast=_autocast(precision, on_gpu))
         try:
             mixed_dtypes(ctx.step.graph, SAME_DTYPE_OPERANDS)
         except LoadError as error:
             if options.precision is None:
                 raise
-            raise LoadError(f"{error}; the step is recorded with every weight cast to {cast} "
+            how = ("under torch.autocast" if precision.spec.autocast_dtype else
+                   f"with every weight cast to {cast}")
+            raise LoadError(f"{error}; the step is recorded {how} "
                             f"(--precision {options.precision}): leave --precision out to "
                             f"record the model's own dtypes") from None
     graph = ctx.analysed()
@@ -547,6 +553,15 @@ def _calibration_batches(loaded: LoadedModel) -> list[Any]:
     except Exception as error:
         raise LoadError(f"{loaded.source}: calibration() raised {type(error).__name__}: "
                         f"{error}") from error
+
+
+def _autocast(precision: Precision, on_gpu: bool) -> Autocast | None:
+    """The autocast a precision records its step under: CUDA's op lists where the analysis
+    targets a GPU (the default), CPU's as they are where it targets a CPU."""
+    dtype = precision.spec.autocast_dtype
+    if dtype is None:
+        return None
+    return cuda_autocast(dtype) if on_gpu else cpu_autocast(dtype)
 
 
 def _precision(name: str | None, module: torch.nn.Module) -> Precision:

@@ -155,6 +155,18 @@ def test_train_flags_fill_the_training_section(tmp_path: Path,
     assert training["backward_flops"] > training["forward_flops"] > 0
 
 
+def test_train_under_autocast(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / "r.json"
+    argv = [str(ROOT / "tests/models/tiny_gpt.py"), "--train", "--precision", "autocast-bf16",
+            "--json", str(out), "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert "training step · autocast-bf16 · adamw" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    states = report["training"]["states"]
+    assert states["master_bytes"] == 0 and states["weights_bytes"] == states["grad_bytes"]
+    assert any("torch.autocast(bfloat16)" in note for note in report["model"]["capture_notes"])
+
+
 @pytest.mark.slow
 def test_kv_cache_of_a_preset(tmp_path: Path) -> None:
     """Llama-2-7B shape, batch 1, context 2048, fp16: 2 × 32 × 2048 × 4096 × 2 B = 1 GiB."""

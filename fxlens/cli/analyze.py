@@ -93,8 +93,11 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
     training.add_argument("--train", action="store_true",
                           help="capture the joint forward+backward graph of one training step")
     training.add_argument("--precision", choices=PRECISIONS,
-                          help="training precision policy (default: fp32 for fp32 weights, "
-                               "amp-bf16 / amp-fp16 for 16-bit weights)")
+                          help="training precision policy: amp-bf16 / amp-fp16 = 16-bit "
+                               "weights + fp32 master copy (Megatron, apex O2); autocast-bf16 "
+                               "/ autocast-fp16 = torch.autocast over fp32 weights (HF "
+                               "Trainer, Accelerate, Lightning); default: fp32 for fp32 "
+                               "weights, amp-bf16 / amp-fp16 for 16-bit weights")
     training.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
                           help="optimizer whose state is accounted (default adamw)")
     training.add_argument("--checkpoint", action="store_true",

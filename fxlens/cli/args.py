@@ -12,7 +12,8 @@ import sys
 from typing import Any, NoReturn
 
 METHODS = ("export", "make_fx", "record")       # fxlens.analyzer.capture.chain.METHODS
-PRECISIONS = ("fp32", "bf16", "amp-bf16", "amp-fp16", "fp8")      # fxlens.pipeline.PRECISIONS
+PRECISIONS = ("fp32", "bf16", "amp-bf16", "amp-fp16", "autocast-bf16", "autocast-fp16",
+              "fp8")                                          # fxlens.pipeline.PRECISIONS
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adam8bit")  # …OPTIMIZERS
 
 

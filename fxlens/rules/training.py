@@ -6,19 +6,31 @@
 
 Precision, bytes per floating-point parameter (``Ψ`` = parameters):
 
-    precision  working weights  master (fp32)  gradients  optimizer-state dtype
-    fp32       4                -              4          float32
-    bf16       2                -              2          bfloat16
-    amp-bf16   2                4              2          float32
-    amp-fp16   2                4              2          float32
-    fp8        2 (+1 fp8 copy)  4              2          float32
+    precision      working weights  master (fp32)  gradients  optimizer-state dtype
+    fp32           4                -              4          float32
+    bf16           2                -              2          bfloat16
+    amp-bf16       2                4              2          float32
+    amp-fp16       2                4              2          float32
+    autocast-bf16  4                -              4          float32
+    autocast-fp16  4                -              4          float32
+    fp8            2 (+1 fp8 copy)  4              2          float32
 
-- AMP is mixed precision with fp32 master weights (Micikevicius et al., "Mixed Precision
+Which mixed precision is yours:
+- ``amp-*`` is Megatron / apex-O2 style mixed precision: the model itself holds 16-bit working
+  weights, the optimizer an fp32 master copy (Micikevicius et al., "Mixed Precision
   Training", ICLR 2018; ZeRO, Rajbhandari et al. 2020, §3.1: "2Ψ + 2Ψ + KΨ" with K = 12 for
-  Adam): with Adam 2 + 4 + 2 + 8 = 16 B/param, as pure fp32 with Adam (4 + 4 + 8).
-  NB: plain ``torch.autocast`` keeps fp32 parameters and fp32 gradients and casts per op
-  instead (4 + 4 + 8 = 16 B with Adam too, split differently); its per-forward cast cache is
-  transient and not counted here. fp16's loss scaler is one scalar: not counted.
+  Adam): with Adam 2 + 4 + 2 + 8 = 16 B/param, as pure fp32 with Adam (4 + 4 + 8). The step
+  is recorded with every weight cast to the 16-bit dtype, so every activation is 16-bit.
+  Megatron-LM, NeMo, DeepSpeed's bf16/fp16 engines, ``model.half()`` + a master copy.
+- ``autocast-*`` is plain ``torch.autocast(device_type="cuda", dtype=...)`` over an fp32 model
+  (what the HF Trainer's ``bf16=True``/``fp16=True``, Accelerate's and Lightning's
+  ``*-mixed`` run): fp32 weights, fp32 gradients, fp32 states, no master copy (4 + 4 + 8 =
+  16 B/param with Adam, the same total split differently). The step is recorded under
+  autocast (`fxlens.analyzer.capture.autocast`): matmuls, linears and convolutions run in
+  16 bits, norms, softmax and anything fed an fp32 tensor in fp32 (a GPT-2 residual stream
+  stays fp32), so activations are larger than amp's. NB: autocast's bf16 copies of the
+  weights, made per forward, are activations of the recorded step, not persistent state.
+- fp16's loss scaler is one scalar: not counted.
 - bf16 is pure half precision: the optimizer state takes the parameter dtype
   (``torch.optim`` creates it with ``zeros_like(param)``), so Adam needs 2 + 2 + 4 = 8 B.
 - fp8 assumes Transformer-Engine-style training (NVIDIA Transformer Engine docs, "Low
@@ -108,6 +120,7 @@ class PrecisionSpec:
     state_dtype: str                  # default dtype of optimizer states
     matrix_cache_dtype: str | None = None   # extra low-precision copy of each ≥ 2-D weight
     source: str = ""
+    autocast_dtype: str | None = None       # the step runs under torch.autocast in this dtype
 
     def _cast(self, spec: TensorSpec, dtype: str) -> int:
         """Bytes of `spec` held in `dtype`, or in its own dtype when it is not castable."""
@@ -135,6 +148,8 @@ class Precision(str, Enum):
     BF16 = "bf16"
     AMP_BF16 = "amp-bf16"
     AMP_FP16 = "amp-fp16"
+    AUTOCAST_BF16 = "autocast-bf16"
+    AUTOCAST_FP16 = "autocast-fp16"
     FP8 = "fp8"
 
     @property
@@ -150,6 +165,12 @@ PRECISIONS: dict[Precision, PrecisionSpec] = {
                                       source="ZeRO (Rajbhandari et al. 2020) §3.1"),
     Precision.AMP_FP16: PrecisionSpec("float16", "float32", "float16", "float32",
                                       source="Micikevicius et al. 2018; ZeRO §3.1"),
+    Precision.AUTOCAST_BF16: PrecisionSpec("float32", None, "float32", "float32",
+                                           source="torch.autocast (AMP recipe)",
+                                           autocast_dtype="bfloat16"),
+    Precision.AUTOCAST_FP16: PrecisionSpec("float32", None, "float32", "float32",
+                                           source="torch.autocast (AMP recipe)",
+                                           autocast_dtype="float16"),
     Precision.FP8: PrecisionSpec("bfloat16", "float32", "bfloat16", "float32",
                                  matrix_cache_dtype="float8_e4m3fn",
                                  source="NVIDIA Transformer Engine, low precision training"),

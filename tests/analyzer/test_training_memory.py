@@ -45,6 +45,8 @@ SEVEN_B = [ParamInfo("model.w", T(7000, 1_000_000))]      # 7e9 parameters in on
 @pytest.mark.parametrize(("precision", "bytes_per_param"), [
     (Precision.AMP_BF16, 2 + 4 + 2 + 8),
     (Precision.AMP_FP16, 2 + 4 + 2 + 8),
+    (Precision.AUTOCAST_BF16, 4 + 4 + 8),
+    (Precision.AUTOCAST_FP16, 4 + 4 + 8),
     (Precision.FP32, 4 + 4 + 8),
     (Precision.BF16, 2 + 2 + 4),
 ])
@@ -60,6 +62,14 @@ def test_seven_billion_amp_adam_is_112_gb_split_by_category() -> None:
     assert (memory.weights_bytes, memory.master_bytes, memory.grad_bytes,
             memory.optimizer_bytes, memory.buffer_bytes) == (
         2 * N7B, 4 * N7B, 2 * N7B, 8 * N7B, 0)
+
+
+def test_seven_billion_autocast_adam_is_112_gb_split_otherwise() -> None:
+    memory = state_memory(SEVEN_B, Precision.AUTOCAST_BF16.spec, ADAM)
+    assert memory.total == 112 * 10**9
+    assert (memory.weights_bytes, memory.master_bytes, memory.grad_bytes,
+            memory.optimizer_bytes, memory.buffer_bytes) == (
+        4 * N7B, 0, 4 * N7B, 8 * N7B, 0)
 
 
 @pytest.mark.parametrize(("optimizer", "optimizer_bytes"), [

@@ -39,6 +39,9 @@ def per_param(precision: Precision) -> tuple[int, int, int]:
     (Precision.BF16, 2 * n, 0, 2 * n, "bfloat16"),
     (Precision.AMP_BF16, 2 * n, 4 * n, 2 * n, "float32"),
     (Precision.AMP_FP16, 2 * n, 4 * n, 2 * n, "float32"),
+    # autocast: fp32 parameters and gradients, no master copy, fp32 states (fp16 too)
+    (Precision.AUTOCAST_BF16, 4 * n, 0, 4 * n, "float32"),
+    (Precision.AUTOCAST_FP16, 4 * n, 0, 4 * n, "float32"),
     # fp8: bf16 working weights 2 + the cached fp8 copy of a matrix 1; fp32 master; bf16 grads
     (Precision.FP8, (2 + 1) * n, 4 * n, 2 * n, "float32"),
 ])
@@ -53,12 +56,23 @@ def test_precision_copies_per_matrix(precision: Precision, weights: int, master:
     (Precision.BF16, 2 + 2 + 2 * 2),                # 8: states in bf16
     (Precision.AMP_BF16, 2 + 4 + 2 + 2 * 4),        # 16
     (Precision.AMP_FP16, 2 + 4 + 2 + 2 * 4),        # 16
+    (Precision.AUTOCAST_BF16, 4 + 0 + 4 + 2 * 4),   # 16, split differently
+    (Precision.AUTOCAST_FP16, 4 + 0 + 4 + 2 * 4),   # 16
     (Precision.FP8, 2 + 1 + 4 + 2 + 2 * 4),         # 17 for a matrix
 ])
 def test_adam_bytes_per_parameter(precision: Precision, bytes_per_param: int) -> None:
     p, t = precision.spec, T(R, C)
     state = Optimizer.ADAM.spec.state_bytes(t, p.state_dtype)
     assert sum(per_param(precision)) + state == bytes_per_param * n
+
+
+@pytest.mark.parametrize(("precision", "autocast_dtype"), [
+    (Precision.AUTOCAST_BF16, "bfloat16"), (Precision.AUTOCAST_FP16, "float16"),
+    (Precision.AMP_BF16, None), (Precision.FP32, None),
+])
+def test_only_autocast_precisions_record_under_autocast(precision: Precision,
+                                                        autocast_dtype: str | None) -> None:
+    assert precision.spec.autocast_dtype == autocast_dtype
 
 
 def test_fp8_caches_matrices_only() -> None:

@@ -30,6 +30,10 @@ Left as the composite runs them:
 - real tensors (the rerun a data-dependent model forces): CPU's real kernel refuses dropout.
 A call that fails on the fused op all the same is run as written: the capture never fails here.
 
+Under CPU autocast (`fxlens.analyzer.capture.autocast`) the call's floating inputs are cast to
+autocast's dtype first, as autocast casts the composite's (it is on the lower-precision list
+of CPU and CUDA); the fused op is on neither.
+
 Limitation: the graph is that of a GPU run. A model trained on a CPU really takes the math
 path, so the pipeline turns this off when the analysis targets a CPU device.
 NB: dropout's own work (drawing the mask in-kernel) is not counted, on either path.
@@ -45,6 +49,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import is_fake
 from torch.overrides import TorchFunctionMode
 
@@ -72,6 +77,7 @@ class _FusedDropout(TorchFunctionMode):
                            ) -> Any:
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
+            args, kwargs = _autocast(args, kwargs)
             try:
                 out = _fused(*args, **kwargs)
             except TypeError:    # arguments not as SDPA takes them: it says what is wrong
@@ -79,6 +85,22 @@ class _FusedDropout(TorchFunctionMode):
             if out is not None:
                 return out
         return func(*args, **kwargs)
+
+
+def _autocast(args: tuple[Any, ...], kwargs: dict[str, Any]
+              ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """The floating tensors in autocast's dtype while CPU autocast is on, as autocast casts
+    the composite's (on its lower-precision list); the fused op it may become is on none, so
+    the cast is made here, before either runs (the composite then finds nothing to cast)."""
+    if not torch.is_autocast_enabled("cpu"):
+        return args, kwargs
+    dtype = torch.get_autocast_dtype("cpu")
+
+    def cast(t: torch.Tensor) -> torch.Tensor:
+        eligible = t.is_floating_point() and t.dtype != torch.float64 and t.device.type == "cpu"
+        return t.to(dtype) if eligible else t
+
+    return pytree.tree_map_only(torch.Tensor, cast, (args, kwargs))
 
 
 def _fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

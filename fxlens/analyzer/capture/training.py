@@ -17,6 +17,11 @@ Repeated blocks are recorded once on fake tensors (`step_blocks`): a block prove
 one recorded in full is a copy of its nodes, forward and backward, and the graph is the one a
 full recording gives, node for node; where that cannot be shown, the step is recorded in full.
 
+With an `Autocast` policy (``--precision autocast-bf16``) the weights keep their dtype and the
+forward runs under ``torch.autocast`` (`fxlens.analyzer.capture.autocast`): the graph carries
+autocast's casts and mixed dtypes, the backward the casts' backward, and each parameter's
+gradient is in the parameter's dtype.
+
 Attention with dropout is recorded as the fused kernel a GPU runs, not CPU's math path, which
 saves the T×T probabilities (`fxlens.analyzer.capture.fused_attention`); with
 ``fused_attention=False`` the step is what a CPU runs.
@@ -43,11 +48,13 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 
+from fxlens.analyzer.capture.autocast import autocast_forward, autocast_kernels
 from fxlens.analyzer.capture.chain import Inputs, param_infos, plain_outputs, tied_names
 from fxlens.analyzer.capture.fused_attention import fused_dropout_attention
 from fxlens.analyzer.capture.fx_convert import type_name, user_frame
 from fxlens.analyzer.capture.recorder import Recorder, fake_then_real, module_tracking
 from fxlens.analyzer.capture.step_blocks import StandIns
+from fxlens.analyzer.capture.types import Autocast
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.errors import CaptureError
 from fxlens.analyzer.core.graph import Graph, Node, TensorRef
@@ -60,6 +67,13 @@ class _Recorded:
     nodes: list[Node]
     saved: list[TensorRef]
     roles: dict[TensorRef, str]          # each parameter's gradient
+
+
+@dataclass(frozen=True)
+class _Settings:
+    dtype: str | None                  # weights and floating inputs cast to it
+    fused_attention: bool
+    autocast: Autocast | None
 
 
 @dataclass(frozen=True)
@@ -76,39 +90,41 @@ def capture_training(
     on_step: Callable[[str], None] = lambda _: None,
     stand_ins: bool = True,
     fused_attention: bool = True,
+    autocast: Autocast | None = None,
 ) -> TrainingGraph:
     """Record one training step; `dtype` (e.g. "bfloat16") is the working precision of
     weights and activations, the model's own when None. With `stand_ins`, the backward of
     repeated blocks is copied from the first of each group (`step_blocks`); the graph is the
     same either way. With `fused_attention`, attention with dropout runs the fused kernel, as
-    on a GPU (`fused_dropout_attention`); without, the math path a CPU takes."""
+    on a GPU (`fused_dropout_attention`); without, the math path a CPU takes. With
+    `autocast`, the forward runs under ``torch.autocast`` in its dtype (`dtype` is then the
+    weights' own, e.g. "float32")."""
+    settings = _Settings(dtype, fused_attention, autocast)
     args, kwargs = (tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((), dict(inputs))
     on_step("recording the training step")
     with _train_mode(module):
         try:
-            recorded, tensors = _record(module, args, kwargs, registry, dtype, stand_ins,
-                                        fused_attention)
+            recorded, tensors = _record(module, args, kwargs, registry, settings, stand_ins)
             if recorded is None:    # the stand-ins would not give the full recording
-                recorded, tensors = _record(module, args, kwargs, registry, dtype, False,
-                                            fused_attention)
+                recorded, tensors = _record(module, args, kwargs, registry, settings, False)
         except CaptureError:
             raise
         except Exception as error:   # the model's own failure, on fake or real tensors
-            raise CaptureError(_step_error(error, dtype)) from error
+            raise CaptureError(_step_error(error, settings)) from error
     assert recorded is not None
     # NB: the recorder decomposed unknown ops as they ran; nothing is left to splice in.
     graph = Graph(
         nodes=tuple(recorded.nodes), params=param_infos(module), tied=tied_names(module),
         capture_method="joint forward+backward recorded at dispatch level",
         module_types={p: type_name(type(m)) for p, m in module.named_modules()},
-        roles=recorded.roles, notes=(f"recorded on {tensors}",),
+        roles=recorded.roles, notes=(f"recorded on {tensors}", *_autocast_note(autocast)),
     )
     return TrainingGraph(graph, tuple(dict.fromkeys(recorded.saved)))
 
 
 def _record(
     module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any],
-    registry: CostRegistry, dtype: str | None, stand_ins: bool, fused_attention: bool,
+    registry: CostRegistry, settings: _Settings, stand_ins: bool,
 ) -> tuple[_Recorded | None, str]:
     """The step on fake tensors, else on small real ones (`fake_then_real`). With
     `stand_ins`, on fake tensors, repeated blocks are stood in for (`step_blocks`); None if
@@ -120,10 +136,10 @@ def _record(
             kwargs: dict[str, Any], fake_mode: FakeTensorMode | None) -> _Recorded | None:
         if not stand_ins or fake_mode is None:
             return _record_once(module, state, args, kwargs, registry, fake_mode, False,
-                                fused_attention)
+                                settings)
         try:
             return _record_once(module, state, args, kwargs, registry, fake_mode, True,
-                                fused_attention)
+                                settings)
         except (DataDependentOutputException, DynamicOutputShapeException):
             raise                    # the model's data decides: on to real tensors
         except Exception as error:   # the full recording says what is wrong, if anything
@@ -131,6 +147,7 @@ def _record(
                      "recording every block", type(error).__name__, error)
             return None
 
+    dtype = settings.dtype
     return fake_then_real(module, args, kwargs, run,
                           dtype=getattr(torch, dtype) if dtype else None)
 
@@ -138,7 +155,7 @@ def _record(
 def _record_once(
     module: torch.nn.Module, state: dict[str, torch.Tensor], args: tuple[Any, ...],
     kwargs: dict[str, Any], registry: CostRegistry, fake_mode: FakeTensorMode | None,
-    stand_ins: bool, fused_attention: bool,
+    stand_ins: bool, settings: _Settings,
 ) -> _Recorded:
     recorder = Recorder.for_run(module, state, args, kwargs, registry.knows)
     saved: list[TensorRef] = []
@@ -150,10 +167,14 @@ def _record_once(
     blocks = StandIns(module, recorder, saved, state) if stand_ins else None
     installed = blocks.installed() if blocks is not None else contextlib.nullcontext()
     tensors = fake_mode if fake_mode is not None else contextlib.nullcontext()
-    # The backward runs with fused attention too: a checkpointed block recomputes its forward.
+    # The backward runs with fused attention and autocast's kernels too: a checkpointed block
+    # recomputes its forward (under the autocast state it saved). Autocast itself is on for
+    # the forward alone (`fxlens.analyzer.capture.autocast`).
     with (module_tracking(module, recorder.module_stack), tensors, recorder, installed,
-          fused_dropout_attention(fused_attention)):
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+          fused_dropout_attention(settings.fused_attention),
+          autocast_kernels(settings.autocast)):
+        with (torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+              autocast_forward(settings.autocast)):
             out = torch.func.functional_call(module, state, args, kwargs)
         outputs = [t for t in pytree.tree_leaves(plain_outputs(out))
                    if isinstance(t, torch.Tensor) and t.requires_grad]
@@ -170,10 +191,20 @@ def _record_once(
                                              for t in state.values() if t.grad is not None})
 
 
-def _step_error(error: Exception, dtype: str | None) -> str:
+def _autocast_note(autocast: Autocast | None) -> tuple[str, ...]:
+    if autocast is None:
+        return ()
+    lists = f", {autocast.source}" if autocast.source else ""
+    return (f"forward under torch.autocast({autocast.dtype}){lists}",)
+
+
+def _step_error(error: Exception, settings: _Settings) -> str:
     frames = traceback.extract_tb(error.__traceback__)
     where = user_frame([(f.filename, f.lineno or 0) for f in frames])
-    cast = (f" (recorded with every weight cast to {dtype}, the --precision policy's working "
+    dtype, autocast = settings.dtype, settings.autocast
+    cast = (f" (recorded under torch.autocast({autocast.dtype}) with {dtype or 'its own'} "
+            f"weights, the --precision policy)" if autocast is not None else
+            f" (recorded with every weight cast to {dtype}, the --precision policy's working "
             f"dtype)" if dtype else "")
     return (f"could not record the training step{cast}: {type(error).__name__}: {error}"
             f"{f' at {where}' if where else ''}")
