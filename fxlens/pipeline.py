@@ -218,6 +218,7 @@ class TrainingStep:
             optimizer_name=options.optimizer, optimizer=checks.optimizer(options.optimizer).spec,
             batch=throughput_basis(ctx.step.graph).samples, device_name=device_name,
             device_bytes=device_bytes, checkpoint=options.checkpoint,
+            foreach=spec is None or spec.kind != "cpu",   # torch.optim's default on a GPU
         )
         training = training_section(ctx.step, report, memory, ctx.registry, settings)
         return memory.to_section(), training

@@ -11,10 +11,10 @@ read as plain JSON) built with random weights directly on the device, attention 
 - `forward`: the eager forward (``use_cache=False``, ``no_grad``), median of `repeat` timed
   passes after `warmup`; on CUDA ``max_memory_allocated`` from an allocator holding only the
   model and its inputs.
-- `train_step`: one AdamW step under ``torch.autocast`` (fp32 weights, the precision fxlens
-  calls ``amp-bf16``), with the loss fxlens models (a gradient of ones on the logits) and the
-  model's own cross-entropy loss (``labels``); the peak of the first step (the optimizer's
-  states appear in it) and of the second (steady state) apart.
+- `train_step`: one AdamW step under ``torch.autocast`` (fp32 weights: fxlens's
+  ``--precision autocast-bf16``), with the loss fxlens models (a gradient of ones on the
+  logits) and the model's own cross-entropy loss (``labels``); the peak of the first step
+  (the optimizer's states appear in it) and of the second (steady state) apart.
 - `decode`: one new token per sequence against a ``StaticCache`` filled by a real prefill to
   `context` tokens (the cache engines use: written in place, never copied), timed eagerly and,
   on a GPU, the profiler's kernel time per step (the GPU's work without Python's gaps); the

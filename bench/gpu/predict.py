@@ -5,8 +5,9 @@ and reads one figure per measured one from the report:
 
 - `forward`: the roofline's forward time; the peak of an inference forward as the allocator sees
   it: weights and buffers + inputs + the eager activation peak (`Memory.activation_peak_bytes`).
-- `train_step`: ``--train --precision amp-bf16 --optimizer adamw``: the first step's and the
-  steady step's peaks (`Training.first_step_peak_bytes`, `step_peak_bytes`) and the step time.
+- `train_step`: ``--train --precision autocast-bf16 --optimizer adamw`` (what the measured
+  step runs: fp32 weights under ``torch.autocast``): the first step's and the steady step's
+  peaks (`Training.first_step_peak_bytes`, `step_peak_bytes`) and the step time.
 - `decode`: ``--kv-cache --context C`` for the cache bytes and the decode step's memory; the
   decode step's time as fxlens's parts give it, stated: the roofline of the model on one token
   (every weight read once, the per-kernel launch costs) plus reading the whole cache once at
@@ -49,7 +50,7 @@ def forward(case: Case, spec: DeviceSpec) -> dict[str, Any]:
 
 
 def train_step(case: Case, spec: DeviceSpec) -> dict[str, Any]:
-    options = _options(spec, train=True, precision="amp-bf16", optimizer="adamw")
+    options = _options(spec, train=True, precision="autocast-bf16", optimizer="adamw")
     report = analyze_loaded(_loaded(case, dtype="float32"), options, device=spec)
     training = report.require(Training)
     return {"first_step_peak_bytes": training.first_step_peak_bytes,

@@ -125,9 +125,10 @@ def validation(data: dict[str, Any]) -> list[str]:
 FIGURES = {
     "forward": ("Inference forward", [("forward time", "forward_s", "time"),
                                       ("peak allocated", "peak_bytes", "memory")]),
-    "train": ("AdamW step, autocast bf16", [("first step peak", "first_step_peak_bytes", "memory"),
-                                            ("steady step peak", "step_peak_bytes", "memory"),
-                                            ("step time", "step_s", "time")]),
+    "train": ("AdamW step, autocast bf16 (--precision autocast-bf16)",
+              [("first step peak", "first_step_peak_bytes", "memory"),
+               ("steady step peak", "step_peak_bytes", "memory"),
+               ("step time", "step_s", "time")]),
     "decode": ("Decode step (StaticCache)", [("KV cache bytes", "kv_cache_bytes", "memory"),
                                              ("step peak", "step_peak_bytes", "memory"),
                                              ("step time (eager)", "static_step_s", "time")]),

@@ -92,7 +92,10 @@ reading and writing whole state-sized tensors. Full-size tensor accesses per par
                    add_(d, eps) 2, addcdiv_(p, m, d) 4
     adamw      21  adam + mul_(p, 1 − lr·wd) 2
 Each access moves one element of the updated copy (the master copy where there is one), and a
-master copy is then written to the working weights (read master, write weights). Measured on an
+master copy is then written to the working weights (read master, write weights). The foreach
+step also allocates its temporaries for every parameter at once (`foreach_temporaries`): Adam's
+and AdamW's ``d = sqrt(v)`` is a state-sized copy of all of them (5.5 GiB for 1.5 B fp32
+parameters), where a single-tensor step holds one parameter's. Measured on an
 H200 (bench/gpu, 2026-11-27): AdamW's foreach kernels on a 1.5 B-parameter fp32 model were the
 three largest non-GEMM kernels of the step. ``fused=True`` steps (one pass) and the
 optimizers without a foreach path here (adafactor, adam8bit) read and write each state once:
@@ -204,6 +207,7 @@ class OptimizerSpec:
     quantization: BlockQuantization | None = None
     source: str = ""
     step_accesses: int | None = None          # per element, foreach step; None: one pass
+    foreach_temporaries: int = 0              # state-sized copies of *all* parameters
 
     def _quantized(self, spec: TensorSpec) -> BlockQuantization | None:
         q = self.quantization
@@ -281,9 +285,9 @@ OPTIMIZERS: dict[Optimizer, OptimizerSpec] = {
                                       source="torch.optim.SGD(momentum>0)",
                                       step_accesses=MOMENTUM_STEP_ACCESSES),
     Optimizer.ADAM: OptimizerSpec(2, ADAM_STEP_FLOPS, source="torch.optim.Adam",
-                                  step_accesses=ADAM_STEP_ACCESSES),
+                                  step_accesses=ADAM_STEP_ACCESSES, foreach_temporaries=1),
     Optimizer.ADAMW: OptimizerSpec(2, ADAMW_STEP_FLOPS, source="torch.optim.AdamW",
-                                   step_accesses=ADAMW_STEP_ACCESSES),
+                                   step_accesses=ADAMW_STEP_ACCESSES, foreach_temporaries=1),
     Optimizer.ADAFACTOR: OptimizerSpec(
         0, ADAFACTOR_STEP_FLOPS, factored_second_moment=True,
         factored_step_flops_per_element=ADAFACTOR_FACTORED_STEP_FLOPS,

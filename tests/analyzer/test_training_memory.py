@@ -334,3 +334,21 @@ def test_repeated_blocks_in_tiny_gpt() -> None:
         model = TinyGPT(GPTConfig(n_layer=3))
     types = {p: type_name(type(m)) for p, m in model.named_modules()}
     assert repeated_blocks(types) == ("blocks.0", "blocks.1", "blocks.2")
+
+
+def test_foreach_adamw_holds_a_temporary_of_every_parameter_at_once() -> None:
+    """torch's multi-tensor AdamW computes sqrt(v) for all parameters in one call: a
+    state-sized copy of them all, where a single-tensor step holds two of the largest."""
+    from fxlens.analyzer.core.graph import Graph
+    from fxlens.analyzer.memory.training_step import _optimizer_temporaries
+
+    params = tuple(ParamInfo(f"w{i}", T(256, 256)) for i in range(8))
+    graph = Graph((), "synthetic", params=params)
+    every = 8 * 256 * 256 * 4
+    amp = Precision.AMP_BF16.spec
+    assert _optimizer_temporaries(graph, amp, Optimizer.ADAMW.spec) == every
+    assert _optimizer_temporaries(graph, amp, Optimizer.ADAFACTOR.spec) == 2 * 256 * 256 * 4
+    assert _optimizer_temporaries(graph, amp, Optimizer.SGD.spec) == 2 * 256 * 256 * 4
+    # torch.optim steps one tensor at a time on a CPU
+    assert _optimizer_temporaries(graph, amp, Optimizer.ADAMW.spec, foreach=False) == (
+        2 * 256 * 256 * 4)
