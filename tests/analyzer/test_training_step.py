@@ -114,3 +114,16 @@ def test_the_step_names_its_inputs_as_forward_does() -> None:
     report = step("tests/models/dict_io.py")
     assert [i.name for i in report.model.inputs] == ["token_ids", "features", "mask"]
     assert [i.name for i in step(GPT).model.inputs] == ["idx"]
+
+
+def test_the_peak_names_the_phase_that_decides_it() -> None:
+    """The step's peak is the persistent state plus the larger of the forward/backward's live
+    tensors and the optimizer step's gradients and temporaries: the label names which."""
+    from fxlens.analyzer.core.sections import PeakBreakdown
+
+    forward = PeakBreakdown(persistent_bytes=10, fwd_bwd_peak_bytes=7, gradients_at_peak_bytes=2,
+                            optimizer_phase_bytes=5)
+    optimizer = PeakBreakdown(persistent_bytes=10, fwd_bwd_peak_bytes=3,
+                              gradients_at_peak_bytes=2, optimizer_phase_bytes=5)
+    assert forward.on_top == ("activations and gradients", 7)
+    assert optimizer.on_top == ("optimizer step (gradients + temporaries)", 5)

@@ -111,6 +111,14 @@ class PeakBreakdown:
     gradients_at_peak_bytes: int
     optimizer_phase_bytes: int
 
+    @property
+    def on_top(self) -> tuple[str, int]:
+        """What sits on the persistent state at the step's peak, and its bytes: the
+        forward/backward's live tensors, or the optimizer step's gradients and temporaries."""
+        if self.optimizer_phase_bytes > self.fwd_bwd_peak_bytes:
+            return "optimizer step (gradients + temporaries)", self.optimizer_phase_bytes
+        return "activations and gradients", self.fwd_bwd_peak_bytes
+
 
 @dataclass(frozen=True)
 class Checkpointing:

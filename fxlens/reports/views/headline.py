@@ -73,11 +73,11 @@ def _memory_figures(report: Report) -> list[Figure]:
     training, memory, cache = report.get(Training), report.get(Memory), report.get(KVCache)
     weights = report.model.param_bytes + report.model.buffer_bytes
     if training is not None:
+        what, size = training.peak_breakdown.on_top
         return [Figure("training step peak", binary_bytes(training.step_peak_bytes),
                        f"{training.precision} · {training.optimizer}: persistent "
                        f"{binary_bytes(training.peak_breakdown.persistent_bytes)} + "
-                       f"activations and gradients "
-                       f"{binary_bytes(training.peak_breakdown.fwd_bwd_peak_bytes)}")]
+                       f"{what} {binary_bytes(size)}")]
     out = []
     if memory is not None:
         peak, what = activation_peak(memory)

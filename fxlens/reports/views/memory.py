@@ -68,10 +68,11 @@ def step_summary(training: Training) -> Table:
     rows.append(("saved activations", binary_bytes(training.saved_activation_bytes),
                  "autograd's saved tensors, each storage once"))
     breakdown = training.peak_breakdown
+    what, size = breakdown.on_top
     rows.append((Cell("step peak", Tone.STRONG),
                  Cell(binary_bytes(training.step_peak_bytes), Tone.STRONG),
-                 f"persistent {binary_bytes(breakdown.persistent_bytes)} + forward/backward "
-                 f"peak {binary_bytes(breakdown.fwd_bwd_peak_bytes)}"))
+                 f"persistent {binary_bytes(breakdown.persistent_bytes)} + {what} "
+                 f"{binary_bytes(size)}"))
     ckpt = training.checkpointing
     if ckpt is not None:
         rows.append(("checkpointing", binary_bytes(ckpt.memory_saved_bytes),
