@@ -462,7 +462,7 @@ def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
             cast = None   # a model mixing dtypes on purpose is recorded as it is
         device = ctx.device_spec()   # attention with dropout: fused as on a GPU, not on a CPU
         on_gpu = device is None or device.kind != "cpu"
-        ctx.step = capture_training(loaded.module, loaded.inputs, ctx.registry, cast, on_step,
+        ctx.step = capture_training(loaded.module, loaded.step_inputs, ctx.registry, cast, on_step,
                                     fused_attention=on_gpu,
                                     autocast=_autocast(precision, on_gpu))
         try:

@@ -49,9 +49,12 @@ def test_predictions_agree_with_what_was_built(run: tuple[Path, dict[str, Any]])
                 assert predicted["value"]["weights_bytes"] == measured["weights_bytes"], part
                 if part == "decode":
                     assert predicted["value"]["kv_cache_bytes"] == measured["kv_cache_bytes"]
-    for row in data["train"]:
-        for predicted in row["predicted"].values():
-            assert predicted["value"]["step_peak_bytes"] > 0
+    # The model's own loss upcasts the logits and keeps the log-softmax: more memory, unless
+    # the optimizer step decides the peak (the tiny Llama's).
+    pairs = [(p["value"]["labels"]["step_peak_bytes"], p["value"]["ones"]["step_peak_bytes"])
+             for row in data["train"] for p in row["predicted"].values()]
+    assert all(labels >= ones > 0 for labels, ones in pairs)
+    assert any(labels > ones for labels, ones in pairs)
 
 
 def test_tables_name_every_part(run: tuple[Path, dict[str, Any]]) -> None:

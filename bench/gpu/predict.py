@@ -6,8 +6,9 @@ and reads one figure per measured one from the report:
 - `forward`: the roofline's forward time; the peak of an inference forward as the allocator sees
   it: weights and buffers + inputs + the eager activation peak (`Memory.activation_peak_bytes`).
 - `train_step`: ``--train --precision autocast-bf16 --optimizer adamw`` (what the measured
-  step runs: fp32 weights under ``torch.autocast``): the first step's and the steady step's
-  peaks (`Training.first_step_peak_bytes`, `step_peak_bytes`) and the step time.
+  step runs: fp32 weights under ``torch.autocast``), with the model's own loss and with the
+  backward seeded by ones: the first step's and the steady step's peaks
+  (`Training.first_step_peak_bytes`, `step_peak_bytes`) and the step time.
 - `decode`: ``--kv-cache --context C`` for the cache bytes and the decode step's memory; the
   decode step's time as fxlens's parts give it, stated: the roofline of the model on one token
   (every weight read once, the per-kernel launch costs) plus reading the whole cache once at
@@ -18,6 +19,7 @@ and reads one figure per measured one from the report:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from fxlens.analyzer.capture.hf import load_preset
@@ -50,12 +52,18 @@ def forward(case: Case, spec: DeviceSpec) -> dict[str, Any]:
 
 
 def train_step(case: Case, spec: DeviceSpec) -> dict[str, Any]:
+    """Per loss the measurement used: ``labels`` (the model's own loss, what a preset of a
+    causal LM is trained on) and ``ones`` (the backward seeded on the logits)."""
     options = _options(spec, train=True, precision="autocast-bf16", optimizer="adamw")
-    report = analyze_loaded(_loaded(case, dtype="float32"), options, device=spec)
-    training = report.require(Training)
-    return {"first_step_peak_bytes": training.first_step_peak_bytes,
-            "step_peak_bytes": training.step_peak_bytes,
-            "step_s": report.require(Roofline).totals.total_s}
+    loaded = _loaded(case, dtype="float32")
+    result = {}
+    for loss, model in (("labels", loaded), ("ones", replace(loaded, training_inputs=None))):
+        report = analyze_loaded(model, options, device=spec)
+        training = report.require(Training)
+        result[loss] = {"first_step_peak_bytes": training.first_step_peak_bytes,
+                        "step_peak_bytes": training.step_peak_bytes,
+                        "step_s": report.require(Roofline).totals.total_s}
+    return result
 
 
 def decode(case: Case, spec: DeviceSpec, cache_tokens: int) -> dict[str, Any]:

@@ -147,7 +147,7 @@ def measured_part(data: dict[str, Any], part: str) -> list[str]:
         for variant, values in _variants(part, measured["value"]):
             for label, key, kind in figures:
                 for spec, predicted in row.get("predicted", {}).items():
-                    guess = predicted.get("value", {}).get(key)
+                    guess = _predicted(part, variant, predicted).get(key)
                     shown = ms if kind == "time" else gib
                     tolerance = TIME_TOLERANCE if kind == "time" else MEMORY_TOLERANCE
                     rows.append((name + variant, label, spec, shown(guess), shown(values.get(key)),
@@ -166,6 +166,12 @@ def _variants(part: str, value: dict[str, Any]) -> list[tuple[str, dict[str, Any
     if part == "train":
         return [(f" · loss {k}", v) for k, v in value.items()]
     return [("", value)]
+
+
+def _predicted(part: str, variant: str, predicted: dict[str, Any]) -> dict[str, Any]:
+    """The prediction a measured variant is compared with (a training step's, per loss)."""
+    value = predicted.get("value", {})
+    return value.get(variant.rpartition(" ")[2], {}) if part == "train" else value
 
 
 def decode_extras(data: dict[str, Any]) -> list[str]:

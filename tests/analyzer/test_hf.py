@@ -367,3 +367,31 @@ def test_sliding_window_at_16k_is_counted_dense() -> None:
     assert flops["attention"] == dense
     (note,) = flops["notes"]
     assert note.startswith("dense: the mask is not causal (window"), note
+
+
+def test_a_causal_lm_trains_on_its_own_loss() -> None:
+    """A causal LM preset's step is recorded from the model's own loss (labels = its tokens):
+    the cross-entropy and its backward are in the graph, and under autocast the fp32 copy of
+    the logits and the log-probabilities it keeps make the step's forward/backward peak higher
+    than a backward seeded with ones on the logits."""
+    import dataclasses
+
+    from fxlens.analyzer.core.sections import Training
+    from fxlens.api import AnalysisOptions, analyze_loaded
+
+    loaded = load_preset("gpt2", {"n_layer": "1", "n_embd": "32", "n_head": "2",
+                                  "vocab_size": "4096"}, 4, 64, dtype="float32")  # logits rule
+    assert loaded.training_inputs is not None
+    assert loaded.training_inputs["labels"] is loaded.inputs["input_ids"]
+    options = AnalysisOptions(train=True, fusion=False, strict=True, precision="autocast-bf16")
+    own = analyze_loaded(loaded, options)
+    ones = analyze_loaded(dataclasses.replace(loaded, training_inputs=None), options)
+    targets = {n.target for n in own.nodes}
+    assert any("nll_loss_forward" in t for t in targets)
+    assert any("nll_loss_backward" in t for t in targets)
+    assert not any("nll_loss" in n.target for n in ones.nodes)
+    assert (own.require(Training).saved_activation_bytes
+            > ones.require(Training).saved_activation_bytes)     # the fp32 log-probabilities
+    assert (own.require(Training).peak_breakdown.fwd_bwd_peak_bytes
+            > ones.require(Training).peak_breakdown.fwd_bwd_peak_bytes)
+    assert load_preset("bert-base", {"num_hidden_layers": "1"}, 1, 8).training_inputs is None

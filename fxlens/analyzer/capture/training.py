@@ -1,8 +1,10 @@
 """`capture_training(module, inputs) -> TrainingGraph`: the joint forward+backward graph.
 
 The training step is recorded at dispatch level on fake tensors, aot-autograd style: the
-forward runs in train mode, then autograd's backward runs from a gradient of ones on every
-output that requires grad (the cheapest stand-in for a loss: no loss op is added). Every
+forward runs in train mode, then autograd's backward runs from the model's own loss when its
+output has one (a ``transformers`` model given ``labels``, as `hf` presets of causal language
+models are), else from a gradient of ones on every output that requires grad (the cheapest
+stand-in for a loss: no loss op is added). Every
 backward op is real — `mm` for weight and input gradients, `convolution_backward`,
 `_scaled_dot_product_*_backward`, `threshold_backward`… — so backward FLOPs come from the
 ops, not from a "2× forward" rule. Frozen parameters (requires_grad=False) get no
@@ -176,8 +178,7 @@ def _record_once(
         with (torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
               autocast_forward(settings.autocast)):
             out = torch.func.functional_call(module, state, args, kwargs)
-        outputs = [t for t in pytree.tree_leaves(plain_outputs(out))
-                   if isinstance(t, torch.Tensor) and t.requires_grad]
+        outputs = _to_train(out)
         if not outputs:
             raise CaptureError("no output of the model requires grad: nothing to train "
                                "(are all parameters frozen?)")
@@ -196,6 +197,17 @@ def _autocast_note(autocast: Autocast | None) -> tuple[str, ...]:
         return ()
     lists = f", {autocast.source}" if autocast.source else ""
     return (f"forward under torch.autocast({autocast.dtype}){lists}",)
+
+
+def _to_train(out: Any) -> list[torch.Tensor]:
+    """What the backward starts from: the model's own loss when its output has one (a
+    ``transformers`` model given ``labels``), else every output that requires grad."""
+    plain = plain_outputs(out)
+    loss = plain.get("loss") if isinstance(plain, dict) else None
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return [loss]
+    return [t for t in pytree.tree_leaves(plain)
+            if isinstance(t, torch.Tensor) and t.requires_grad]
 
 
 def _step_error(error: Exception, settings: _Settings) -> str:

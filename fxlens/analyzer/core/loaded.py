@@ -19,6 +19,8 @@ class LoadedModel:
     `inputs` is a tuple of positional arguments or a dict of keyword arguments. `name` is
     short and human (file stem or preset name); `source` says where the model came from.
     `calibration` is the model file's ``calibration()`` generator of input batches, if any.
+    `training_inputs` are the inputs of a training step where they differ from `inputs`: a
+    causal language model's ``labels``, so the step computes the model's own loss.
     """
 
     module: torch.nn.Module
@@ -26,3 +28,9 @@ class LoadedModel:
     name: str
     source: str
     calibration: Callable[[], Iterable[Any]] | None = None
+    training_inputs: tuple[Any, ...] | dict[str, Any] | None = None
+
+    @property
+    def step_inputs(self) -> tuple[Any, ...] | dict[str, Any]:
+        """What a training step is recorded on."""
+        return self.training_inputs if self.training_inputs is not None else self.inputs
