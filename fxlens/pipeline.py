@@ -172,6 +172,12 @@ class Context:
         """The graph the report costs: the training step's, else the forward."""
         return self.step.graph if self.step is not None else self.forward()
 
+    def targets_gpu(self) -> bool:
+        """Whether the step is run as on a GPU (the default): attention with dropout fused,
+        CUDA's autocast lists, torch.optim's multi-tensor step. Not for a CPU device."""
+        spec = self.device_spec()
+        return spec is None or spec.kind != "cpu"
+
     def device_spec(self) -> DeviceSpec | None:
         if self.device is None and self.options.device is not None:
             self.device = resolve_device(self.options.device, self.options.devices_file,
@@ -218,7 +224,7 @@ class TrainingStep:
             optimizer_name=options.optimizer, optimizer=checks.optimizer(options.optimizer).spec,
             batch=throughput_basis(ctx.step.graph).samples, device_name=device_name,
             device_bytes=device_bytes, checkpoint=options.checkpoint,
-            foreach=spec is None or spec.kind != "cpu",   # torch.optim's default on a GPU
+            foreach=ctx.targets_gpu(),   # torch.optim's default on a GPU, not on a CPU
         )
         training = training_section(ctx.step, report, memory, ctx.registry, settings)
         return memory.to_section(), training
@@ -460,8 +466,7 @@ def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
         floating = {p.dtype for p in loaded.module.parameters() if p.is_floating_point()}
         if options.precision is None and len(floating) > 1:
             cast = None   # a model mixing dtypes on purpose is recorded as it is
-        device = ctx.device_spec()   # attention with dropout: fused as on a GPU, not on a CPU
-        on_gpu = device is None or device.kind != "cpu"
+        on_gpu = ctx.targets_gpu()
         ctx.step = capture_training(loaded.module, loaded.step_inputs, ctx.registry, cast, on_step,
                                     fused_attention=on_gpu,
                                     autocast=_autocast(precision, on_gpu))

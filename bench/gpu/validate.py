@@ -41,13 +41,11 @@ def validate(case: Case, specs: dict[str, DeviceSpec], device: str, warmup: int,
     settings = RunSettings(device, warmup, repeat)
     module, inputs = prepare(loaded.module, loaded.inputs, device)
     real = dataclasses.replace(loaded, module=module, inputs=inputs)
-    graph = None
     run = None
     result: dict[str, Any] = {}
     for label, spec in specs.items():
-        report, captured = predict(real, spec)
-        if run is None:
-            graph = captured
+        report, graph = predict(real, spec)
+        if run is None:      # one run serves every spec's predictions
             run = run_graph(graph, module, inputs, settings)
         section = validation_section(report, run, settings)
         classes = sorted(section.op_classes, key=lambda c: -c.measured_s)[:TOP_OP_CLASSES]
