@@ -410,7 +410,7 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
         peak_flops=spec.peak(key)[0],
     )
     return read_facts(ctx.step, report, ctx.registry, state_of,
-                      {t.id: t.time_s for t in times}, PARALLEL, whole)
+                      by_id, PARALLEL, whole)
 
 
 def _plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFacts

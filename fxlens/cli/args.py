@@ -62,7 +62,7 @@ def count(text: str) -> int:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number like 1e12, got {text!r}") from None
-    if not value >= 1 or value != int(value) or value == float("inf"):
+    if not 1 <= value < float("inf") or value != int(value):
         raise argparse.ArgumentTypeError(f"expected a whole number ≥ 1, got {text!r}")
     return int(value)
 

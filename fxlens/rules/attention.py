@@ -144,25 +144,29 @@ def backward_flops(a: Attn) -> int:
     return a.bh * (a.scores * per_score + OUTPUT_DOT_FLOPS_PER_ELEMENT * a.t_q * a.d_v)
 
 
-@cost_rule(
+FUSED_FORWARD = (
     aten.scaled_dot_product_attention,
     aten._scaled_dot_product_flash_attention,
     aten._scaled_dot_product_flash_attention_for_cpu,
     aten._scaled_dot_product_efficient_attention,
     aten._scaled_dot_product_cudnn_attention,
 )
+FUSED_BACKWARD = (
+    aten._scaled_dot_product_flash_attention_backward,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention_backward,
+)
+
+
+@cost_rule(*FUSED_FORWARD)
 def sdpa(call: OpCall) -> Cost:
     """Fused attention forward on (B, H, T, d): GEMMs + softmax on every computed score."""
     a = _attn(call)
     return Cost(flops=forward_flops(a), note=a.note)
 
 
-@cost_rule(
-    aten._scaled_dot_product_flash_attention_backward,
-    aten._scaled_dot_product_flash_attention_for_cpu_backward,
-    aten._scaled_dot_product_efficient_attention_backward,
-    aten._scaled_dot_product_cudnn_attention_backward,
-)
+@cost_rule(*FUSED_BACKWARD)
 def sdpa_backward(call: OpCall) -> Cost:
     """Fused attention backward on (B, H, T, d): five GEMMs + softmax backward."""
     a = _attn(call)

@@ -2,14 +2,20 @@
 
 GEMM ops that multiply an activation by a weight (a Megatron column or row split applies to
 them), the grouped GEMM of MoE experts (a weight with a leading expert dimension), the ops a
-weight passes through on its way there (views, transposes, dtype casts under autocast), and the
-embedding lookup (vocab-parallel).
+weight passes through on its way there (views, transposes, dtype casts under autocast), the
+embedding lookup (vocab-parallel), and the attention kernels (context parallelism resizes
+them).
 """
 
 from __future__ import annotations
 
+import torch
+
 from fxlens.analyzer.plan.types import ParallelKnowledge
+from fxlens.rules.attention import FUSED_BACKWARD, FUSED_FORWARD
 from fxlens.rules.views import VIEW_OPS
+
+aten = torch.ops.aten
 
 PARALLEL = ParallelKnowledge(
     gemm_ops=frozenset({"aten.mm", "aten.addmm", "aten.linear", "aten.matmul"}),
@@ -17,4 +23,6 @@ PARALLEL = ParallelKnowledge(
     weight_path_ops=VIEW_OPS | {"aten._to_copy", "aten.to", "aten.clone", "aten.contiguous",
                                 "aten._to_dtype", "aten.type_as"},
     embedding_ops=frozenset({"aten.embedding"}),
+    attention_ops=frozenset(str(op) for op in (*FUSED_FORWARD, *FUSED_BACKWARD,
+                                               aten._scaled_dot_product_attention_math)),
 )

@@ -177,3 +177,43 @@ def test_cpu_flash_takes_mirrors_torchs_own_choice(qkv: tuple[torch.Tensor, ...]
     q, k, v = qkv
     choice = torch.ops.aten._fused_sdp_choice.default(q, k, v, mask, 0.0, False)
     assert cpu_flash_takes(q, k, v, mask) is (choice == 1)   # SDPBackend.FLASH_ATTENTION
+
+
+class _LatentAttention(torch.nn.Module):
+    """Queries and keys of head dimension 6, values of 4 (MLA's shape), causal or masked."""
+
+    def __init__(self, mask: torch.Tensor | None = None) -> None:
+        super().__init__()
+        self.qk = torch.nn.Linear(8, 2 * 3 * 6)
+        self.v = torch.nn.Linear(8, 3 * D_HEAD)
+        self.register_buffer("mask", mask)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        q, k = self.qk(x).view(B, T, 2, 3, 6).permute(2, 0, 3, 1, 4)
+        v = self.v(x).view(B, T, 3, D_HEAD).transpose(1, 2)
+        if self.mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+
+
+EFFICIENT = "aten._scaled_dot_product_efficient_attention.default"
+
+
+@pytest.mark.parametrize("mask", [None, torch.ones(T, T, dtype=torch.bool).tril()])
+def test_values_with_their_own_head_dim_record_the_efficient_kernel(
+        mask: torch.Tensor | None) -> None:
+    """MLA's shapes: the math path on CPU, a fused kernel (cuDNN or memory-efficient) on a
+    GPU; recorded as the latter, its FLOPs those of the math path's GEMMs, no T×T tensor."""
+    fused, math = step(_LatentAttention(mask)), step(_LatentAttention(mask), False)
+    targets = {n.target: n.phase for n in fused.graph.nodes}
+    assert targets[EFFICIENT] == "forward"
+    assert targets[EFFICIENT.replace("attention", "attention_backward")] == "backward"
+    # the additive mask (and its broadcast view) only
+    assert set(square_tensors(fused)) <= {"aten.where.self", "aten.expand.default"}
+    assert "aten._safe_softmax.default" in square_tensors(math)
+    registry = load_rules()
+    report = analyze(fused.graph, registry, strict=True)
+    attention = next(n for n in report.nodes if n.target == EFFICIENT)
+    # causal: the lower triangle; a mask (a buffer fake tensors hold no values of): dense
+    scores = B * 3 * (T * (T + 1) // 2 if mask is None else T * T)
+    assert attention.flops == 2 * scores * (6 + D_HEAD) + SOFTMAX_FLOPS_PER_ELEMENT * scores

@@ -21,9 +21,11 @@ import pytest
 from fxlens.analyzer.capture.load import load
 from fxlens.analyzer.core.report import Report, load_report
 from fxlens.analyzer.core.sections import Plan, PlanLayout, Training
-from fxlens.analyzer.plan.estimate import all_reduce_s, estimate, one_way_s, stages
+from fxlens.analyzer.plan.estimate import estimate, in_flight, stages
 from fxlens.analyzer.plan.strategy import Strategy, parse
 from fxlens.analyzer.plan.structure import ModelFacts
+from fxlens.analyzer.plan.transfers import all_reduce_s, one_way_s
+from fxlens.analyzer.plan.workload import ExpertGemm
 from fxlens.pipeline import AnalysisOptions, Context, plan_facts, run_context
 from fxlens.rules.hardware import LINK_EFFICIENCY, device
 
@@ -62,8 +64,11 @@ def psi(facts: ModelFacts) -> int:
     ("fsdp", 4, Strategy(dp=4, zero=3)),
     ("hsdp", 16, Strategy(dp=16, zero=3, hybrid=True)),
     ("dp=2,tp=4,pp=2,zero=1,sp", None, Strategy(dp=2, tp=4, pp=2, zero=1, sp=True)),
-    ("tp=8,pp=4,v=2,ckpt", 64, Strategy(dp=2, tp=8, pp=4, v=2, checkpoint=True)),
+    ("tp=8,pp=4,v=2,ckpt", 64, Strategy(dp=2, tp=8, pp=4, v=2, recompute="full")),
     ("zero2,offload", 2, Strategy(dp=2, zero=2, offload=True)),
+    ("dp=4,tp=8,pp=9,cp=2,v=7,sp,ckpt=full", None,
+     Strategy(dp=4, tp=8, pp=9, cp=2, v=7, sp=True, recompute="full")),
+    ("tp=2,pp=16,ep=64,etp=1", 1024, Strategy(dp=32, tp=2, pp=16, ep=64, etp=1)),
 ])
 def test_strategy_text_parses(text: str, gpus: int | None, expected: Strategy) -> None:
     assert parse(text, gpus) == expected
@@ -74,7 +79,11 @@ def test_strategy_text_parses(text: str, gpus: int | None, expected: Strategy) -
     ("tp=3", 8, "not a multiple"),
     ("dp=2,tp=2", 8, "not --gpus 8"),
     ("sp", 4, "needs tp > 1"),
-    ("dp=4,ep=3", None, "must divide dp"),
+    ("dp=4,ep=3", None, "must divide the GPUs of a pipeline stage"),
+    ("dp=2,tp=2,tp=4", None, "tp is given twice"),
+    ("fsdp,zero=1", 4, "zero is given twice"),
+    ("dp=2,ckpt=attn", None, "selective recompute"),
+    ("dp=2,cp=3", 4, "not --gpus 4"),
     ("zero=4", 2, "ZeRO stages"),
     ("zero1,hybrid", 2, "unknown strategy 'hybrid'"),
     ("tp=two", 2, "whole number"),
@@ -387,3 +396,86 @@ def test_a_strategy_the_model_cannot_take_says_why(gpt: tuple[Report, ModelFacts
     _, facts = gpt
     assert any(says in problem for problem in misfits(facts, parse(text, gpus)))
     assert misfits(facts, parse("dp=2,tp=2,pp=2", None)) == []
+
+
+# --- context parallelism, interleaving, expert parallelism ------------------------------------
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_context_parallel_divides_activations_and_work(gpt: tuple[Report, ModelFacts],
+                                                       cp: int) -> None:
+    _, facts = gpt
+    one, split = layout(facts, "dp=1"), layout(facts, f"dp=1,cp={cp}")
+    saved = sum(u.saved_bytes for u in facts.units)
+    assert one.memory.activations_bytes == pytest.approx(saved, abs=2)
+    assert split.memory.activations_bytes == pytest.approx(saved / cp, abs=2)
+    assert split.time.compute_s == pytest.approx(one.time.compute_s / cp)
+    assert split.gpus == cp and split.time.tokens_per_step == one.time.tokens_per_step
+
+
+@pytest.mark.parametrize("cp, m", [(2, 1), (4, 3)])
+def test_ring_attention_passes_k_and_v_round_the_ring(gpt: tuple[Report, ModelFacts], cp: int,
+                                                      m: int) -> None:
+    """Per layer: (cp − 1)/cp of the K/V bytes forward, twice that backward (K/V and their
+    gradients), each GPU sending its 1/cp chunk cp − 1 times."""
+    _, facts = gpt
+    blocks = [u for u in facts.units if u.name.startswith("blocks.")]
+    kv = 2 * B * S * H * BF16                      # K and V of one layer, every head
+    assert all(u.attention.kv_bytes == kv for u in blocks)
+    (ring,) = [c for c in layout(facts, f"dp=1,cp={cp}", m=m).collectives
+               if c.cause.startswith("ring")]
+    assert ring.kind == "p2p" and ring.group == cp and ring.bytes == kv // cp
+    assert ring.calls * ring.bytes == 3 * (cp - 1) * kv // cp * len(blocks) * m
+    bandwidth = H100.link_bytes_per_s(True)
+    assert ring.time_s == pytest.approx(ring.calls * ring.bytes / bandwidth)
+
+
+def test_context_parallel_ranks_share_zero_and_reduce_gradients(
+        gpt: tuple[Report, ModelFacts]) -> None:
+    """The GPUs of a context-parallel group hold the same weights: the optimizer shards and
+    the gradient reduction span dp · cp."""
+    _, facts = gpt
+    sharded = layout(facts, "dp=2,cp=2,zero=1").memory
+    assert sharded.optimizer_bytes == pytest.approx(
+        layout(facts, "dp=1").memory.optimizer_bytes / 4, abs=4 * len(facts.units))
+    (grads, _) = [c for c in layout(facts, "dp=2,cp=2,zero=1").collectives
+                  if "ZeRO-1" in c.cause]
+    assert grads.group == 4
+
+
+@pytest.mark.parametrize("pp, v, m, stage, chunks", [
+    (4, 1, 8, 0, 4), (4, 1, 2, 0, 2), (4, 1, 8, 3, 1),
+    (4, 2, 8, 0, 2 * 3 + 4 + 1), (4, 2, 8, 3, 4 + 1), (4, 3, 2, 0, 2 * 3),
+])
+def test_interleaved_1f1b_keeps_megatrons_warm_up_in_flight(pp: int, v: int, m: int,
+                                                            stage: int, chunks: int) -> None:
+    """Megatron-core: 2(p − i − 1) + (v − 1)p warm-up chunks + 1, at most m·v, each 1/v of
+    a stage's layers; plain 1F1B min(m, p − i) micro-batches."""
+    strategy = Strategy(dp=1, pp=pp, v=v, micro_batches=m)
+    assert in_flight(strategy, stage) == pytest.approx(chunks / v if v > 1 else chunks)
+
+
+def test_expert_gemms_on_a_gpu_follow_rows_and_experts() -> None:
+    gemm = ExpertGemm("forward", compute_s=1.0, weight_s=4.0, token_s=0.5)
+    assert gemm.on_rank(1, 1, 1) == 4.5                    # as captured: memory-bound
+    # ep = 64 of 256 experts, tp = 2: 1/2 of the work, 1/64 of the weights
+    assert gemm.on_rank(1 / 2, 1 / 64, 1 / 2) == pytest.approx(0.5)
+
+
+@pytest.mark.slow
+def test_expert_parallel_layouts_fold_into_the_stage() -> None:
+    """ep drawn from tp · dp with whole experts (etp = 1): expert weights ÷ ep, the all-to-all
+    carries this GPU's routed rows (÷ tp), the expert gradients reduce over tp·dp/ep."""
+    facts = hf_facts("mixtral")
+    expert_weights = sum(u.states_expert.weights_bytes for u in facts.units)
+    dense_split = sum(u.states_split.weights_bytes for u in facts.units)
+    dense_whole = sum(u.states_whole.weights_bytes for u in facts.units)
+    folded = layout(facts, "dp=1,tp=2,ep=2")
+    assert folded.memory.weights_bytes == pytest.approx(
+        dense_split / 2 + dense_whole + expert_weights / 2, abs=64 * len(facts.units))
+    (a2a,) = [c for c in folded.collectives if c.kind == "all-to-all"]
+    assert a2a.bytes == sum(u.routed_bytes for u in facts.units) // 2 and a2a.group == 2
+    assert folded.etp == 1
+    (expert_grads,) = [c for c in layout(facts, "dp=4,ep=2").collectives
+                       if c.cause.startswith("expert gradients")]
+    assert expert_grads.group == 2

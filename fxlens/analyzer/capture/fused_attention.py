@@ -1,4 +1,6 @@
-"""`fused_dropout_attention()`: attention with dropout recorded as the fused kernel a GPU runs.
+"""`fused_attention_kernels()`: attention recorded as the fused kernel a GPU runs, where the
+composite on CPU would take its math path: calls with dropout, and calls whose values have
+another head dimension than their queries and keys (multi-head latent attention).
 
 While a training step is recorded, `F.scaled_dot_product_attention` with ``dropout_p > 0`` is
 sent to ``aten._scaled_dot_product_flash_attention_for_cpu`` (the same dropout_p, is_causal,
@@ -17,8 +19,17 @@ BERT, ViT, T5, Whisper…) was overstated alike. The fused op and its backward a
 where the math path's masked square counted all (GPT-2's forward at 1024 tokens: 7 % fewer
 FLOPs; at 128 tokens 1 %), as for attention without dropout.
 
+Values with their own head dimension (DeepSeek-V2/V3's MLA: queries and keys of 192, values
+of 128): CPU's flash kernel needs one head dimension, so the composite takes the math path,
+materialising the B×H×T×T scores in fp32 — in DeepSeek-V3 at 4,096 tokens 85 % of a dense
+layer's forward time, where a GPU runs cuDNN's or the memory-efficient kernel, both of which
+take a separate value head dimension. Such calls (dropout or not, otherwise as CPU's flash
+kernel would take them) are recorded as ``aten._scaled_dot_product_efficient_attention``
+(the mask passed as its additive bias), costed by the same rules.
+
 Left as the composite runs them:
-- ``dropout_p == 0``: the composite already takes the fused kernel where it can.
+- ``dropout_p == 0`` with one head dimension: the composite already takes the fused kernel
+  where it can.
 - grouped-query calls (``enable_gqa`` with fewer key/value heads than query heads): whether a
   GPU fuses them depends on the dtype (the CUDA flash kernel takes them, in fp16/bf16 only;
   the memory-efficient kernel, which fp32 needs, does not, and falls back to math), so no one
@@ -61,9 +72,9 @@ CPU_FLASH_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
 
 
 @contextmanager
-def fused_dropout_attention(enabled: bool = True) -> Iterator[None]:
-    """While open, attention with dropout on fake tensors runs the fused kernel (see the
-    module docstring); a no-op when not `enabled`."""
+def fused_attention_kernels(enabled: bool = True) -> Iterator[None]:
+    """While open, attention with dropout or a separate value head dimension on fake tensors
+    runs a fused kernel (see the module docstring); a no-op when not `enabled`."""
     if not enabled:
         yield
         return
@@ -108,11 +119,13 @@ def _fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
            is_causal: bool = False, scale: float | None = None, enable_gqa: bool = False
            ) -> torch.Tensor | None:
     """The call's output from the fused kernel, or None where it is left as it is."""
-    if not dropout_p > 0 or not all(is_fake(t) for t in (query, key, value)):
+    if not all(is_fake(t) for t in (query, key, value)):
         return None
     if is_causal and attn_mask is not None:
         return None                     # the composite raises its own error for it
-    if not cpu_flash_takes(query, key, value, attn_mask):
+    if _latent_values(query, key, value, attn_mask):
+        return _efficient(query, key, value, attn_mask, dropout_p, is_causal, scale)
+    if not dropout_p > 0 or not cpu_flash_takes(query, key, value, attn_mask):
         return None
     try:
         mask = _additive(attn_mask, query.dtype)
@@ -121,6 +134,31 @@ def _fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     except Exception as error:   # never fail the capture for this
         log.info("attention with dropout left on the composite's path (%s: %s)",
                  type(error).__name__, error)
+        return None
+    return out
+
+
+def _latent_values(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                   attn_mask: torch.Tensor | None) -> bool:
+    """Whether CPU's flash kernel would take the call but for the values' head dimension."""
+    if value.dim() != 4 or value.shape[-1] == query.shape[-1]:
+        return False
+    stand_in = value.new_empty(value.shape[:-1] + (query.shape[-1],))
+    return cpu_flash_takes(query, key, stand_in, attn_mask)
+
+
+def _efficient(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+               attn_mask: torch.Tensor | None, dropout_p: float, is_causal: bool,
+               scale: float | None) -> torch.Tensor | None:
+    try:
+        bias = _additive(attn_mask, query.dtype)
+        if bias is not None and bias.dim() == 2:
+            bias = bias.expand(query.shape[0], query.shape[1], *bias.shape)
+        out, *_ = aten._scaled_dot_product_efficient_attention(
+            query, key, value, bias, True, dropout_p, is_causal, scale=scale)
+    except Exception as error:   # never fail the capture for this
+        log.info("attention with its own value head dimension left on the composite's "
+                 "path (%s: %s)", type(error).__name__, error)
         return None
     return out
 

@@ -52,7 +52,7 @@ from torch._subclasses.fake_tensor import (
 
 from fxlens.analyzer.capture.autocast import autocast_forward, autocast_kernels
 from fxlens.analyzer.capture.chain import Inputs, param_infos, plain_outputs, tied_names
-from fxlens.analyzer.capture.fused_attention import fused_dropout_attention
+from fxlens.analyzer.capture.fused_attention import fused_attention_kernels
 from fxlens.analyzer.capture.fx_convert import type_name, user_frame
 from fxlens.analyzer.capture.recorder import Recorder, fake_then_real, module_tracking
 from fxlens.analyzer.capture.step_blocks import StandIns
@@ -98,7 +98,7 @@ def capture_training(
     weights and activations, the model's own when None. With `stand_ins`, the backward of
     repeated blocks is copied from the first of each group (`step_blocks`); the graph is the
     same either way. With `fused_attention`, attention with dropout runs the fused kernel, as
-    on a GPU (`fused_dropout_attention`); without, the math path a CPU takes. With
+    on a GPU (`fused_attention_kernels`); without, the math path a CPU takes. With
     `autocast`, the forward runs under ``torch.autocast`` in its dtype (`dtype` is then the
     weights' own, e.g. "float32")."""
     settings = _Settings(dtype, fused_attention, autocast)
@@ -173,7 +173,7 @@ def _record_once(
     # recomputes its forward (under the autocast state it saved). Autocast itself is on for
     # the forward alone (`fxlens.analyzer.capture.autocast`).
     with (module_tracking(module, recorder.module_stack), tensors, recorder, installed,
-          fused_dropout_attention(settings.fused_attention),
+          fused_attention_kernels(settings.fused_attention),
           autocast_kernels(settings.autocast)):
         with (torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
               autocast_forward(settings.autocast)):

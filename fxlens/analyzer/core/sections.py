@@ -577,6 +577,7 @@ class PlanTime:
     tokens_per_step: int
     tokens_per_s: float
     mfu: float
+    context_parallel_s: float = 0.0  # ring-attention sends the attention does not hide
 
 
 @dataclass(frozen=True)
@@ -606,6 +607,9 @@ class PlanLayout:
     fits: bool
     headroom_bytes: int
     run: PlanRun | None = optional()
+    cp: int = 1
+    etp: int = 1                    # expert tensor-parallel degree
+    v: int = 1                      # virtual pipeline stages per GPU
 
 
 @dataclass(frozen=True)

@@ -5,9 +5,10 @@ captured batch on every GPU of the largest count searched) so that layouts are c
 same work: a layout's micro-batches are ``global_batch / (captured batch · dp)`` and it is
 dropped when that is not a whole number. Searched: GPU counts (powers of two up to
 ``max_gpus``, and ``max_gpus``), tp over powers of two up to a node that divide every column-
-parallel width, pp over powers of two up to the block count, ep over powers of two dividing dp
-and the expert count, ZeRO 0–3 and hybrid sharding, checkpointing off and on; tensor-parallel
-layouts with sequence parallel (same transfers, less memory). CPU offload is not searched.
+parallel width, pp over powers of two up to the block count, ep over powers of two dividing
+the expert count and the GPUs of a stage (tp · dp, each expert whole: etp = 1), ZeRO 0–3 and
+hybrid sharding, checkpointing off and on; tensor-parallel layouts with sequence parallel (same
+transfers, less memory). CPU offload and context parallelism are not searched.
 Layouts that do not fit are dropped with the bytes they need; the rest are ranked by step
 time, or by the cost of a step (``price``), or of the whole run (``tokens``).
 """
@@ -20,9 +21,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from fxlens.analyzer.core.sections import DroppedLayout, Plan, PlanLayout
-from fxlens.analyzer.plan.estimate import Links, estimate
+from fxlens.analyzer.plan.estimate import estimate
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts
+from fxlens.analyzer.plan.transfers import Links
 
 SHOWN = 8
 DROPPED_SHOWN = 12
@@ -72,15 +74,15 @@ def _inner(facts: ModelFacts, dp: int, tp: int, pp: int, batch: int, gpus_per_no
                             f"a multiple of dp × micro-batch = {per_step}")
         return
     m = batch // per_step
-    eps = [e for e in _powers(dp) if facts.experts and facts.experts % e == 0] or [1]
+    eps = [e for e in _powers(dp * tp) if facts.experts and facts.experts % e == 0] or [1]
     for ep in eps:
         for zero, hybrid in ((0, False), (1, False), (2, False), (3, False), (3, True)):
             shard = gpus_per_node // tp
             if (dp == 1 and zero) or (hybrid and not 1 < shard < dp):
                 continue   # nothing to shard, or hybrid would be plain ZeRO-3 or DDP
-            for checkpoint in (False, True):
+            for recompute in ("", "full"):
                 yield Strategy(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, hybrid=hybrid,
-                               sp=tp > 1, checkpoint=checkpoint, micro_batches=m)
+                               sp=tp > 1, recompute=recompute, micro_batches=m)
 
 
 def misfits(facts: ModelFacts, strategy: Strategy) -> list[str]:
@@ -124,9 +126,11 @@ def plan_section(facts: ModelFacts, request: PlanRequest, device: Links,
                                 request.price_per_gpu_hour))
         considered = 1
         ranked_by = "requested"
-        if not layouts[0].fits:   # what would fit on the same GPUs
-            fitting, *_ = _search(facts, replace(request, strategy=None,
-                                                 gpus=request.strategy.gpus), device)
+        if not layouts[0].fits:   # what would fit on the same GPUs, at the same batch
+            asked = request.strategy
+            batch = request.global_batch or facts.samples * asked.dp * asked.micro_batches
+            fitting, *_ = _search(facts, replace(request, strategy=None, gpus=asked.gpus,
+                                                 global_batch=batch), device)
             layouts += fitting[:SHOWN - 1]
     else:
         fitting, dropped, reasons, considered = _search(facts, request, device)

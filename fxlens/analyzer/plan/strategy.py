@@ -1,18 +1,26 @@
 """How a training step is laid out over GPUs: one `Strategy`, parsed from the text users type.
 
 Degrees: ``dp`` data parallel, ``tp`` tensor parallel (Megatron column/row split), ``pp``
-pipeline stages, ``ep`` expert parallel (carved out of ``dp``, as in Megatron-LM and
-DeepSpeed-MoE: the experts are sharded over ``ep`` GPUs of each data-parallel group). GPUs =
-dp · tp · pp. ``zero`` is the ZeRO stage (0: DDP; 3: FSDP full shard); ``hybrid`` shards ZeRO-3
-inside a node and replicates across nodes (FSDP's HYBRID_SHARD); ``sp`` sequence parallel
-(with tp); ``ckpt`` activation checkpointing of every repeated block; ``offload`` keeps the
-optimizer state and master weights in host memory; ``v`` virtual stages per GPU (interleaved
-1F1B); ``micro_batches`` per step per data-parallel rank (gradient accumulation when pp = 1).
+pipeline stages, ``cp`` context parallel (the sequence split over cp GPUs, attention by ring
+exchange of K/V), ``ep`` expert parallel and ``etp`` expert tensor parallel. GPUs =
+dp · tp · pp · cp. Experts are laid out as Megatron-core folds them (Liu et al. 2025, "MoE
+parallel folding"): the GPUs of one pipeline stage, tp · cp · dp of them, are regrouped as
+etp · ep · edp for the expert layers, so ep · etp must divide tp · cp · dp; ``etp`` defaults to
+tp without expert parallelism (each expert split like a dense MLP) and to 1 with it (each
+expert whole on one GPU, as published MoE recipes set it).
+
+``zero`` is the ZeRO stage (0: DDP; 1: Megatron's distributed optimizer; 3: FSDP full shard),
+over the GPUs holding the same weights (dp · cp); ``hybrid`` shards ZeRO-3 inside a node and
+replicates across nodes (FSDP's HYBRID_SHARD); ``sp`` sequence parallel (with tp); ``ckpt``
+activation recomputation of every repeated block (``ckpt`` or ``ckpt=full``); ``offload``
+keeps the optimizer state and master weights in host memory; ``v`` virtual stages per GPU
+(interleaved 1F1B); ``micro_batches`` per step per data-parallel rank (gradient accumulation
+when pp = 1).
 
 Text: comma-separated names and ``key=value`` pairs, e.g. ``fsdp``, ``ddp``, ``zero2``,
-``hsdp``, ``dp=2,tp=4,pp=2,zero=1,sp``, ``tp=8,pp=4,v=2,ckpt``. A ``dp`` left out is filled
-from the GPU count, which must then be given. No torch here: the CLI checks the text before
-loading anything.
+``hsdp``, ``dp=2,tp=4,pp=2,zero=1,sp``, ``dp=4,tp=8,pp=9,cp=2,v=7,sp``, ``tp=2,pp=16,ep=64``.
+A ``dp`` left out is filled from the GPU count, which must then be given; a degree given twice
+is refused. No torch here: the CLI checks the text before loading anything.
 """
 
 from __future__ import annotations
@@ -20,13 +28,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-NAMED: dict[str, dict[str, int | bool]] = {
+NAMED: dict[str, dict[str, int | bool | str]] = {
     "ddp": {"zero": 0}, "zero1": {"zero": 1}, "zero2": {"zero": 2}, "zero3": {"zero": 3},
     "fsdp": {"zero": 3}, "hsdp": {"zero": 3, "hybrid": True},
-    "fsdp-hybrid": {"zero": 3, "hybrid": True}, "sp": {"sp": True}, "ckpt": {"checkpoint": True},
+    "fsdp-hybrid": {"zero": 3, "hybrid": True}, "sp": {"sp": True}, "ckpt": {"recompute": "full"},
     "offload": {"offload": True},
 }
-DEGREES = ("dp", "tp", "pp", "ep", "zero", "v")
+DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "v")
+RECOMPUTE_KINDS = ("full",)
+MAX_DEGREE = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -34,29 +44,48 @@ class Strategy:
     dp: int = 1
     tp: int = 1
     pp: int = 1
+    cp: int = 1
     ep: int = 1
+    etp: int | None = None          # None: tp without expert parallelism, 1 with it
     zero: int = 0
     hybrid: bool = False
     sp: bool = False
-    checkpoint: bool = False
+    recompute: str = ""             # "" or "full"
     offload: bool = False
     v: int = 1
     micro_batches: int = 1
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.tp * self.pp * self.cp
+
+    @property
+    def checkpoint(self) -> bool:
+        """Every repeated block recomputed."""
+        return self.recompute == "full"
+
+    @property
+    def expert_tp(self) -> int:
+        return self.etp if self.etp is not None else (1 if self.ep > 1 else self.tp)
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel replicas of each expert: tp · cp · dp / (ep · etp)."""
+        return max(1, self.tp * self.cp * self.dp // (self.ep * self.expert_tp))
 
     @property
     def label(self) -> str:
         """The strategy as text `parse` reads back (degrees of 1 left out, dp always shown)."""
         parts = [f"dp={self.dp}"]
-        parts += [f"{k}={getattr(self, k)}" for k in ("tp", "pp", "ep", "v")
+        parts += [f"{k}={getattr(self, k)}" for k in ("tp", "pp", "cp", "ep", "v")
                   if getattr(self, k) > 1]
+        if self.etp is not None:
+            parts.append(f"etp={self.etp}")
         if self.zero:
             parts.append("hsdp" if self.hybrid else f"zero={self.zero}")
-        parts += [name for name, on in (("sp", self.sp), ("ckpt", self.checkpoint),
-                                        ("offload", self.offload)) if on]
+        parts += [name for name, on in (("sp", self.sp), ("offload", self.offload)) if on]
+        if self.recompute:
+            parts.append("ckpt" if self.checkpoint else f"ckpt={self.recompute}")
         return ",".join(parts)
 
     def problems(self) -> list[str]:
@@ -68,9 +97,10 @@ class Strategy:
             found.append("hybrid sharding is a ZeRO-3/FSDP layout")
         if self.sp and self.tp == 1:
             found.append("sequence parallel splits along tp: it needs tp > 1")
-        if self.dp % self.ep:
-            found.append(f"ep={self.ep} must divide dp={self.dp} (experts are sharded inside "
-                         f"each data-parallel group)")
+        stage = self.tp * self.cp * self.dp
+        if stage % (self.ep * self.expert_tp):
+            found.append(f"ep·etp = {self.ep}·{self.expert_tp} must divide the GPUs of a "
+                         f"pipeline stage, tp·cp·dp = {stage} (experts are laid out over them)")
         if self.v > 1 and self.pp == 1:
             found.append("interleaved stages (v > 1) need pp > 1")
         if self.micro_batches < 1:
@@ -79,7 +109,7 @@ class Strategy:
 
 
 def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strategy:
-    """`text` as a `Strategy`; a missing ``dp`` is ``gpus / (tp · pp)``. ValueError on
+    """`text` as a `Strategy`; a missing ``dp`` is ``gpus / (tp · pp · cp)``. ValueError on
     anything it cannot read, naming the part."""
     values: dict[str, Any] = {}
     for raw in text.split(","):
@@ -87,19 +117,14 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
         if not part:
             continue
         if "=" in part:
-            key, _, number = part.partition("=")
-            key = key.strip()
-            if key not in DEGREES:
-                raise ValueError(f"unknown degree {key!r} in {text!r}; known: "
-                                 f"{', '.join(DEGREES)}")
-            try:
-                values[key] = int(number)
-            except ValueError:
-                raise ValueError(f"{key}={number!r}: a whole number is needed") from None
-            if values[key] < (0 if key == "zero" else 1):
-                raise ValueError(f"{part}: degrees are ≥ 1 (zero ≥ 0)")
+            key, _, number = (s.strip() for s in part.partition("="))
+            if key == "ckpt":
+                _set(values, "recompute", _recompute(number), text)
+            else:
+                _set(values, key, _degree(key, number), text)
         elif part in NAMED:
-            values.update(NAMED[part])
+            for name, setting in NAMED[part].items():
+                _set(values, name, setting, text)
         else:
             raise ValueError(f"unknown strategy {part!r} in {text!r}; known names: "
                              f"{', '.join(NAMED)}, or degrees like dp=2,tp=4,pp=2,zero=1")
@@ -107,13 +132,42 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
     if "dp" not in values:
         if gpus is None:
             raise ValueError(f"{text!r} does not say how many GPUs: add --gpus N, or dp=N")
-        inner = strategy.tp * strategy.pp
+        inner = strategy.tp * strategy.pp * strategy.cp
         if gpus % inner:
-            raise ValueError(f"--gpus {gpus} is not a multiple of tp·pp = {inner}")
+            raise ValueError(f"--gpus {gpus} is not a multiple of tp·pp·cp = {inner}")
         strategy = replace(strategy, dp=gpus // inner)
     elif gpus is not None and strategy.gpus != gpus:
-        raise ValueError(f"{text!r} uses dp·tp·pp = {strategy.gpus} GPUs, not --gpus {gpus}")
+        raise ValueError(f"{text!r} uses dp·tp·pp·cp = {strategy.gpus} GPUs, not --gpus {gpus}")
     problems = strategy.problems()
     if problems:
         raise ValueError(f"{text!r}: {'; '.join(problems)}")
     return strategy
+
+
+def _set(values: dict[str, Any], key: str, value: Any, text: str) -> None:
+    """One setting; the same one given twice (``tp=2,tp=4``, ``fsdp,zero=1``) is refused."""
+    if key in values:
+        name = "ckpt" if key == "recompute" else key
+        raise ValueError(f"{name} is given twice in {text!r}: give each setting once")
+    values[key] = value
+
+
+def _degree(key: str, number: str) -> int:
+    if key not in DEGREES:
+        raise ValueError(f"unknown degree {key!r}; known: {', '.join(DEGREES)}, and ckpt=")
+    try:
+        value = int(number)
+    except ValueError:
+        raise ValueError(f"{key}={number!r}: a whole number is needed") from None
+    if value < (0 if key == "zero" else 1):
+        raise ValueError(f"{key}={value}: degrees are ≥ 1 (zero ≥ 0)")
+    if value > MAX_DEGREE:
+        raise ValueError(f"{key}={value}: more than {MAX_DEGREE:,} is not a layout")
+    return value
+
+
+def _recompute(value: str) -> str:
+    if value in RECOMPUTE_KINDS:
+        return value
+    raise ValueError(f"ckpt={value!r}: only full recompute of every block (ckpt, ckpt=full) "
+                     f"is modelled; selective recompute of named modules is not yet")

@@ -39,6 +39,13 @@ from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.memory.liveness import Category, plan_storages
 from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.types import ParallelKnowledge
+from fxlens.analyzer.plan.workload import (
+    ExpertGemm,
+    Timed,
+    UnitAttention,
+    expert_gemms,
+    unit_attention,
+)
 
 EXPERT_SEGMENT = re.compile(r"(^|\.)experts?(\.|$)")
 
@@ -64,6 +71,8 @@ class Unit:
     routed_bytes: int = 0                      # token bytes sent to experts (one way)
     column_widths: tuple[int, ...] = ()        # output features of column-parallel GEMMs
     row_gemms: int = 0
+    attention: UnitAttention = UnitAttention()
+    expert_gemms: tuple[ExpertGemm, ...] = ()  # not in the split or replicated seconds
 
     @property
     def saved_bytes(self) -> int:
@@ -267,11 +276,13 @@ def _entering_bytes(graph: Graph, scope: set[int]) -> int:
 
 
 def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
-               state_of: Mapping[str, StateBytes], times: Mapping[int, float],
+               state_of: Mapping[str, StateBytes], node_times: Mapping[int, Timed],
                knowledge: ParallelKnowledge, whole_step: WholeStep) -> ModelFacts:
     """The `ModelFacts` of one captured training step. `state_of`: persistent state per
-    parameter name; `times`: roofline seconds per node id."""
+    parameter name; `node_times`: roofline times per node id."""
     graph = step.graph
+    grouped = {n.id for n in graph.calls() if n.packet in knowledge.grouped_gemm_ops}
+    times = {i: t.time_s for i, t in node_times.items() if i not in grouped}
     blocks = repeated_blocks(graph.module_types)
     unit_names = ["pre", *blocks, "post"]
     of_node = unit_of_nodes(graph, blocks)
@@ -316,6 +327,10 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             routed_bytes=_routed_bytes(graph, gemms, splits[name].columns, expert_params),
             column_widths=tuple(sorted({gemms[c].out_features for c in splits[name].columns})),
             row_gemms=len(splits[name].rows),
+            attention=unit_attention(graph, members[name], knowledge.attention_ops,
+                                     knowledge.weight_path_ops, node_times),
+            expert_gemms=expert_gemms(graph, members[name], knowledge.grouped_gemm_ops,
+                                      node_times),
         ))
     kept = tuple(u for u in units if u.name in blocks or u.flops or u.states.total)
     return ModelFacts(units=kept, blocks=len(blocks), experts=_expert_count(graph, expert_params),

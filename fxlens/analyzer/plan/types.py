@@ -13,3 +13,4 @@ class ParallelKnowledge:
     grouped_gemm_ops: frozenset[str]  # the same per expert (a weight with a leading expert dim)
     weight_path_ops: frozenset[str]   # ops a weight may pass through on its way to a GEMM
     embedding_ops: frozenset[str]
+    attention_ops: frozenset[str]     # attention kernels, forward and backward

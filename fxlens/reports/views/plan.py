@@ -95,6 +95,7 @@ def _time(layout: PlanLayout) -> Table:
         (label, seconds(value)) for label, value in (
             ("compute (all micro-batches)", t.compute_s),
             ("tensor-parallel transfers", t.tensor_parallel_s),
+            ("ring-attention sends, exposed (cp)", t.context_parallel_s),
             ("expert-parallel transfers", t.expert_parallel_s),
             ("pipeline transfers", t.pipeline_s), ("pipeline bubble", t.bubble_s),
             ("gradient / ZeRO transfers, exposed", t.data_parallel_exposed_s),

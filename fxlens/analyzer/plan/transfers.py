@@ -1,0 +1,173 @@
+"""The transfers of one layout, per GPU and per step (`Collective` rows), ring formulas as
+nccl-tests states them: all-reduce of S bytes over n GPUs moves ``2(n−1)/n · S``,
+reduce-scatter, all-gather and all-to-all ``(n−1)/n · S``, a point-to-point send S, each at the
+link bandwidth of the group: inside one node when the group's GPUs are.
+
+Rank order (Megatron-core's): tp innermost, then cp, then dp, pp outermost; for the expert
+layers the same GPUs of a stage as etp innermost, then ep, then expert dp.
+
+- Tensor parallel: one all-reduce of each pair's output in the forward and one of its input
+  gradient in the backward (with sequence parallel a reduce-scatter and an all-gather, the
+  same bytes), again in a recompute; payloads hold this GPU's tokens (÷ cp).
+- Context parallel (ring attention, Megatron-core's default ``p2p``): per layer, each GPU
+  passes its K/V chunk (1/cp of the sequence, its tp share of the heads, un-repeated under
+  grouped-query attention) round the ring cp − 1 times in the forward; the backward passes the
+  K/V and their gradients, twice the bytes. Each send overlaps the attention of the chunk
+  pair before it; only what the attention does not cover is exposed (`ring_exposed_s`).
+- Expert parallel: an all-to-all to the experts and one back, forward and backward, of the
+  token rows this GPU routes (each token once per chosen expert).
+- Data parallel over the GPUs holding the same weights (dp · cp for the dense part, the expert
+  data-parallel group for experts): DDP all-reduces the gradients once per step; ZeRO-1/2
+  reduce-scatter them and all-gather the updated weights; ZeRO-3 gathers the weights in the
+  forward and again in the backward and reduce-scatters the gradients for every micro-batch;
+  hybrid sharding does that inside a node and all-reduces the shards across nodes.
+- Pipeline: each micro-batch's boundary activation forward and its gradient backward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from fxlens.analyzer.core.sections import Collective
+from fxlens.analyzer.memory.training_state import StateBytes
+from fxlens.analyzer.plan.strategy import Strategy
+from fxlens.analyzer.plan.structure import Unit
+
+
+class Links(Protocol):
+    """What a layout reads of a device (`fxlens.rules.hardware.DeviceSpec` has it)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def memory_bytes(self) -> int: ...
+    @property
+    def gpus_per_node(self) -> int: ...
+
+    def link_bytes_per_s(self, within_node: bool) -> float: ...
+
+
+@dataclass(frozen=True)
+class Group:
+    """A communication group: `size` GPUs spaced `stride` apart in the rank order."""
+
+    size: int
+    stride: int
+
+    def within_node(self, gpus_per_node: int) -> bool:
+        return self.size * self.stride <= gpus_per_node
+
+
+def all_reduce_s(payload: float, n: int, bandwidth: float) -> float:
+    return 2 * (n - 1) / n * payload / bandwidth if n > 1 else 0.0
+
+
+def one_way_s(payload: float, n: int, bandwidth: float) -> float:
+    """Reduce-scatter, all-gather or all-to-all of `payload` bytes over n GPUs."""
+    return (n - 1) / n * payload / bandwidth if n > 1 else 0.0
+
+
+def collective(kind: str, cause: str, group: Group, payload: float, calls: int,
+               device: Links, overlapped: bool) -> Collective:
+    inside = group.within_node(device.gpus_per_node)
+    bandwidth = device.link_bytes_per_s(inside)
+    if kind == "all-reduce":
+        each = all_reduce_s(payload, group.size, bandwidth)
+    elif kind == "p2p":
+        each = payload / bandwidth
+    else:
+        each = one_way_s(payload, group.size, bandwidth)
+    return Collective(kind=kind, cause=cause, group=group.size, across_nodes=not inside,
+                      bytes=round(payload), calls=calls, time_s=each * calls,
+                      overlapped=overlapped)
+
+
+def tensor_parallel(s: Strategy, device: Links, units: Sequence[Unit]) -> list[Collective]:
+    reduces = sum(u.tp_reduces for u in units)
+    if s.tp == 1 or not reduces:
+        return []
+    payload = sum(u.tp_reduce_bytes for u in units) / reduces / s.cp
+    passes = 3 if s.checkpoint else 2          # forward, backward, and the recompute
+    calls = reduces * passes * s.micro_batches
+    group = Group(s.tp, 1)
+    if s.sp:
+        return [collective(kind, "tp activations (sp)", group, payload, calls, device, False)
+                for kind in ("reduce-scatter", "all-gather")]
+    return [collective("all-reduce", "tp activations", group, payload, calls, device, False)]
+
+
+def ring_attention(s: Strategy, device: Links, units: Sequence[Unit]
+                   ) -> tuple[list[Collective], float]:
+    """The ring's K/V sends, and the seconds of them the attention does not hide (all
+    micro-batches)."""
+    layers = [u for u in units if u.attention.kv_bytes]
+    if s.cp == 1 or not layers:
+        return [], 0.0
+    group = Group(s.cp, s.tp)
+    bandwidth = device.link_bytes_per_s(group.within_node(device.gpus_per_node))
+    steps = s.cp - 1
+    forward_passes = 2 if s.checkpoint else 1
+    exposed = 0.0
+    chunk_total = 0.0
+    for u in layers:
+        chunk = u.attention.kv_bytes / (s.tp * s.cp)
+        chunk_total += chunk
+        per_step_fwd = u.attention.forward_s / (s.tp * s.cp) / s.cp
+        per_step_bwd = u.attention.backward_s / (s.tp * s.cp) / s.cp
+        exposed += steps * (forward_passes * max(0.0, chunk / bandwidth - per_step_fwd)
+                            + max(0.0, 2 * chunk / bandwidth - per_step_bwd))
+    chunk = chunk_total / len(layers)
+    calls = steps * len(layers) * (forward_passes + 2) * s.micro_batches
+    ring = collective("p2p", "ring attention K/V (cp)", group, chunk, calls, device, True)
+    return [ring], exposed * s.micro_batches
+
+
+def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit]) -> list[Collective]:
+    routed = sum(u.routed_bytes for u in units)
+    if s.ep == 1 or not routed:
+        return []
+    passes = 6 if s.checkpoint else 4          # to the experts and back, forward and backward
+    return [collective("all-to-all", "expert routing", Group(s.ep, s.expert_tp),
+                       routed / (s.tp * s.cp), passes * s.micro_batches, device, False)]
+
+
+def data_parallel(s: Strategy, device: Links, dense: StateBytes, expert: StateBytes,
+                  shard: Group, expert_shard: Group) -> list[Collective]:
+    out: list[Collective] = []
+    for label, state, group, inner in (
+            ("", dense, Group(s.dp * s.cp, s.tp), shard),
+            ("expert ", expert, Group(s.expert_dp, s.ep * s.expert_tp), expert_shard)):
+        if group.size <= 1 or not state.grad_bytes:
+            continue
+        grads, weights = state.grad_bytes, state.weights_bytes
+        if s.zero == 0:
+            out.append(collective("all-reduce", f"{label}gradients (DDP)", group, grads, 1,
+                                  device, True))
+        elif s.zero in (1, 2):
+            out.append(collective("reduce-scatter", f"{label}gradients (ZeRO-{s.zero})", group,
+                                  grads, 1, device, True))
+            out.append(collective("all-gather", f"{label}updated weights (ZeRO-{s.zero})",
+                                  group, weights, 1, device, True))
+        else:
+            m = s.micro_batches
+            out.append(collective("all-gather", f"{label}weights (ZeRO-3)", inner, weights,
+                                  2 * m, device, True))
+            out.append(collective("reduce-scatter", f"{label}gradients (ZeRO-3)", inner, grads,
+                                  m, device, True))
+            replicas = group.size // inner.size
+            if replicas > 1:
+                out.append(collective("all-reduce", f"{label}gradient shards (hybrid)",
+                                      Group(replicas, inner.stride * inner.size),
+                                      grads / inner.size, 1, device, True))
+    return out
+
+
+def pipeline_transfer(s: Strategy, device: Links, boundary_bytes: float) -> Collective | None:
+    if s.pp == 1:
+        return None
+    group = Group(2, s.tp * s.cp * s.dp)
+    # Each micro-batch: the activation forward, its gradient backward.
+    return collective("p2p", "stage boundary", group, boundary_bytes, 2 * s.micro_batches,
+                      device, False)

@@ -1,0 +1,112 @@
+"""The work context and expert parallelism resize: each unit's attention kernels and expert GEMMs.
+
+Attention (`UnitAttention`): the roofline seconds of a unit's attention kernels forward and
+backward, and the bytes of the K and V its forward attention reads, taken before grouped-query
+heads are repeated (walking back from the kernel's inputs through views and copies to the
+smallest tensor: ring attention passes the un-repeated K/V, as Megatron-core and
+torchtitan do).
+
+Expert GEMMs (`ExpertGemm`): every grouped GEMM of a MoE (``aten._grouped_mm``: forward, and the
+two of its backward), with its compute seconds and its memory seconds split between the
+operands sized like expert weights (3-D, experts first: the weights, and the weight gradient
+the backward writes) and those sized like routed tokens (2-D rows). A layout re-sizes each:
+compute and token operands follow the rows a GPU receives, weight operands the experts it
+holds (`ExpertGemm.on_rank`). Captured on one GPU with every expert and one micro-batch's
+tokens, a GEMM of DeepSeek-V3 at 4,096 tokens reads 256 experts' weights for 128 rows each
+and is memory-bound; under ep = 64 a GPU holds 4 experts and receives 64 micro-batches' worth
+of rows for them, and is compute-bound.
+NB: MoE layers written as a loop of per-expert linears are not recognised here; their GEMMs
+stay with the unit's split work (sized by the captured micro-batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from fxlens.analyzer.core.graph import Graph, TensorRef
+
+
+class Timed(Protocol):
+    """What a roofline time of one node carries (`fxlens.analyzer.time.roofline.NodeTime`)."""
+
+    @property
+    def time_s(self) -> float: ...
+    @property
+    def compute_s(self) -> float: ...
+    @property
+    def memory_s(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class ExpertGemm:
+    phase: str              # "forward" or "backward"
+    compute_s: float        # at the captured shape (every expert, one micro-batch)
+    weight_s: float         # memory seconds of the operands sized like expert weights
+    token_s: float          # memory seconds of the operands sized like routed tokens
+
+    def on_rank(self, work_share: float, weight_share: float, token_share: float) -> float:
+        """Seconds on one GPU doing `work_share` of the captured FLOPs, reading
+        `weight_share` of the captured expert weights and `token_share` of the token rows."""
+        return max(self.compute_s * work_share,
+                   self.weight_s * weight_share + self.token_s * token_share)
+
+
+@dataclass(frozen=True)
+class UnitAttention:
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    kv_bytes: int = 0       # K and V read by the forward attention, un-repeated
+
+
+def expert_gemms(graph: Graph, members: Iterable[int], grouped_ops: Collection[str],
+                 times: Mapping[int, Timed]) -> tuple[ExpertGemm, ...]:
+    found = []
+    for node_id in members:
+        node = graph.nodes[node_id]
+        timed = times.get(node_id)
+        if node.packet not in grouped_ops or timed is None:
+            continue
+        specs = [graph.spec(r) for r in node.input_refs()] + list(node.outputs)
+        weight = sum(s.nbytes for s in specs if s is not None and len(s.shape) == 3)
+        tokens = sum(s.nbytes for s in specs if s is not None and len(s.shape) == 2)
+        moved = weight + tokens
+        share = weight / moved if moved else 0.0
+        found.append(ExpertGemm(node.phase, timed.compute_s, timed.memory_s * share,
+                                timed.memory_s * (1 - share)))
+    return tuple(found)
+
+
+def unit_attention(graph: Graph, members: Iterable[int], attention_ops: Collection[str],
+                   view_ops: Collection[str], times: Mapping[int, Timed]) -> UnitAttention:
+    forward = backward = 0.0
+    kv = 0
+    for node_id in members:
+        node = graph.nodes[node_id]
+        if node.packet not in attention_ops:
+            continue
+        seconds = times[node_id].time_s if node_id in times else 0.0
+        if node.phase == "forward":
+            forward += seconds
+            refs = list(node.input_refs())
+            kv += sum(_unrepeated_bytes(graph, ref, view_ops) for ref in refs[1:3])
+        else:
+            backward += seconds
+    return UnitAttention(forward, backward, kv)
+
+
+def _unrepeated_bytes(graph: Graph, ref: TensorRef, view_ops: Collection[str]) -> int:
+    """The smallest tensor `ref` is made from by views and copies alone."""
+    spec = graph.spec(ref)
+    smallest = spec.nbytes if spec is not None else 0
+    node = graph.nodes[ref.node]
+    for _ in range(8):
+        refs = list(node.input_refs())
+        if node.packet not in view_ops or not refs:
+            break
+        spec = graph.spec(refs[0])
+        if spec is not None and spec.nbytes:
+            smallest = min(smallest, spec.nbytes)
+        node = graph.nodes[refs[0].node]
+    return smallest
