@@ -395,8 +395,12 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
     optimizer = checks.optimizer(options.optimizer)
     state_of = {p.name: param_state(p, precision.spec, optimizer.spec) for p in graph.params}
     times = node_times(report, graph, spec, options.tf32)
+    key = dominant_key(report, {t.id: t for t in times})
+    if precision is Precision.FP8:   # GEMMs at the fp8 peak, the rest as captured (bf16)
+        gemms = PARALLEL.gemm_ops | PARALLEL.grouped_gemm_ops
+        times = node_times(report, graph, spec, options.tf32,
+                           {n.id: "fp8" for n in graph.calls() if n.packet in gemms})
     by_id = {t.id: t for t in times}
-    key = dominant_key(report, by_id)
     basis = throughput_basis(graph)
     breakdown = training.peak_breakdown
     whole = WholeStep(

@@ -206,8 +206,14 @@ def test_groups_leave_the_node_when_they_must(gpt: tuple[Report, ModelFacts]) ->
     inside = layout(facts, "ddp", 8).collectives[0]
     across = layout(facts, "ddp", 16).collectives[0]
     assert not inside.across_nodes and across.across_nodes
+    nvlink, nic = H100.intra_node_bytes_per_s, H100.inter_node_bytes_per_s
+    # 8 GPUs of the group in each node: 8 rings over 8 NICs, at most NVLink's rate
     assert across.time_s / inside.time_s == pytest.approx(
-        (15 / 16) / (7 / 8) * H100.intra_node_bytes_per_s / H100.inter_node_bytes_per_s)
+        (15 / 16) / (7 / 8) * nvlink / min(nvlink, 8 * nic))
+    # one GPU per node (tp = 8 inside it): each ring on one NIC
+    (strided,) = [c for c in layout(facts, "dp=2,tp=8", 16).collectives if "DDP" in c.cause]
+    assert strided.across_nodes and strided.time_s == pytest.approx(
+        all_reduce_s(strided.bytes, 2, nic * LINK_EFFICIENCY))
 
 
 def test_tensor_parallel_all_reduces_twice_per_pair(gpt: tuple[Report, ModelFacts]) -> None:

@@ -1,7 +1,10 @@
 """The transfers of one layout, per GPU and per step (`Collective` rows), ring formulas as
 nccl-tests states them: all-reduce of S bytes over n GPUs moves ``2(n−1)/n · S``,
 reduce-scatter, all-gather and all-to-all ``(n−1)/n · S``, a point-to-point send S, each at the
-link bandwidth of the group: inside one node when the group's GPUs are.
+link bandwidth of the group: NVLink inside one node; across nodes, a ring collective whose group
+has k GPUs in each node runs k rings over k NICs (one per GPU), so its bandwidth is k × a GPU's
+NIC, at most NVLink's; an all-to-all sends the rows for other nodes through each GPU's own NIC
+and the rest over NVLink.
 
 Rank order (Megatron-core's): tp innermost, then cp, then dp, pp outermost; for the expert
 layers the same GPUs of a stage as etp innermost, then ep, then expert dp.
@@ -72,13 +75,22 @@ def one_way_s(payload: float, n: int, bandwidth: float) -> float:
 def collective(kind: str, cause: str, group: Group, payload: float, calls: int,
                device: Links, overlapped: bool) -> Collective:
     inside = group.within_node(device.gpus_per_node)
-    bandwidth = device.link_bytes_per_s(inside)
+    nvlink = device.link_bytes_per_s(True)
+    nic = device.link_bytes_per_s(False)
+    # GPUs of the group sharing a node: a ring across nodes crosses each node boundary once
+    # per ring, and NCCL runs one ring per NIC, so a node's k members move the bytes over k
+    # NICs (nccl-tests' bus bandwidth across DGX nodes nears NVLink's with k = 8).
+    members = max(1, min(group.size, device.gpus_per_node // max(group.stride, 1)))
     if kind == "all-reduce":
-        each = all_reduce_s(payload, group.size, bandwidth)
+        each = all_reduce_s(payload, group.size, nvlink if inside else min(nvlink, members * nic))
     elif kind == "p2p":
-        each = payload / bandwidth
+        each = payload / (nvlink if inside else nic)
+    elif kind == "all-to-all" and not inside:
+        # each GPU sends its rows for other nodes through its own NIC, the rest over NVLink
+        each = max(payload * (group.size - members) / group.size / nic,
+                   payload * (members - 1) / group.size / nvlink)
     else:
-        each = one_way_s(payload, group.size, bandwidth)
+        each = one_way_s(payload, group.size, nvlink if inside else min(nvlink, members * nic))
     return Collective(kind=kind, cause=cause, group=group.size, across_nodes=not inside,
                       bytes=round(payload), calls=calls, time_s=each * calls,
                       overlapped=overlapped)

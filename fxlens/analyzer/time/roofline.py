@@ -138,11 +138,14 @@ def node_time(node: NodeReport, key: str, device: Device) -> NodeTime:
                     node.flops / moved if moved else 0.0, key, compute_s, memory_s)
 
 
-def node_times(report: Report, graph: Graph, device: Device, tf32: bool = False
-               ) -> list[NodeTime]:
+def node_times(report: Report, graph: Graph, device: Device, tf32: bool = False,
+               keys: Mapping[int, str] | None = None) -> list[NodeTime]:
     """Per node: on a CPU its work plus its launch; on a GPU what it adds to the GPU's
-    timeline while the host issues the kernels (`fxlens.analyzer.time.host`)."""
-    times = [node_time(n, dtype_key(node_dtype(graph.nodes[n.id], graph), tf32), device)
+    timeline while the host issues the kernels (`fxlens.analyzer.time.host`). `keys`: the
+    `DTYPE_KEYS` figure some nodes compute at instead of their dtype's (fp8 GEMMs)."""
+    keys = keys or {}
+    times = [node_time(n, keys.get(n.id) or dtype_key(node_dtype(graph.nodes[n.id], graph),
+                                                       tf32), device)
              for n in report.nodes]
     return on_gpu_timeline(report, times, device) if device.kind == "gpu" else times
 

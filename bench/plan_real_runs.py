@@ -1,0 +1,133 @@
+"""fxlens's `--plan` against published multi-GPU training runs (`bench/plan_runs/runs.json`).
+
+Each row with a published (or derived) step time is run as a user would: the model's preset at
+the run's sequence length and micro-batch, the run's precision (``amp-bf16``; ``fp8``: GEMMs at
+the fp8 peak), AdamW, and its layout written as `--strategy` (Megatron's distributed optimizer
+as ``zero=1``, FSDP as ``zero=3``, sequence parallel with tp, full recompute as ``ckpt``) on
+the device named by the row, with the device's datasheet × factor figures — the same for every
+row; nothing is fitted to a run. Rows fxlens cannot express yet are listed with the reason.
+
+    python bench/plan_real_runs.py [--only NAME …] [--out bench/plan_runs/results.json]
+
+Writes the results JSON and prints the Markdown table `bench/README.md` holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent / "plan_runs"
+PRECISION = {"bf16": "amp-bf16", "fp8": "fp8"}
+
+
+def strategy_of(run: dict[str, Any]) -> tuple[str | None, str]:
+    """The run's layout as `--strategy` text, or None and why it cannot be written."""
+    lay = run["layout"]
+    recompute = (lay.get("recompute") or "").lower()
+    parts = [f"dp={lay['dp']}"]
+    for key, name in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"), ("vp", "v")):
+        if (lay.get(key) or 1) > 1:
+            parts.append(f"{name}={lay[key]}")
+    if (lay.get("ep") or 1) > 1 and lay.get("etp"):
+        parts.append(f"etp={lay['etp']}")
+    if lay.get("fsdp"):
+        parts.append("zero=3")
+    elif lay.get("distributed_optimizer"):
+        parts.append("zero=1")
+    if lay.get("sp") and (lay.get("tp") or 1) > 1:
+        parts.append("sp")
+    if "selective" in recompute:
+        return None, f"selective recompute ({lay['recompute']}) is not modelled"
+    if recompute and not recompute.startswith("none") and "full" in recompute or (
+            "activation_checkpointing: true" in recompute
+            or recompute.startswith("activation checkpointing")):
+        parts.append("ckpt")
+    return ",".join(parts), ""
+
+
+def command(run: dict[str, Any], strategy: str, out: Path) -> list[str]:
+    lay = run["layout"]
+    micro = run["global_batch_size"] // (run["micro_batch_size"] * lay["dp"])
+    argv = [sys.executable, "-m", "fxlens", f"hf:{run['model']['preset']}",
+            "--seq-len", str(run["seq_len"]), "--batch", str(run["micro_batch_size"]),
+            "--precision", PRECISION[run["precision"]], "--optimizer", "adamw",
+            "--plan", "--strategy", strategy, "--micro-batches", str(micro),
+            "--device", run["device"], "--allow-large", "--no-pages", "--json", str(out),
+            "--out", str(out.parent / "report")]
+    for key, value in (run["model"].get("overrides") or {}).items():
+        argv += ["--set", f"{key}={json.dumps(value)}"]
+    return argv
+
+
+def predict(run: dict[str, Any]) -> dict[str, Any]:
+    strategy, why = strategy_of(run)
+    row: dict[str, Any] = {"name": run["name"], "gpus": run["gpus"],
+                           "measured_step_s": run["measured"].get("step_s"),
+                           "strategy": strategy, "source": run["source"]["url"]}
+    if strategy is None or row["measured_step_s"] is None or not run["micro_batch_size"]:
+        row["skipped"] = why or ("no step time or throughput published"
+                                 if row["measured_step_s"] is None else
+                                 "no micro-batch size published")
+        return row
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "report.json"
+        started = time.perf_counter()
+        done = subprocess.run(command(run, strategy, out), capture_output=True, text=True)
+        row["analysis_s"] = round(time.perf_counter() - started, 1)
+        if done.returncode != 0:
+            row["skipped"] = f"fxlens failed: {done.stderr.strip().splitlines()[-1:]}"
+            return row
+        layout = json.loads(out.read_text())["plan"]["layouts"][0]
+    row.update(predicted_step_s=layout["time"]["step_s"], fits=layout["fits"],
+               peak_gib=layout["memory"]["peak_bytes"] / 2**30, time=layout["time"])
+    row["error"] = row["predicted_step_s"] / row["measured_step_s"] - 1
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| run | GPUs | layout | measured step | fxlens step | error | fits (peak/GPU) |",
+             "|---|---:|---|---:|---:|---:|---|"]
+    for r in rows:
+        if "skipped" in r:
+            lines.append(f"| [{r['name']}]({r['source']}) | {r['gpus']} | "
+                         f"{r['strategy'] or '—'} | {r['measured_step_s'] or '—'} | — | — | "
+                         f"not run: {r['skipped']} |")
+            continue
+        lines.append(f"| [{r['name']}]({r['source']}) | {r['gpus']} | `{r['strategy']}` | "
+                     f"{r['measured_step_s']:.2f} s | {r['predicted_step_s']:.2f} s | "
+                     f"{r['error']:+.0%} | {'yes' if r['fits'] else 'no'} "
+                     f"({r['peak_gib']:.1f} GiB) |")
+    errors = [abs(r["error"]) for r in rows if "error" in r]
+    if errors:
+        lines.append(f"\nMedian absolute error over {len(errors)} runs: "
+                     f"{statistics.median(errors):.0%}.")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="*", help="run names to run (default: all)")
+    parser.add_argument("--out", type=Path, default=HERE / "results.json")
+    args = parser.parse_args()
+    runs = json.loads((HERE / "runs.json").read_text())["runs"]
+    rows = []
+    for run in runs:
+        if args.only and run["name"] not in args.only:
+            continue
+        row = predict(run)
+        print(f"{row['name']}: {row.get('error', row.get('skipped'))}", file=sys.stderr)
+        rows.append(row)
+    args.out.write_text(json.dumps(rows, indent=1) + "\n")
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
