@@ -26,6 +26,8 @@ from typing import Any
 
 HERE = Path(__file__).parent / "plan_runs"
 PRECISION = {"bf16": "amp-bf16", "fp8": "fp8"}
+# how the sources say every layer is recomputed
+FULL_RECOMPUTE = ("full", "activation_checkpointing: true", "activation checkpointing")
 
 
 def strategy_of(run: dict[str, Any]) -> tuple[str | None, str]:
@@ -46,9 +48,7 @@ def strategy_of(run: dict[str, Any]) -> tuple[str | None, str]:
         parts.append("sp")
     if "selective" in recompute:
         return None, f"selective recompute ({lay['recompute']}) is not modelled"
-    if recompute and not recompute.startswith("none") and "full" in recompute or (
-            "activation_checkpointing: true" in recompute
-            or recompute.startswith("activation checkpointing")):
+    if any(said in recompute for said in FULL_RECOMPUTE) and not recompute.startswith("none"):
         parts.append("ckpt")
     return ",".join(parts), ""
 

@@ -64,10 +64,10 @@ def psi(facts: ModelFacts) -> int:
     ("fsdp", 4, Strategy(dp=4, zero=3)),
     ("hsdp", 16, Strategy(dp=16, zero=3, hybrid=True)),
     ("dp=2,tp=4,pp=2,zero=1,sp", None, Strategy(dp=2, tp=4, pp=2, zero=1, sp=True)),
-    ("tp=8,pp=4,v=2,ckpt", 64, Strategy(dp=2, tp=8, pp=4, v=2, recompute="full")),
+    ("tp=8,pp=4,v=2,ckpt", 64, Strategy(dp=2, tp=8, pp=4, v=2, checkpoint=True)),
     ("zero2,offload", 2, Strategy(dp=2, zero=2, offload=True)),
     ("dp=4,tp=8,pp=9,cp=2,v=7,sp,ckpt=full", None,
-     Strategy(dp=4, tp=8, pp=9, cp=2, v=7, sp=True, recompute="full")),
+     Strategy(dp=4, tp=8, pp=9, cp=2, v=7, sp=True, checkpoint=True)),
     ("tp=2,pp=16,ep=64,etp=1", 1024, Strategy(dp=32, tp=2, pp=16, ep=64, etp=1)),
 ])
 def test_strategy_text_parses(text: str, gpus: int | None, expected: Strategy) -> None:

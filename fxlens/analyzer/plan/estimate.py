@@ -235,9 +235,10 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         gathered_bytes=gathered, communication_bytes=buckets, peak_bytes=round(peak),
         host_bytes=host,
     )
-    forward = sum(_forward_s(s, u) for u in units)
-    backward = sum(_backward_s(s, u) for u in units)
-    recompute_s = sum(_forward_s(s, u) for u in units if _is_block(u)) if s.checkpoint else 0.0
+    forward = sum(_phase_s(s, u, "forward") for u in units)
+    backward = sum(_phase_s(s, u, "backward") for u in units)
+    recompute_s = (sum(_phase_s(s, u, "forward") for u in units if _is_block(u))
+                   if s.checkpoint else 0.0)
     ring, ring_exposed = ring_attention(s, device, units)
     nxt = parts[index + 1][0] if index + 1 < len(parts) and parts[index + 1] else None
     return _Stage(
@@ -251,14 +252,12 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     )
 
 
-def _forward_s(s: Strategy, u: Unit) -> float:
-    whole = u.forward_whole_s / (s.tp if s.sp and _is_block(u) else 1)
-    return (u.forward_split_s / s.tp + whole) / s.cp + _experts_s(s, u, "forward")
-
-
-def _backward_s(s: Strategy, u: Unit) -> float:
-    whole = u.backward_whole_s / (s.tp if s.sp and _is_block(u) else 1)
-    return (u.backward_split_s / s.tp + whole) / s.cp + _experts_s(s, u, "backward")
+def _phase_s(s: Strategy, u: Unit, phase: str) -> float:
+    """One micro-batch of the unit's `phase` ("forward" or "backward") on one GPU."""
+    split, whole = ((u.forward_split_s, u.forward_whole_s) if phase == "forward"
+                    else (u.backward_split_s, u.backward_whole_s))
+    whole /= s.tp if s.sp and _is_block(u) else 1
+    return (split / s.tp + whole) / s.cp + _experts_s(s, u, phase)
 
 
 def _experts_s(s: Strategy, u: Unit, phase: str) -> float:

@@ -80,9 +80,9 @@ def _inner(facts: ModelFacts, dp: int, tp: int, pp: int, batch: int, gpus_per_no
             shard = gpus_per_node // tp
             if (dp == 1 and zero) or (hybrid and not 1 < shard < dp):
                 continue   # nothing to shard, or hybrid would be plain ZeRO-3 or DDP
-            for recompute in ("", "full"):
+            for checkpoint in (False, True):
                 yield Strategy(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, hybrid=hybrid,
-                               sp=tp > 1, recompute=recompute, micro_batches=m)
+                               sp=tp > 1, checkpoint=checkpoint, micro_batches=m)
 
 
 def misfits(facts: ModelFacts, strategy: Strategy) -> list[str]:

@@ -31,11 +31,10 @@ from typing import Any
 NAMED: dict[str, dict[str, int | bool | str]] = {
     "ddp": {"zero": 0}, "zero1": {"zero": 1}, "zero2": {"zero": 2}, "zero3": {"zero": 3},
     "fsdp": {"zero": 3}, "hsdp": {"zero": 3, "hybrid": True},
-    "fsdp-hybrid": {"zero": 3, "hybrid": True}, "sp": {"sp": True}, "ckpt": {"recompute": "full"},
+    "fsdp-hybrid": {"zero": 3, "hybrid": True}, "sp": {"sp": True}, "ckpt": {"checkpoint": True},
     "offload": {"offload": True},
 }
 DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "v")
-RECOMPUTE_KINDS = ("full",)
 MAX_DEGREE = 1 << 20
 
 
@@ -50,7 +49,7 @@ class Strategy:
     zero: int = 0
     hybrid: bool = False
     sp: bool = False
-    recompute: str = ""             # "" or "full"
+    checkpoint: bool = False        # every repeated block recomputed
     offload: bool = False
     v: int = 1
     micro_batches: int = 1
@@ -58,11 +57,6 @@ class Strategy:
     @property
     def gpus(self) -> int:
         return self.dp * self.tp * self.pp * self.cp
-
-    @property
-    def checkpoint(self) -> bool:
-        """Every repeated block recomputed."""
-        return self.recompute == "full"
 
     @property
     def expert_tp(self) -> int:
@@ -83,9 +77,8 @@ class Strategy:
             parts.append(f"etp={self.etp}")
         if self.zero:
             parts.append("hsdp" if self.hybrid else f"zero={self.zero}")
-        parts += [name for name, on in (("sp", self.sp), ("offload", self.offload)) if on]
-        if self.recompute:
-            parts.append("ckpt" if self.checkpoint else f"ckpt={self.recompute}")
+        parts += [name for name, on in (("sp", self.sp), ("ckpt", self.checkpoint),
+                                        ("offload", self.offload)) if on]
         return ",".join(parts)
 
     def problems(self) -> list[str]:
@@ -119,7 +112,7 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
         if "=" in part:
             key, _, number = (s.strip() for s in part.partition("="))
             if key == "ckpt":
-                _set(values, "recompute", _recompute(number), text)
+                _set(values, "checkpoint", _full_recompute(number), text)
             else:
                 _set(values, key, _degree(key, number), text)
         elif part in NAMED:
@@ -147,7 +140,7 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
 def _set(values: dict[str, Any], key: str, value: Any, text: str) -> None:
     """One setting; the same one given twice (``tp=2,tp=4``, ``fsdp,zero=1``) is refused."""
     if key in values:
-        name = "ckpt" if key == "recompute" else key
+        name = "ckpt" if key == "checkpoint" else key
         raise ValueError(f"{name} is given twice in {text!r}: give each setting once")
     values[key] = value
 
@@ -166,8 +159,8 @@ def _degree(key: str, number: str) -> int:
     return value
 
 
-def _recompute(value: str) -> str:
-    if value in RECOMPUTE_KINDS:
-        return value
+def _full_recompute(value: str) -> bool:
+    if value == "full":
+        return True
     raise ValueError(f"ckpt={value!r}: only full recompute of every block (ckpt, ckpt=full) "
                      f"is modelled; selective recompute of named modules is not yet")

@@ -28,15 +28,13 @@ routed token bytes are those the captured step moved).
 from __future__ import annotations
 
 import re
-from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
-from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, repeated_blocks
+from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, repeated_blocks
 from fxlens.analyzer.core.report import Report
-from fxlens.analyzer.memory.liveness import Category, plan_storages
 from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.types import ParallelKnowledge
 from fxlens.analyzer.plan.workload import (
@@ -44,7 +42,10 @@ from fxlens.analyzer.plan.workload import (
     Timed,
     UnitAttention,
     expert_gemms,
+    module_split_share,
+    saved_by_unit,
     unit_attention,
+    unit_times,
 )
 
 EXPERT_SEGMENT = re.compile(r"(^|\.)experts?(\.|$)")
@@ -301,8 +302,8 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
         split_params.add(vocab[1])
     expert_params = _expert_params(graph, knowledge)
     units = []
-    module_split = _module_split_share(graph, split_nodes, times)
-    saved = _saved_by_unit(step, registry, of_node, split_nodes)
+    module_split = module_split_share(graph, split_nodes, times)
+    saved = saved_by_unit(step, registry, of_node, split_nodes)
     params_by_unit = _params_by_unit(graph, of_node, unit_names)
     flops = {n.id: n.flops for n in report.nodes}
     for name in unit_names:
@@ -311,7 +312,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             kind = ("expert" if param in expert_params
                     else "split" if param in split_params else "whole")
             states[kind] = states[kind].plus(state_of.get(param, StateBytes()))
-        timing = _unit_times(graph, members[name], split_nodes, module_split, times)
+        timing = unit_times(graph, members[name], split_nodes, module_split, times)
         gemms = splits[name].gemms
         embedded = _lookup_output(graph, forward[name], vocab)
         units.append(Unit(
@@ -421,53 +422,3 @@ def _routed_bytes(graph: Graph, gemms: Mapping[int, _Gemm], columns: set[int],
     refs = {ref for c in columns if set(gemms[c].weights) & expert_params
             for ref in gemms[c].activations}
     return sum(spec.nbytes for spec in (graph.spec(r) for r in refs) if spec is not None)
-
-
-def _module_split_share(graph: Graph, split_nodes: set[int], times: Mapping[int, float]
-                        ) -> dict[str, float]:
-    total: dict[str, float] = {}
-    split: dict[str, float] = {}
-    for node in graph.calls():
-        if node.phase != "forward":
-            continue
-        total[node.module] = total.get(node.module, 0.0) + times.get(node.id, 0.0)
-        if node.id in split_nodes:
-            split[node.module] = split.get(node.module, 0.0) + times.get(node.id, 0.0)
-    return {m: split.get(m, 0.0) / t for m, t in total.items() if t > 0}
-
-
-def _unit_times(graph: Graph, members: Iterable[int], split_nodes: set[int],
-                module_split: Mapping[str, float], times: Mapping[int, float]
-                ) -> tuple[float, float, float, float]:
-    """Forward split, forward replicated, backward split, backward replicated seconds of one
-    unit's nodes (`members`)."""
-    fs = fw = bs = bw = 0.0
-    for node_id in members:
-        node: Node = graph.nodes[node_id]
-        seconds = times.get(node_id, 0.0)
-        if node.phase == "forward":
-            if node_id in split_nodes:
-                fs += seconds
-            else:
-                fw += seconds
-        else:
-            share = module_split.get(node.module, 0.0)
-            bs += seconds * share
-            bw += seconds * (1 - share)
-    return fs, fw, bs, bw
-
-
-def _saved_by_unit(step: TrainingGraph, registry: CostRegistry, of_node: Mapping[int, str],
-                   split_nodes: set[int]) -> dict[str, tuple[int, int]]:
-    """Saved activation bytes per unit: (on split features, replicated); each storage once."""
-    storages = plan_storages(step.graph, registry)
-    out: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
-    seen: set[int] = set()
-    for ref in step.saved:
-        sid = storages.of_ref.get(ref)
-        if sid is None or sid in seen or storages.category[sid] is not Category.ACTIVATION:
-            continue
-        seen.add(sid)
-        node, _ = storages.origin[sid]
-        out[of_node.get(node.id, "pre")][0 if node.id in split_nodes else 1] += storages.size[sid]
-    return {name: (split, whole) for name, (split, whole) in out.items()}

@@ -1,4 +1,11 @@
-"""The work context and expert parallelism resize: each unit's attention kernels and expert GEMMs.
+"""What one unit of the step costs: its seconds and saved bytes on split and replicated
+features, and the work context and expert parallelism resize: its attention kernels and expert
+GEMMs.
+
+Seconds (`unit_times`) and saved activations (`saved_by_unit`) are split between the nodes
+tensor parallelism divides and the rest; backward ops are attributed to the module whose
+forward they differentiate, a module's split share of the backward taken to be its share in
+the forward (`module_split_share`).
 
 Attention (`UnitAttention`): the roofline seconds of a unit's attention kernels forward and
 backward, and the bytes of the K and V its forward attention reads, taken before grouped-query
@@ -21,11 +28,15 @@ stay with the unit's split work (sized by the captured micro-batch).
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
-from fxlens.analyzer.core.graph import Graph, TensorRef
+from fxlens.analyzer.capture.training import TrainingGraph
+from fxlens.analyzer.core.costs import CostRegistry
+from fxlens.analyzer.core.graph import Graph, Node, TensorRef
+from fxlens.analyzer.memory.liveness import Category, plan_storages
 
 
 class Timed(Protocol):
@@ -110,3 +121,53 @@ def _unrepeated_bytes(graph: Graph, ref: TensorRef, view_ops: Collection[str]) -
             smallest = min(smallest, spec.nbytes)
         node = graph.nodes[refs[0].node]
     return smallest
+
+
+def module_split_share(graph: Graph, split_nodes: set[int], times: Mapping[int, float]
+                        ) -> dict[str, float]:
+    total: dict[str, float] = {}
+    split: dict[str, float] = {}
+    for node in graph.calls():
+        if node.phase != "forward":
+            continue
+        total[node.module] = total.get(node.module, 0.0) + times.get(node.id, 0.0)
+        if node.id in split_nodes:
+            split[node.module] = split.get(node.module, 0.0) + times.get(node.id, 0.0)
+    return {m: split.get(m, 0.0) / t for m, t in total.items() if t > 0}
+
+
+def unit_times(graph: Graph, members: Iterable[int], split_nodes: set[int],
+                module_split: Mapping[str, float], times: Mapping[int, float]
+                ) -> tuple[float, float, float, float]:
+    """Forward split, forward replicated, backward split, backward replicated seconds of one
+    unit's nodes (`members`)."""
+    fs = fw = bs = bw = 0.0
+    for node_id in members:
+        node: Node = graph.nodes[node_id]
+        seconds = times.get(node_id, 0.0)
+        if node.phase == "forward":
+            if node_id in split_nodes:
+                fs += seconds
+            else:
+                fw += seconds
+        else:
+            share = module_split.get(node.module, 0.0)
+            bs += seconds * share
+            bw += seconds * (1 - share)
+    return fs, fw, bs, bw
+
+
+def saved_by_unit(step: TrainingGraph, registry: CostRegistry, of_node: Mapping[int, str],
+                   split_nodes: set[int]) -> dict[str, tuple[int, int]]:
+    """Saved activation bytes per unit: (on split features, replicated); each storage once."""
+    storages = plan_storages(step.graph, registry)
+    out: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
+    seen: set[int] = set()
+    for ref in step.saved:
+        sid = storages.of_ref.get(ref)
+        if sid is None or sid in seen or storages.category[sid] is not Category.ACTIVATION:
+            continue
+        seen.add(sid)
+        node, _ = storages.origin[sid]
+        out[of_node.get(node.id, "pre")][0 if node.id in split_nodes else 1] += storages.size[sid]
+    return {name: (split, whole) for name, (split, whole) in out.items()}
