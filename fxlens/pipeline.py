@@ -428,12 +428,18 @@ def _plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFa
         f"collectives: ring algorithms at {LINK_EFFICIENCY:.0%} of the link bandwidth; "
         "latency and congestion not modelled",
         "gradient and ZeRO transfers overlap compute (DDP/ZeRO-1/2: the last micro-batch's "
-        "backward; ZeRO-3: all of it); tensor-, expert- and pipeline-parallel transfers do not",
+        "backward; ZeRO-3: all of it), ring-attention sends their attention, expert "
+        "all-to-alls another micro-batch's compute only with a2a-overlap; tensor- and "
+        "pipeline-parallel transfers do not",
         "1F1B pipeline: bubble (p − 1)/v micro-batch times; stage i holds min(m, p − i) "
-        "micro-batches of activations",
-        "ranks laid out tp innermost, then dp (ep inside it), pp outermost",
-    ) + (("--tokens: the inputs hold no (batch, sequence) token tensor, so no run is "
-          "estimated",) if options.tokens and not facts.tokens else ())
+        "micro-batches of activations (interleaved, v > 1: Megatron's warm-up chunks)",
+        "ranks laid out tp innermost, then cp, dp, pp outermost; experts over a stage's GPUs "
+        "as etp, ep, expert dp",
+    ) + (("expert routing balanced (each expert gets the same rows); a token goes once per "
+          "chosen expert inside a node (dispatch=alltoall), once per node holding any of its "
+          "experts across nodes (DeepEP, dispatch=deepep)",) if facts.experts else ()) + (
+        ("--tokens: the inputs hold no (batch, sequence) token tensor, so no run is "
+         "estimated",) if options.tokens and not facts.tokens else ())
 
 
 PASSES: tuple[Pass[Context], ...] = (InferenceMemory(), TrainingStep(), KVCachePass(),

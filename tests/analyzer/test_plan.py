@@ -12,36 +12,23 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from fxlens.analyzer.capture.load import load
 from fxlens.analyzer.core.report import Report, load_report
 from fxlens.analyzer.core.sections import Plan, PlanLayout, Training
 from fxlens.analyzer.plan.estimate import estimate, in_flight, stages
 from fxlens.analyzer.plan.strategy import Strategy, parse
 from fxlens.analyzer.plan.structure import ModelFacts
 from fxlens.analyzer.plan.transfers import all_reduce_s, one_way_s
-from fxlens.analyzer.plan.workload import ExpertGemm
 from fxlens.pipeline import AnalysisOptions, Context, plan_facts, run_context
 from fxlens.rules.hardware import LINK_EFFICIENCY, device
 
 MODELS = Path(__file__).parent.parent / "models"
 B, S, H = 2, 16, 64           # tiny_gpt's batch, sequence and width
 BF16 = 2
-
-
-@pytest.fixture(scope="module")
-def gpt() -> Iterator[tuple[Report, ModelFacts]]:
-    loaded = load(str(MODELS / "tiny_gpt.py"))
-    options = AnalysisOptions(train=True, precision="amp-bf16", plan=True, strategy="ddp",
-                              gpus=2, strict=True)
-    ctx = Context(loaded, options, lambda _: None)
-    report = run_context(ctx)
-    yield report, plan_facts(ctx, report, device("h100"))
 
 
 H100 = device("h100")
@@ -69,6 +56,8 @@ def psi(facts: ModelFacts) -> int:
     ("dp=4,tp=8,pp=9,cp=2,v=7,sp,ckpt=full", None,
      Strategy(dp=4, tp=8, pp=9, cp=2, v=7, sp=True, checkpoint=True)),
     ("tp=2,pp=16,ep=64,etp=1", 1024, Strategy(dp=32, tp=2, pp=16, ep=64, etp=1)),
+    ("dp=8,ep=8,dispatch=deepep,a2a-overlap", None,
+     Strategy(dp=8, ep=8, dispatch="deepep", a2a_overlap=True)),
 ])
 def test_strategy_text_parses(text: str, gpus: int | None, expected: Strategy) -> None:
     assert parse(text, gpus) == expected
@@ -82,12 +71,13 @@ def test_strategy_text_parses(text: str, gpus: int | None, expected: Strategy) -
     ("dp=4,ep=3", None, "must divide the GPUs of a pipeline stage"),
     ("dp=2,tp=2,tp=4", None, "tp is given twice"),
     ("fsdp,zero=1", 4, "zero is given twice"),
-    ("dp=2,ckpt=attn", None, "selective recompute"),
     ("dp=2,cp=3", 4, "not --gpus 4"),
     ("zero=4", 2, "ZeRO stages"),
     ("zero1,hybrid", 2, "unknown strategy 'hybrid'"),
     ("tp=two", 2, "whole number"),
     ("pp=0", 2, "≥ 1"),
+    ("dp=4,ep=2,dispatch=nccl", None, "dispatchers are alltoall and deepep"),
+    ("dp=4,a2a-overlap", None, "need ep > 1"),
     ("fsdp", None, "--gpus N, or dp=N"),
 ])
 def test_bad_strategy_says_why(text: str, gpus: int | None, says: str) -> None:
@@ -325,22 +315,6 @@ def test_megatron_pairs_in_transformers_blocks(name: str, rows: int) -> None:
     assert first.tp_reduce_bytes > 0 and first.saved_split_bytes > first.saved_whole_bytes
 
 
-@pytest.mark.slow
-def test_moe_experts_are_sharded_by_ep_and_the_router_is_not_split() -> None:
-    facts = hf_facts("mixtral")
-    assert facts.experts == 4
-    blocks = [u for u in facts.units if u.name not in ("pre", "post")]
-    assert all(u.routed_bytes > 0 and u.states_expert.weights_bytes > 0 for u in blocks)
-    # the router's (E × h) output reaches the experts only through indices: not a column
-    assert all(facts.experts not in u.column_widths for u in blocks)
-    expert_weights = sum(u.states_expert.weights_bytes for u in facts.units)
-    one = layout(facts, "dp=2", 2).memory.weights_bytes
-    two = layout(facts, "dp=2,ep=2", 2).memory.weights_bytes
-    assert one - two == pytest.approx(expert_weights / 2, abs=len(blocks) * 8)
-    (a2a,) = [c for c in layout(facts, "dp=2,ep=2", 2).collectives if c.kind == "all-to-all"]
-    assert a2a.bytes == sum(u.routed_bytes for u in facts.units) and a2a.calls == 4
-
-
 # --- the command line -----------------------------------------------------------------------
 
 
@@ -459,29 +433,3 @@ def test_interleaved_1f1b_keeps_megatrons_warm_up_in_flight(pp: int, v: int, m: 
     a stage's layers; plain 1F1B min(m, p − i) micro-batches."""
     strategy = Strategy(dp=1, pp=pp, v=v, micro_batches=m)
     assert in_flight(strategy, stage) == pytest.approx(chunks / v if v > 1 else chunks)
-
-
-def test_expert_gemms_on_a_gpu_follow_rows_and_experts() -> None:
-    gemm = ExpertGemm("forward", compute_s=1.0, weight_s=4.0, token_s=0.5)
-    assert gemm.on_rank(1, 1, 1) == 4.5                    # as captured: memory-bound
-    # ep = 64 of 256 experts, tp = 2: 1/2 of the work, 1/64 of the weights
-    assert gemm.on_rank(1 / 2, 1 / 64, 1 / 2) == pytest.approx(0.5)
-
-
-@pytest.mark.slow
-def test_expert_parallel_layouts_fold_into_the_stage() -> None:
-    """ep drawn from tp · dp with whole experts (etp = 1): expert weights ÷ ep, the all-to-all
-    carries this GPU's routed rows (÷ tp), the expert gradients reduce over tp·dp/ep."""
-    facts = hf_facts("mixtral")
-    expert_weights = sum(u.states_expert.weights_bytes for u in facts.units)
-    dense_split = sum(u.states_split.weights_bytes for u in facts.units)
-    dense_whole = sum(u.states_whole.weights_bytes for u in facts.units)
-    folded = layout(facts, "dp=1,tp=2,ep=2")
-    assert folded.memory.weights_bytes == pytest.approx(
-        dense_split / 2 + dense_whole + expert_weights / 2, abs=64 * len(facts.units))
-    (a2a,) = [c for c in folded.collectives if c.kind == "all-to-all"]
-    assert a2a.bytes == sum(u.routed_bytes for u in facts.units) // 2 and a2a.group == 2
-    assert folded.etp == 1
-    (expert_grads,) = [c for c in layout(facts, "dp=4,ep=2").collectives
-                       if c.cause.startswith("expert gradients")]
-    assert expert_grads.group == 2

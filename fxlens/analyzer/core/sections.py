@@ -578,6 +578,7 @@ class PlanTime:
     tokens_per_s: float
     mfu: float
     context_parallel_s: float = 0.0  # ring-attention sends the attention does not hide
+    expert_parallel_exposed_s: float = 0.0  # the all-to-alls compute does not hide
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,12 @@ two agree.
 
 Time: a micro-batch costs each stage its roofline time (split work over t, everything over
 cp: causal attention load-balanced as Megatron-core does, two chunks per GPU) plus its
-tensor- and expert-parallel transfers (on the critical path: not overlapped), the part of the
-ring-attention sends its attention does not hide, and a stage-to-stage transfer. Expert GEMMs
-are re-sized for the GPU (`fxlens.analyzer.plan.workload.ExpertGemm`): 1/(t·cp) of the routed
-work, the weights of its 1/(ep·etp) of the experts. A 1F1B pipeline takes ``(m + (p − 1)/v)``
+tensor-parallel transfers (on the critical path: not overlapped), its expert all-to-alls
+(likewise, unless ``a2a-overlap`` runs them beside another micro-batch's compute), the part of
+the ring-attention sends its attention does not hide, and a stage-to-stage transfer. Expert
+GEMMs are re-sized for the GPU (`fxlens.analyzer.plan.workload.ExpertGemm`): 1/(t·cp) of the
+routed work, the weights of its 1/(ep·etp) of the experts; other ops sized like expert weights
+(their casts, gradient copies) run on its 1/(ep·etp). A 1F1B pipeline takes ``(m + (p − 1)/v)``
 micro-batch times, the bubble being ``(p − 1)/v`` of them. Gradient and ZeRO traffic overlaps
 the compute it can run beside — the last micro-batch's backward for DDP and ZeRO-1/2, every
 micro-batch's compute for ZeRO-3 — and only the excess is exposed. The optimizer step scales
@@ -42,6 +44,7 @@ from dataclasses import dataclass, fields
 
 from fxlens.analyzer.core.sections import Collective, PlanLayout, PlanMemory, PlanRun, PlanTime
 from fxlens.analyzer.memory.training_state import StateBytes
+from fxlens.analyzer.plan.recompute import recomputed
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
 from fxlens.analyzer.plan.transfers import (
@@ -53,6 +56,7 @@ from fxlens.analyzer.plan.transfers import (
     ring_attention,
     tensor_parallel,
 )
+from fxlens.analyzer.plan.workload import ModulePart
 
 DDP_BUCKET_BYTES = 25 * 2**20     # torch DDP's default bucket_cap_mb
 DDP_BUCKETS_IN_FLIGHT = 2
@@ -93,7 +97,7 @@ def _scaled(state: StateBytes, **divisors: float) -> StateBytes:
                          for f in fields(StateBytes)})
 
 
-def _is_block(unit: Unit) -> bool:
+def _is_block(unit: Unit | ModulePart) -> bool:
     return unit.name not in ("pre", "post")
 
 
@@ -106,13 +110,14 @@ class _Stage:
     expert_parallel: list[Collective]
     context_parallel: list[Collective]
     ring_exposed_s: float           # every micro-batch
+    expert_exposed_s: float         # every micro-batch
     data_parallel: list[Collective]
     boundary_bytes: int             # activation sent to the next stage per micro-batch
 
     @property
     def blocking_s(self) -> float:
         """Transfers on the critical path, every micro-batch."""
-        return (sum(c.time_s for c in self.tensor_parallel + self.expert_parallel)
+        return (sum(c.time_s for c in self.tensor_parallel) + self.expert_exposed_s
                 + self.ring_exposed_s)
 
 
@@ -142,6 +147,7 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
                               for e in evaluated),
         expert_parallel_s=max(sum((c.time_s for c in e.expert_parallel), 0.0)
                               for e in evaluated),
+        expert_parallel_exposed_s=max(e.expert_exposed_s for e in evaluated),
         pipeline_s=p2p.time_s if p2p else 0.0, bubble_s=bubble, data_parallel_s=dp_s,
         data_parallel_exposed_s=exposed, optimizer_s=optimizer, step_s=step,
         samples_per_step=samples, tokens_per_step=step_tokens,
@@ -202,6 +208,8 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         host = held.master_bytes + held.optimizer_bytes
         held = StateBytes(held.weights_bytes, 0, held.grad_bytes, 0, held.buffer_bytes)
     held_micro_batches = in_flight(s, index)
+    selected = {u.name: recomputed(u.name, u.parts, s.recompute)
+                for u in units if s.recompute and _is_block(u)}
     if s.checkpoint:
         kept = sum(u.input_bytes / seq_div if _is_block(u) else _saved_on_gpu(u, t, seq_div)
                    for u in units) / c
@@ -209,7 +217,11 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
                         default=0.0) / c
         activations = kept * held_micro_batches + recompute
     else:
-        activations = sum(_saved_on_gpu(u, t, seq_div) for u in units) * held_micro_batches / c
+        freed = [sum(_saved_on_gpu(part, t, seq_div) for part in parts)
+                 for parts in selected.values()]
+        kept = sum(_saved_on_gpu(u, t, seq_div) for u in units) - sum(freed)
+        # one block's recomputed set lives again while that block's backward runs
+        activations = (kept * held_micro_batches + max(freed, default=0.0)) / c
     total_saved = sum(u.saved_bytes for u in facts.units) or 1
     all_saved_split = sum(_saved_on_gpu(u, t, seq_div) for u in facts.units) / c
     transient = facts.transient_bytes * all_saved_split / total_saved
@@ -237,22 +249,42 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     )
     forward = sum(_phase_s(s, u, "forward") for u in units)
     backward = sum(_phase_s(s, u, "backward") for u in units)
-    recompute_s = (sum(_phase_s(s, u, "forward") for u in units if _is_block(u))
-                   if s.checkpoint else 0.0)
+    if s.checkpoint:
+        recompute_s = sum(_phase_s(s, u, "forward") for u in units if _is_block(u))
+    else:
+        recompute_s = sum(_phase_s(s, part, "forward")
+                          for parts in selected.values() for part in parts)
     ring, ring_exposed = ring_attention(s, device, units)
+    experts = expert_parallel(s, device, units, facts.tokens, facts.experts)
     nxt = parts[index + 1][0] if index + 1 < len(parts) and parts[index + 1] else None
     return _Stage(
         memory=memory, compute_s=m * (forward + backward + recompute_s),
         backward_s=m * backward,
         tensor_parallel=tensor_parallel(s, device, units),
-        expert_parallel=expert_parallel(s, device, units),
+        expert_parallel=experts,
+        expert_exposed_s=_expert_exposed_s(s, sum(c.time_s for c in experts),
+                                           m * (forward + recompute_s), m * backward),
         context_parallel=ring, ring_exposed_s=ring_exposed,
         data_parallel=data_parallel(s, device, dense, expert, shard, expert_shard),
         boundary_bytes=round(nxt.input_bytes / seq_div / c) if nxt is not None else 0,
     )
 
 
-def _phase_s(s: Strategy, u: Unit, phase: str) -> float:
+def _expert_exposed_s(s: Strategy, all_to_all_s: float, forward_s: float,
+                      backward_s: float) -> float:
+    """The expert all-to-alls' seconds on the critical path (all micro-batches). With
+    ``a2a-overlap`` the forward's transfers run beside another micro-batch's backward compute
+    and the backward's beside a forward, except the first forward's and the last backward's."""
+    if not s.a2a_overlap:
+        return all_to_all_s
+    forward_passes = 4 if s.checkpoint else 2
+    to_forward = all_to_all_s * forward_passes / (forward_passes + 2)
+    steady = (max(0.0, to_forward - backward_s)
+              + max(0.0, all_to_all_s - to_forward - forward_s))
+    return steady * (s.micro_batches - 1) / s.micro_batches + all_to_all_s / s.micro_batches
+
+
+def _phase_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
     """One micro-batch of the unit's `phase` ("forward" or "backward") on one GPU."""
     split, whole = ((u.forward_split_s, u.forward_whole_s) if phase == "forward"
                     else (u.backward_split_s, u.backward_whole_s))
@@ -260,16 +292,18 @@ def _phase_s(s: Strategy, u: Unit, phase: str) -> float:
     return (split / s.tp + whole) / s.cp + _experts_s(s, u, phase)
 
 
-def _experts_s(s: Strategy, u: Unit, phase: str) -> float:
+def _experts_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
     """The unit's expert GEMMs on one GPU: 1/(t·cp) of the routed rows' work, the weights of
     1/(ep·etp) of the experts, token rows (t·cp ranks' worth gathered by etp, half of each
-    GEMM's token operands split by it)."""
+    GEMM's token operands split by it); its other expert-weight-sized ops on 1/(ep·etp)."""
     etp, ranks = s.expert_tp, s.tp * s.cp
-    return sum(g.on_rank(1 / ranks, 1 / (s.ep * etp), (etp + 1) / (2 * ranks))
-               for g in u.expert_gemms if g.phase == phase)
+    held = 1 / (s.ep * etp)
+    other = u.expert_work.forward_s if phase == "forward" else u.expert_work.backward_s
+    return other * held + sum(g.on_rank(1 / ranks, held, (etp + 1) / (2 * ranks))
+                              for g in u.expert_gemms if g.phase == phase)
 
 
-def _saved_on_gpu(unit: Unit, t: int, seq_div: int) -> float:
+def _saved_on_gpu(unit: Unit | ModulePart, t: int, seq_div: int) -> float:
     """One micro-batch's saved activations of `unit` on one GPU before cp: the split part
     over t, the rest over t only with sequence parallel (`seq_div`)."""
     return unit.saved_split_bytes / t + unit.saved_whole_bytes / seq_div

@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 
 from fxlens.analyzer.core.sections import DroppedLayout, Plan, PlanLayout
 from fxlens.analyzer.plan.estimate import estimate
+from fxlens.analyzer.plan.recompute import KINDS, recomputed
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts
 from fxlens.analyzer.plan.transfers import Links
@@ -87,7 +88,8 @@ def _inner(facts: ModelFacts, dp: int, tp: int, pp: int, batch: int, gpus_per_no
 
 def misfits(facts: ModelFacts, strategy: Strategy) -> list[str]:
     """Why `strategy` cannot split this model (empty when it can): more stages than blocks,
-    a tp that does not divide a column-parallel width, an ep that does not divide the experts."""
+    a tp that does not divide a column-parallel width, an ep that does not divide the experts,
+    a selective recompute that names no module of the blocks."""
     found = []
     if strategy.pp > max(facts.blocks, 1):
         found.append(f"pp={strategy.pp} needs at least {strategy.pp} repeated blocks; the "
@@ -100,6 +102,13 @@ def misfits(facts: ModelFacts, strategy: Strategy) -> list[str]:
                      f"({', '.join(map(str, widths))})")
     if strategy.ep > 1 and (not facts.experts or facts.experts % strategy.ep):
         found.append(f"ep={strategy.ep} must divide the experts per layer ({facts.experts})")
+    blocks = [u for u in facts.units if _is_block(u.name)]
+    for pattern in strategy.recompute:
+        if not any(recomputed(u.name, u.parts, (pattern,)) for u in blocks):
+            names = sorted({p.name[len(u.name) + 1:].split(".")[0] for u in blocks[:1]
+                            for p in u.parts if p.name.startswith(u.name + ".")})
+            found.append(f"ckpt={pattern} recomputes no module of the repeated blocks "
+                         f"(theirs: {', '.join(names) or 'none'}; kinds: {', '.join(KINDS)})")
     return found
 
 

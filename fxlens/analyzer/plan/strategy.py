@@ -12,10 +12,19 @@ expert whole on one GPU, as published MoE recipes set it).
 ``zero`` is the ZeRO stage (0: DDP; 1: Megatron's distributed optimizer; 3: FSDP full shard),
 over the GPUs holding the same weights (dp · cp); ``hybrid`` shards ZeRO-3 inside a node and
 replicates across nodes (FSDP's HYBRID_SHARD); ``sp`` sequence parallel (with tp); ``ckpt``
-activation recomputation of every repeated block (``ckpt`` or ``ckpt=full``); ``offload``
+activation recomputation of every repeated block (``ckpt`` or ``ckpt=full``), or of some of
+its modules (``ckpt=norm+act``, ``ckpt=core_attn``, ``ckpt=self_attn.*``: kinds and globs as
+`fxlens.analyzer.plan.recompute` reads them); ``offload``
 keeps the optimizer state and master weights in host memory; ``v`` virtual stages per GPU
 (interleaved 1F1B); ``micro_batches`` per step per data-parallel rank (gradient accumulation
 when pp = 1).
+
+Expert routing: ``dispatch=alltoall`` sends each token once per chosen expert (Megatron-core's
+``alltoall`` dispatcher); ``dispatch=deepep`` once per destination node across nodes and once
+per GPU inside one (DeepEP, Megatron-core's ``flex``); left out, ``deepep`` when the expert
+group spans nodes and ``alltoall`` inside one node, as published recipes choose.
+``a2a-overlap`` hides each micro-batch's all-to-all behind another micro-batch's compute
+(Megatron-core's ``overlap_moe_expert_parallel_comm``, 1F1B forward/backward merging).
 
 Text: comma-separated names and ``key=value`` pairs, e.g. ``fsdp``, ``ddp``, ``zero2``,
 ``hsdp``, ``dp=2,tp=4,pp=2,zero=1,sp``, ``dp=4,tp=8,pp=9,cp=2,v=7,sp``, ``tp=2,pp=16,ep=64``.
@@ -32,8 +41,9 @@ NAMED: dict[str, dict[str, int | bool | str]] = {
     "ddp": {"zero": 0}, "zero1": {"zero": 1}, "zero2": {"zero": 2}, "zero3": {"zero": 3},
     "fsdp": {"zero": 3}, "hsdp": {"zero": 3, "hybrid": True},
     "fsdp-hybrid": {"zero": 3, "hybrid": True}, "sp": {"sp": True}, "ckpt": {"checkpoint": True},
-    "offload": {"offload": True},
+    "offload": {"offload": True}, "a2a-overlap": {"a2a_overlap": True},
 }
+DISPATCHERS = ("alltoall", "deepep")
 DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "v")
 MAX_DEGREE = 1 << 20
 
@@ -50,9 +60,12 @@ class Strategy:
     hybrid: bool = False
     sp: bool = False
     checkpoint: bool = False        # every repeated block recomputed
+    recompute: tuple[str, ...] = () # selective: module kinds or path globs (plan/recompute.py)
     offload: bool = False
     v: int = 1
     micro_batches: int = 1
+    dispatch: str | None = None     # "alltoall" or "deepep"; None: deepep across nodes
+    a2a_overlap: bool = False       # expert all-to-all hidden behind another micro-batch
 
     @property
     def gpus(self) -> int:
@@ -77,8 +90,13 @@ class Strategy:
             parts.append(f"etp={self.etp}")
         if self.zero:
             parts.append("hsdp" if self.hybrid else f"zero={self.zero}")
+        if self.dispatch is not None:
+            parts.append(f"dispatch={self.dispatch}")
+        if self.recompute:
+            parts.append(f"ckpt={'+'.join(self.recompute)}")
         parts += [name for name, on in (("sp", self.sp), ("ckpt", self.checkpoint),
-                                        ("offload", self.offload)) if on]
+                                        ("offload", self.offload),
+                                        ("a2a-overlap", self.a2a_overlap)) if on]
         return ",".join(parts)
 
     def problems(self) -> list[str]:
@@ -94,6 +112,14 @@ class Strategy:
         if stage % (self.ep * self.expert_tp):
             found.append(f"ep·etp = {self.ep}·{self.expert_tp} must divide the GPUs of a "
                          f"pipeline stage, tp·cp·dp = {stage} (experts are laid out over them)")
+        if self.checkpoint and self.recompute:
+            found.append(f"ckpt (every block) and ckpt={'+'.join(self.recompute)} (selective) "
+                         f"exclude each other: give one")
+        if self.dispatch is not None and self.dispatch not in DISPATCHERS:
+            found.append(f"dispatch={self.dispatch}: dispatchers are "
+                         f"{' and '.join(DISPATCHERS)}")
+        if (self.a2a_overlap or self.dispatch is not None) and self.ep == 1:
+            found.append("dispatch and a2a-overlap route tokens between GPUs: they need ep > 1")
         if self.v > 1 and self.pp == 1:
             found.append("interleaved stages (v > 1) need pp > 1")
         if self.micro_batches < 1:
@@ -111,8 +137,12 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
             continue
         if "=" in part:
             key, _, number = (s.strip() for s in part.partition("="))
-            if key == "ckpt":
-                _set(values, "checkpoint", _full_recompute(number), text)
+            if key == "ckpt" and number == "full":
+                _set(values, "checkpoint", True, text)
+            elif key == "ckpt":
+                _set(values, "recompute", _selective(number), text)
+            elif key == "dispatch":
+                _set(values, key, number, text)
             else:
                 _set(values, key, _degree(key, number), text)
         elif part in NAMED:
@@ -140,14 +170,15 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
 def _set(values: dict[str, Any], key: str, value: Any, text: str) -> None:
     """One setting; the same one given twice (``tp=2,tp=4``, ``fsdp,zero=1``) is refused."""
     if key in values:
-        name = "ckpt" if key == "checkpoint" else key
+        name = "ckpt" if key in ("checkpoint", "recompute") else key
         raise ValueError(f"{name} is given twice in {text!r}: give each setting once")
     values[key] = value
 
 
 def _degree(key: str, number: str) -> int:
     if key not in DEGREES:
-        raise ValueError(f"unknown degree {key!r}; known: {', '.join(DEGREES)}, and ckpt=")
+        raise ValueError(f"unknown degree {key!r}; known: {', '.join(DEGREES)}, and ckpt=, "
+                         f"dispatch=")
     try:
         value = int(number)
     except ValueError:
@@ -159,8 +190,9 @@ def _degree(key: str, number: str) -> int:
     return value
 
 
-def _full_recompute(value: str) -> bool:
-    if value == "full":
-        return True
-    raise ValueError(f"ckpt={value!r}: only full recompute of every block (ckpt, ckpt=full) "
-                     f"is modelled; selective recompute of named modules is not yet")
+def _selective(value: str) -> tuple[str, ...]:
+    patterns = tuple(p.strip() for p in value.split("+") if p.strip())
+    if not patterns:
+        raise ValueError("ckpt= needs full, or module kinds or path globs joined by '+' "
+                         "(ckpt=norm+act, ckpt=core_attn, ckpt=self_attn.*)")
+    return patterns

@@ -28,6 +28,7 @@ routed token bytes are those the captured step moved).
 from __future__ import annotations
 
 import re
+from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -39,11 +40,16 @@ from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.types import ParallelKnowledge
 from fxlens.analyzer.plan.workload import (
     ExpertGemm,
+    ExpertWork,
+    ModulePart,
     Timed,
     UnitAttention,
     expert_gemms,
+    expert_weight_nodes,
+    expert_work,
+    module_parts,
     module_split_share,
-    saved_by_unit,
+    saved_by_module,
     unit_attention,
     unit_times,
 )
@@ -70,10 +76,13 @@ class Unit:
     tp_reduce_bytes: int = 0                   # forward all-reduce payloads under tp, summed
     tp_reduces: int = 0                        # how many (row GEMMs and embeddings)
     routed_bytes: int = 0                      # token bytes sent to experts (one way)
+    routed_rows: int = 0                       # token rows sent to experts (top-k per token)
     column_widths: tuple[int, ...] = ()        # output features of column-parallel GEMMs
     row_gemms: int = 0
     attention: UnitAttention = UnitAttention()
     expert_gemms: tuple[ExpertGemm, ...] = ()  # not in the split or replicated seconds
+    expert_work: ExpertWork = ExpertWork()     # other expert-weight-sized ops, likewise
+    parts: tuple[ModulePart, ...] = ()         # per module of a block: selective recompute
 
     @property
     def saved_bytes(self) -> int:
@@ -283,7 +292,10 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
     parameter name; `node_times`: roofline times per node id."""
     graph = step.graph
     grouped = {n.id for n in graph.calls() if n.packet in knowledge.grouped_gemm_ops}
-    times = {i: t.time_s for i, t in node_times.items() if i not in grouped}
+    expert_params = _expert_params(graph, knowledge)
+    expert_sized = expert_weight_nodes(graph, expert_params, grouped)
+    all_times = {i: t.time_s for i, t in node_times.items()}
+    times = {i: s for i, s in all_times.items() if i not in grouped | expert_sized}
     blocks = repeated_blocks(graph.module_types)
     unit_names = ["pre", *blocks, "post"]
     of_node = unit_of_nodes(graph, blocks)
@@ -300,10 +312,17 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
     vocab = _vocab_embedding(graph, knowledge)
     if vocab is not None:
         split_params.add(vocab[1])
-    expert_params = _expert_params(graph, knowledge)
     units = []
     module_split = module_split_share(graph, split_nodes, times)
-    saved = saved_by_unit(step, registry, of_node, split_nodes)
+    saved_by = saved_by_module(step, registry, of_node, split_nodes,
+                               knowledge.weight_path_ops)
+    saved: defaultdict[str, tuple[int, int]] = defaultdict(lambda: (0, 0))
+    for (unit_name, _), (split, whole) in saved_by.items():
+        saved[unit_name] = (saved[unit_name][0] + split, saved[unit_name][1] + whole)
+
+    def expert_part(nodes: list[int]) -> tuple[tuple[ExpertGemm, ...], ExpertWork]:
+        return (expert_gemms(graph, nodes, knowledge.grouped_gemm_ops, node_times),
+                expert_work(graph, nodes, expert_sized, all_times))
     params_by_unit = _params_by_unit(graph, of_node, unit_names)
     flops = {n.id: n.flops for n in report.nodes}
     for name in unit_names:
@@ -315,23 +334,28 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
         timing = unit_times(graph, members[name], split_nodes, module_split, times)
         gemms = splits[name].gemms
         embedded = _lookup_output(graph, forward[name], vocab)
+        routed = _routed(graph, gemms, splits[name].columns, expert_params)
         units.append(Unit(
             name=name, states_split=states["split"], states_whole=states["whole"],
-            states_expert=states["expert"], saved_split_bytes=saved.get(name, (0, 0))[0],
-            saved_whole_bytes=saved.get(name, (0, 0))[1],
+            states_expert=states["expert"], saved_split_bytes=saved[name][0],
+            saved_whole_bytes=saved[name][1],
             input_bytes=_entering_bytes(graph, forward[name]),
             forward_split_s=timing[0], forward_whole_s=timing[1], backward_split_s=timing[2],
             backward_whole_s=timing[3],
             flops=sum(flops.get(n, 0) for n in members[name]),
             tp_reduce_bytes=splits[name].reduce_bytes + embedded[0],
             tp_reduces=len(splits[name].rows) + embedded[1],
-            routed_bytes=_routed_bytes(graph, gemms, splits[name].columns, expert_params),
+            routed_bytes=routed[0], routed_rows=routed[1],
             column_widths=tuple(sorted({gemms[c].out_features for c in splits[name].columns})),
             row_gemms=len(splits[name].rows),
             attention=unit_attention(graph, members[name], knowledge.attention_ops,
                                      knowledge.weight_path_ops, node_times),
             expert_gemms=expert_gemms(graph, members[name], knowledge.grouped_gemm_ops,
                                       node_times),
+            expert_work=expert_work(graph, members[name], expert_sized, all_times),
+            parts=module_parts(graph, name, members[name], split_nodes, times,
+                               {m: v for (u, m), v in saved_by.items() if u == name},
+                               expert_part) if name in blocks else (),
         ))
     kept = tuple(u for u in units if u.name in blocks or u.flops or u.states.total)
     return ModelFacts(units=kept, blocks=len(blocks), experts=_expert_count(graph, expert_params),
@@ -417,8 +441,13 @@ def _expert_count(graph: Graph, expert_params: set[str]) -> int:
     return max((len(v) for v in counts.values()), default=0)
 
 
-def _routed_bytes(graph: Graph, gemms: Mapping[int, _Gemm], columns: set[int],
-                  expert_params: set[str]) -> int:
+def _routed(graph: Graph, gemms: Mapping[int, _Gemm], columns: set[int],
+            expert_params: set[str]) -> tuple[int, int]:
+    """Bytes and rows of the token activations the expert GEMMs read (each token once per
+    chosen expert)."""
     refs = {ref for c in columns if set(gemms[c].weights) & expert_params
             for ref in gemms[c].activations}
-    return sum(spec.nbytes for spec in (graph.spec(r) for r in refs) if spec is not None)
+    specs = [spec for spec in (graph.spec(r) for r in refs)    # rows, not grouped offsets
+             if spec is not None and len(spec.shape) >= 2 and "int" not in spec.dtype]
+    return (sum(spec.nbytes for spec in specs),
+            sum(spec.numel // max(spec.shape[-1], 1) for spec in specs))

@@ -17,8 +17,13 @@ layers the same GPUs of a stage as etp innermost, then ep, then expert dp.
   grouped-query attention) round the ring cp − 1 times in the forward; the backward passes the
   K/V and their gradients, twice the bytes. Each send overlaps the attention of the chunk
   pair before it; only what the attention does not cover is exposed (`ring_exposed_s`).
-- Expert parallel: an all-to-all to the experts and one back, forward and backward, of the
-  token rows this GPU routes (each token once per chosen expert).
+- Expert parallel: an all-to-all to the experts and one back, forward and backward (and in a
+  recompute), of the token rows this GPU routes: each token once per chosen expert
+  (``dispatch=alltoall``), or, as DeepEP sends them (``dispatch=deepep``, the default across
+  nodes), once per node holding any of its experts over the GPU's NIC and once per GPU holding
+  one over NVLink; with balanced routing a token's k experts of E over n holders fall on
+  ``n·(1 − C(E − E/n, k)/C(E, k))`` distinct holders (`distinct_holders`): 2.7 remote nodes of
+  3 instead of 6 expert copies for Qwen3-235B (k = 8 of 128) at ep = 32 over four nodes.
 - Data parallel over the GPUs holding the same weights (dp · cp for the dense part, the expert
   data-parallel group for experts): DDP all-reduces the gradients once per step; ZeRO-1/2
   reduce-scatter them and all-gather the updated weights; ZeRO-3 gathers the weights in the
@@ -136,13 +141,48 @@ def ring_attention(s: Strategy, device: Links, units: Sequence[Unit]
     return [ring], exposed * s.micro_batches
 
 
-def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit]) -> list[Collective]:
+def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: int,
+                    experts: int) -> list[Collective]:
+    """The dispatch and combine all-to-alls of one stage, every micro-batch (`tokens`: the
+    captured micro-batch's, `experts`: per MoE layer)."""
     routed = sum(u.routed_bytes for u in units)
     if s.ep == 1 or not routed:
         return []
     passes = 6 if s.checkpoint else 4          # to the experts and back, forward and backward
-    return [collective("all-to-all", "expert routing", Group(s.ep, s.expert_tp),
-                       routed / (s.tp * s.cp), passes * s.micro_batches, device, False)]
+    group = Group(s.ep, s.expert_tp)
+    payload = routed / (s.tp * s.cp)           # this GPU's tokens, once per chosen expert
+    moe_layers = sum(1 for u in units if u.routed_rows)
+    chosen = sum(u.routed_rows for u in units) / (moe_layers * tokens) if tokens else 0.0
+    inside = group.within_node(device.gpus_per_node)
+    dispatch = s.dispatch or ("alltoall" if inside else "deepep")
+    if dispatch == "alltoall" or chosen < 1 or experts < s.ep:
+        return [collective("all-to-all", "expert routing", group, payload,
+                           passes * s.micro_batches, device, s.a2a_overlap)]
+    # DeepEP: each token once to every node holding one of its experts (over this GPU's NIC),
+    # then once to every GPU holding one (NVLink; the forwarding inside the node included)
+    members = max(1, min(group.size, device.gpus_per_node // max(group.stride, 1)))
+    nodes = group.size // members
+    token_bytes = payload / chosen
+    per_gpu = token_bytes * distinct_holders(experts, chosen, group.size)
+    across = token_bytes * distinct_holders(experts, chosen, nodes) * (nodes - 1) / nodes
+    each = max(across / device.link_bytes_per_s(False) if nodes > 1 else 0.0,
+               per_gpu * (group.size - 1) / group.size / device.link_bytes_per_s(True))
+    return [Collective(kind="all-to-all", cause="expert routing (DeepEP)", group=group.size,
+                       across_nodes=not inside, bytes=round(per_gpu),
+                       calls=passes * s.micro_batches, time_s=each * passes * s.micro_batches,
+                       overlapped=s.a2a_overlap)]
+
+
+def distinct_holders(experts: int, chosen: float, holders: int) -> float:
+    """Expected number of `holders` (each with an equal share of `experts`) among the holders
+    of `chosen` distinct experts drawn uniformly, as balanced routing draws them."""
+    if holders <= 1:
+        return 1.0
+    share = experts / holders
+    missed = 1.0
+    for i in range(round(chosen)):
+        missed *= max(experts - share - i, 0.0) / (experts - i)
+    return holders * (1.0 - missed)
 
 
 def data_parallel(s: Strategy, device: Links, dense: StateBytes, expert: StateBytes,

@@ -2,10 +2,11 @@
 features, and the work context and expert parallelism resize: its attention kernels and expert
 GEMMs.
 
-Seconds (`unit_times`) and saved activations (`saved_by_unit`) are split between the nodes
+Seconds (`unit_times`) and saved activations (`saved_by_module`) are split between the nodes
 tensor parallelism divides and the rest; backward ops are attributed to the module whose
 forward they differentiate, a module's split share of the backward taken to be its share in
-the forward (`module_split_share`).
+the forward (`module_split_share`). Per module of a unit (`ModulePart`): its forward
+seconds and the activations its ops save, what a selective recompute trades.
 
 Attention (`UnitAttention`): the roofline seconds of a unit's attention kernels forward and
 backward, and the bytes of the K and V its forward attention reads, taken before grouped-query
@@ -22,6 +23,10 @@ holds (`ExpertGemm.on_rank`). Captured on one GPU with every expert and one micr
 tokens, a GEMM of DeepSeek-V3 at 4,096 tokens reads 256 experts' weights for 128 rows each
 and is memory-bound; under ep = 64 a GPU holds 4 experts and receives 64 micro-batches' worth
 of rows for them, and is compute-bound.
+Other ops whose output has the shape of an expert weight (`expert_weight_nodes`: autocast's
+casts of the expert weights, the copies and sums of their gradients) are expert work too: a GPU
+runs them on the experts it holds. Left with the replicated work, DeepSeek-V3's weight-gradient
+copies alone took 17 ms of each MoE layer's backward at every ep, 64 times a rank's share.
 NB: MoE layers written as a loop of per-expert linears are not recognised here; their GEMMs
 stay with the unit's split work (sized by the captured micro-batch).
 """
@@ -29,13 +34,13 @@ stay with the unit's split work (sized by the captured micro-batch).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
-from fxlens.analyzer.core.graph import Graph, Node, TensorRef
+from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef
 from fxlens.analyzer.memory.liveness import Category, plan_storages
 
 
@@ -62,6 +67,40 @@ class ExpertGemm:
         `weight_share` of the captured expert weights and `token_share` of the token rows."""
         return max(self.compute_s * work_share,
                    self.weight_s * weight_share + self.token_s * token_share)
+
+
+@dataclass(frozen=True)
+class ExpertWork:
+    """Seconds of a unit's other expert-weight-sized ops (every expert), per phase."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+
+
+def expert_weight_nodes(graph: Graph, expert_params: Collection[str],
+                        skip: Collection[int]) -> set[int]:
+    """Calls outside `skip` that write a tensor shaped like a 3-D expert weight (either
+    order of its last two dims: the weight, its transpose, their gradients)."""
+    shapes = set()
+    for p in graph.params:
+        if p.name in expert_params and len(p.spec.shape) == 3:
+            e, a, b = p.spec.shape
+            shapes |= {(e, a, b), (e, b, a)}
+    return {n.id for n in graph.calls() if n.id not in skip
+            and any(o is not None and tuple(o.shape) in shapes for o in n.outputs)}
+
+
+def expert_work(graph: Graph, members: Iterable[int], nodes: Collection[int],
+                times: Mapping[int, float]) -> ExpertWork:
+    forward = backward = 0.0
+    for node_id in members:
+        if node_id not in nodes:
+            continue
+        if graph.nodes[node_id].phase == "forward":
+            forward += times.get(node_id, 0.0)
+        else:
+            backward += times.get(node_id, 0.0)
+    return ExpertWork(forward, backward)
 
 
 @dataclass(frozen=True)
@@ -157,11 +196,15 @@ def unit_times(graph: Graph, members: Iterable[int], split_nodes: set[int],
     return fs, fw, bs, bw
 
 
-def saved_by_unit(step: TrainingGraph, registry: CostRegistry, of_node: Mapping[int, str],
-                   split_nodes: set[int]) -> dict[str, tuple[int, int]]:
-    """Saved activation bytes per unit: (on split features, replicated); each storage once."""
+def saved_by_module(step: TrainingGraph, registry: CostRegistry, of_node: Mapping[int, str],
+                    split_nodes: set[int], copy_ops: Collection[str]
+                    ) -> dict[tuple[str, str], tuple[int, int]]:
+    """Saved activation bytes per (unit, module of the op that made them): (on split
+    features, replicated); each storage once. A tensor made by views and casts alone
+    (`copy_ops`: autocast's bf16 copy of a norm's output, made inside the next Linear) belongs
+    to the module that made what they copy."""
     storages = plan_storages(step.graph, registry)
-    out: defaultdict[str, list[int]] = defaultdict(lambda: [0, 0])
+    out: defaultdict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     seen: set[int] = set()
     for ref in step.saved:
         sid = storages.of_ref.get(ref)
@@ -169,5 +212,64 @@ def saved_by_unit(step: TrainingGraph, registry: CostRegistry, of_node: Mapping[
             continue
         seen.add(sid)
         node, _ = storages.origin[sid]
-        out[of_node.get(node.id, "pre")][0 if node.id in split_nodes else 1] += storages.size[sid]
-    return {name: (split, whole) for name, (split, whole) in out.items()}
+        key = (of_node.get(node.id, "pre"), _made_in(step.graph, node, copy_ops))
+        out[key][0 if node.id in split_nodes else 1] += storages.size[sid]
+    return {key: (split, whole) for key, (split, whole) in out.items()}
+
+
+def _made_in(graph: Graph, node: Node, copy_ops: Collection[str]) -> str:
+    """The module of the op `node` copies or views, through a chain of such ops."""
+    for _ in range(8):
+        refs = list(node.input_refs())
+        if node.packet not in copy_ops or not refs:
+            break
+        source = graph.nodes[refs[0].node]
+        if source.kind is not NodeKind.CALL:
+            break
+        node = source
+    return node.module
+
+
+@dataclass(frozen=True)
+class ModulePart:
+    """The forward of one module's own ops inside a unit (its children are parts of their
+    own) and the activations they save: what a selective recompute of it costs and frees.
+    Named and timed like a `Unit` so a layout sizes both alike (`name`: the module path)."""
+
+    name: str
+    saved_split_bytes: int = 0
+    saved_whole_bytes: int = 0
+    forward_split_s: float = 0.0
+    forward_whole_s: float = 0.0
+    backward_split_s: float = 0.0          # never recomputed: kept 0
+    backward_whole_s: float = 0.0
+    expert_gemms: tuple[ExpertGemm, ...] = ()
+    expert_work: ExpertWork = ExpertWork()
+    types: tuple[str, ...] = ()            # type names, lower case, of each path segment below
+                                           # the unit down to this module
+
+
+def module_parts(graph: Graph, unit: str, members: Iterable[int], split_nodes: set[int],
+                 times: Mapping[int, float], saved: Mapping[str, tuple[int, int]],
+                 expert_part: Callable[[list[int]], tuple[tuple[ExpertGemm, ...], ExpertWork]]
+                 ) -> tuple[ModulePart, ...]:
+    """One `ModulePart` per module of `unit`'s forward (`saved`: bytes per module path;
+    `expert_part`: the expert GEMMs and expert-sized work of some nodes)."""
+    by_module: defaultdict[str, list[int]] = defaultdict(list)
+    for node_id in members:
+        node = graph.nodes[node_id]
+        if node.phase == "forward":
+            by_module[node.module].append(node_id)
+    parts = []
+    for module in sorted(by_module.keys() | saved.keys()):
+        nodes = by_module.get(module, [])
+        split = sum(times.get(n, 0.0) for n in nodes if n in split_nodes)
+        whole = sum(times.get(n, 0.0) for n in nodes if n not in split_nodes)
+        gemms, work = expert_part(nodes)
+        kept = saved.get(module, (0, 0))
+        below = module[len(unit) + 1:].split(".") if module.startswith(unit + ".") else []
+        types = tuple(graph.module_types.get(".".join([unit, *below[:i + 1]]), "").lower()
+                      for i in range(len(below)))
+        parts.append(ModulePart(module, kept[0], kept[1], split, whole, expert_gemms=gemms,
+                                expert_work=work, types=types))
+    return tuple(parts)

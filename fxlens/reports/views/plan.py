@@ -96,14 +96,16 @@ def _time(layout: PlanLayout) -> Table:
             ("compute (all micro-batches)", t.compute_s),
             ("tensor-parallel transfers", t.tensor_parallel_s),
             ("ring-attention sends, exposed (cp)", t.context_parallel_s),
-            ("expert-parallel transfers", t.expert_parallel_s),
+            ("expert all-to-alls, exposed", t.expert_parallel_exposed_s),
             ("pipeline transfers", t.pipeline_s), ("pipeline bubble", t.bubble_s),
             ("gradient / ZeRO transfers, exposed", t.data_parallel_exposed_s),
             ("optimizer step", t.optimizer_s)) if value]
     rows.append((Cell("step", Tone.STRONG), Cell(seconds(t.step_s), Tone.STRONG)))
     caption = (f"{layout.micro_batches} micro-batches per step, {si(t.samples_per_step)} "
                f"samples ({si(t.tokens_per_step)} tokens); gradient/ZeRO transfers take "
-               f"{seconds(t.data_parallel_s)} in all, hidden behind compute where they can be")
+               f"{seconds(t.data_parallel_s)} in all, hidden behind compute where they can be"
+               + (f"; expert all-to-alls {seconds(t.expert_parallel_s)} in all"
+                  if t.expert_parallel_s > t.expert_parallel_exposed_s else ""))
     return Table.of(f"step time · {layout.strategy}", (Column("what"),
                     Column("time", right=True)), rows, caption=caption)
 

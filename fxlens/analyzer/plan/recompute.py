@@ -1,0 +1,95 @@
+"""Selective activation recomputation: which modules of a block ``ckpt=…`` recomputes.
+
+Megatron-core's selective recompute names module kinds (``--recompute-modules core_attn
+moe_act layernorm mla_up_proj mlp moe shared_experts``); each recomputed module keeps its input
+(made outside it) and drops what its own ops saved, then runs its forward again in the
+backward. Here a block's forward is cut by module (`ModulePart`: a module's own ops, its
+children being parts of their own), and ``ckpt=`` takes '+'-joined kinds or module-path globs:
+
+- ``attn``: every attention module with its projections; ``core_attn``: an attention module's
+  own ops (scores, softmax, the fused kernel, RoPE), not its projections;
+- ``mlp``: the feed-forward (dense or MoE); ``moe``: the MoE layer (router, experts, shared
+  experts); ``shared_experts``; ``mla_up_proj``: MLA's ``q_b_proj`` and ``kv_b_proj``;
+- ``norm`` (or ``layernorm``): every normalisation; ``act``: activation-function modules;
+  ``moe_act``: those inside a MoE layer;
+- anything else: a glob over the module path inside the block (``self_attn.o_proj``,
+  ``*norm``), its children included.
+
+A kind is recognised by the path's segments and the module types (``…Attention``, ``…MoE…``,
+``…Norm``, ``…Activation``), as `transformers` names them.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from fnmatch import fnmatchcase
+
+from fxlens.analyzer.plan.workload import ModulePart
+
+ATTENTION = re.compile(r"(self_|cross_)?(attn|attention)")
+MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
+MOE_NAMES = ("experts", "block_sparse_moe", "moe")
+ACTIVATION_NAMES = ("act", "act_fn", "activation", "activation_fn")
+
+Test = Callable[[Sequence[str], Sequence[str]], bool]
+
+
+def _attention(segments: Sequence[str], types: Sequence[str]) -> bool:
+    return (any(ATTENTION.fullmatch(s) for s in segments)
+            or any("attention" in t for t in types))
+
+
+def _core_attention(segments: Sequence[str], types: Sequence[str]) -> bool:
+    return bool(segments) and (ATTENTION.fullmatch(segments[-1]) is not None
+                               or "attention" in types[-1])
+
+
+def _mlp(segments: Sequence[str], types: Sequence[str]) -> bool:
+    return any(s in MLP_NAMES for s in segments) or any("mlp" in t for t in types) or \
+        _moe(segments, types)
+
+
+def _moe(segments: Sequence[str], types: Sequence[str]) -> bool:
+    return any(s in MOE_NAMES for s in segments) or any("moe" in t for t in types)
+
+
+def _norm(segments: Sequence[str], types: Sequence[str]) -> bool:
+    return any("norm" in s for s in segments) or any("norm" in t for t in types)
+
+
+def _activation(segments: Sequence[str], types: Sequence[str]) -> bool:
+    return bool(segments) and (segments[-1] in ACTIVATION_NAMES or "activation" in types[-1])
+
+
+KINDS: dict[str, Test] = {
+    "attn": _attention,
+    "core_attn": _core_attention,
+    "mlp": _mlp,
+    "moe": _moe,
+    "shared_experts": lambda seg, _: any(s.startswith("shared_expert") for s in seg),
+    "mla_up_proj": lambda seg, _: any(s in ("q_b_proj", "kv_b_proj") for s in seg),
+    "norm": _norm,
+    "layernorm": _norm,
+    "act": _activation,
+    "moe_act": lambda seg, types: _activation(seg, types) and _moe(seg, types),
+}
+
+
+def recomputed(block: str, parts: Sequence[ModulePart], patterns: Sequence[str]
+               ) -> list[ModulePart]:
+    """The parts of `block` (a module path) that `patterns` recompute."""
+    chosen = []
+    for part in parts:
+        inside = part.name[len(block) + 1:].lower() if part.name.startswith(block + ".") else ""
+        segments = inside.split(".") if inside else []
+        if any(_matches(pattern, inside, segments, part.types) for pattern in patterns):
+            chosen.append(part)
+    return chosen
+
+
+def _matches(pattern: str, inside: str, segments: Sequence[str], types: Sequence[str]) -> bool:
+    test = KINDS.get(pattern)
+    if test is not None:
+        return test(segments, types)
+    return bool(inside) and (fnmatchcase(inside, pattern) or fnmatchcase(inside, pattern + ".*"))

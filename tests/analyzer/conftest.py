@@ -1,0 +1,28 @@
+"""Fixtures the planner's test modules share."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from fxlens.analyzer.capture.load import load
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.plan.structure import ModelFacts
+from fxlens.pipeline import AnalysisOptions, Context, plan_facts, run_context
+from fxlens.rules.hardware import device
+
+MODELS = Path(__file__).parent.parent / "models"
+
+
+@pytest.fixture(scope="module")
+def gpt() -> Iterator[tuple[Report, ModelFacts]]:
+    """tests/models/tiny_gpt.py (b = 2, s = 16, h = 64, 2 blocks) under AMP bf16 + AdamW, as
+    a report and the planner's facts."""
+    loaded = load(str(MODELS / "tiny_gpt.py"))
+    options = AnalysisOptions(train=True, precision="amp-bf16", plan=True, strategy="ddp",
+                              gpus=2, strict=True)
+    ctx = Context(loaded, options, lambda _: None)
+    report = run_context(ctx)
+    yield report, plan_facts(ctx, report, device("h100"))

@@ -1,0 +1,151 @@
+"""The planner's MoE parts against closed forms: expert GEMMs and expert-weight-sized ops
+re-sized for one GPU, the dispatch/combine all-to-alls (per expert copy, or DeepEP's one copy
+per node and per GPU, counted by enumeration), and their overlap with compute."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import pytest
+
+from fxlens.analyzer.plan.estimate import _expert_exposed_s, _experts_s
+from fxlens.analyzer.plan.strategy import Strategy
+from fxlens.analyzer.plan.structure import Unit
+from fxlens.analyzer.plan.transfers import distinct_holders, expert_parallel
+from fxlens.analyzer.plan.workload import ExpertGemm, ExpertWork
+from tests.analyzer.test_plan import hf_facts, layout
+
+
+@dataclass(frozen=True)
+class Node8:
+    """Eight GPUs a node; NVLink 400 GB/s, a NIC 50 GB/s."""
+
+    name: str = "test"
+    memory_bytes: int = 80 << 30
+    gpus_per_node: int = 8
+
+    def link_bytes_per_s(self, within_node: bool) -> float:
+        return 400e9 if within_node else 50e9
+
+
+@pytest.mark.parametrize("experts, chosen, holders", [
+    (8, 2, 8), (8, 2, 4), (16, 4, 4), (12, 3, 3), (16, 8, 2), (10, 1, 5)])
+def test_distinct_holders_is_the_mean_over_every_choice(experts: int, chosen: int,
+                                                        holders: int) -> None:
+    share = experts // holders
+    choices = list(itertools.combinations(range(experts), chosen))
+    mean = sum(len({e // share for e in c}) for c in choices) / len(choices)
+    assert distinct_holders(experts, chosen, holders) == pytest.approx(mean)
+
+
+def moe_units(layers: int, tokens: int, top_k: int, hidden_bytes: int) -> list[Unit]:
+    rows = tokens * top_k
+    return [Unit(name=f"b{i}", routed_bytes=rows * hidden_bytes, routed_rows=rows)
+            for i in range(layers)]
+
+
+def test_alltoall_sends_a_copy_per_expert_deepep_one_per_node() -> None:
+    """ep = 32 over 4 nodes, 128 experts, top-8 (Qwen3-235B's routing): per-expert copies
+    cross nodes for 24 of 32 ranks; DeepEP sends one copy to each of the 2.72 remote nodes
+    a token's experts fall on (of 3)."""
+    tokens, k, hidden, m = 2048, 8, 8192, 4
+    units = moe_units(2, tokens, k, hidden)
+    base = Strategy(dp=32, ep=32, micro_batches=m)
+    (per_expert,) = expert_parallel(Strategy(**{**vars(base), "dispatch": "alltoall"}),
+                                    Node8(), units, tokens, 128)
+    (deepep,) = expert_parallel(base, Node8(), units, tokens, 128)   # default across nodes
+    payload = 2 * tokens * k * hidden
+    assert per_expert.time_s == pytest.approx(4 * m * payload * 24 / 32 / 50e9)
+    remote_nodes = 4 * (1 - math.comb(96, 8) / math.comb(128, 8)) * 3 / 4
+    assert deepep.cause == "expert routing (DeepEP)" and deepep.calls == 4 * m
+    assert deepep.time_s == pytest.approx(4 * m * 2 * tokens * hidden * remote_nodes / 50e9)
+    assert deepep.time_s / per_expert.time_s == pytest.approx(remote_nodes / 6)
+
+
+def test_inside_a_node_the_default_is_alltoall_and_deepep_dedups_per_gpu() -> None:
+    tokens, k, hidden = 1024, 8, 4096
+    units = moe_units(1, tokens, k, hidden)
+    (plain,) = expert_parallel(Strategy(dp=8, ep=8), Node8(), units, tokens, 128)
+    assert plain.cause == "expert routing" and not plain.across_nodes
+    assert plain.time_s == pytest.approx(4 * tokens * k * hidden * 7 / 8 / 400e9)
+    (deepep,) = expert_parallel(Strategy(dp=8, ep=8, dispatch="deepep"), Node8(), units,
+                                tokens, 128)
+    ranks = 8 * (1 - math.comb(112, 8) / math.comb(128, 8))
+    assert deepep.time_s == pytest.approx(4 * tokens * hidden * ranks * 7 / 8 / 400e9)
+
+
+@pytest.mark.parametrize("compute_s, exposed", [
+    (1e9, 8.0 / 4),             # compute hides all but the first forward's and last backward's
+    (0.0, 8.0),                 # nothing to hide behind
+    (3.0, (1.0 + 1.0) * 3 / 4 + 8.0 / 4),   # 4 s each way against 3 s of the other phase
+])
+def test_a2a_overlap_hides_all_to_alls_behind_the_other_micro_batch(
+        compute_s: float, exposed: float) -> None:
+    overlapped = Strategy(dp=8, ep=8, micro_batches=4, a2a_overlap=True)
+    assert _expert_exposed_s(overlapped, 8.0, compute_s, compute_s) == pytest.approx(exposed)
+    assert _expert_exposed_s(Strategy(dp=8, ep=8, micro_batches=4), 8.0, 1e9, 1e9) == 8.0
+
+
+def test_expert_weight_sized_ops_run_on_the_experts_a_gpu_holds() -> None:
+    unit = Unit(name="b0", expert_work=ExpertWork(forward_s=0.5, backward_s=16.0),
+                expert_gemms=(ExpertGemm("backward", 1.0, 4.0, 0.5),))
+    one = _experts_s(Strategy(dp=1), unit, "backward")
+    assert one == pytest.approx(16.0 + 4.5)
+    on_rank = _experts_s(Strategy(dp=64, ep=64), unit, "backward")
+    assert on_rank == pytest.approx(16.0 / 64 + max(1.0, 4.0 / 64 + 0.5))
+
+
+@pytest.mark.slow
+def test_weight_gradient_copies_of_a_moe_are_expert_work() -> None:
+    """transformers' grouped-GEMM experts copy each expert weight's gradient in the backward:
+    seconds sized by the experts, not the tokens."""
+    facts = hf_facts("mixtral")
+    blocks = [u for u in facts.units if u.name not in ("pre", "post")]
+    assert all(u.expert_work.backward_s > 0 for u in blocks)
+    assert all(u.routed_rows == 2 * facts.tokens for u in blocks)     # top-2
+
+
+@pytest.mark.slow
+def test_moe_experts_are_sharded_by_ep_and_the_router_is_not_split() -> None:
+    facts = hf_facts("mixtral")
+    assert facts.experts == 4
+    blocks = [u for u in facts.units if u.name not in ("pre", "post")]
+    assert all(u.routed_bytes > 0 and u.states_expert.weights_bytes > 0 for u in blocks)
+    # the router's (E × h) output reaches the experts only through indices: not a column
+    assert all(facts.experts not in u.column_widths for u in blocks)
+    expert_weights = sum(u.states_expert.weights_bytes for u in facts.units)
+    one = layout(facts, "dp=2", 2).memory.weights_bytes
+    two = layout(facts, "dp=2,ep=2", 2).memory.weights_bytes
+    assert one - two == pytest.approx(expert_weights / 2, abs=len(blocks) * 8)
+    (a2a,) = [c for c in layout(facts, "dp=2,ep=2", 2).collectives if c.kind == "all-to-all"]
+    assert a2a.bytes == sum(u.routed_bytes for u in facts.units) and a2a.calls == 4
+
+
+
+
+def test_expert_gemms_on_a_gpu_follow_rows_and_experts() -> None:
+    gemm = ExpertGemm("forward", compute_s=1.0, weight_s=4.0, token_s=0.5)
+    assert gemm.on_rank(1, 1, 1) == 4.5                    # as captured: memory-bound
+    # ep = 64 of 256 experts, tp = 2: 1/2 of the work, 1/64 of the weights
+    assert gemm.on_rank(1 / 2, 1 / 64, 1 / 2) == pytest.approx(0.5)
+
+
+@pytest.mark.slow
+def test_expert_parallel_layouts_fold_into_the_stage() -> None:
+    """ep drawn from tp · dp with whole experts (etp = 1): expert weights ÷ ep, the all-to-all
+    carries this GPU's routed rows (÷ tp), the expert gradients reduce over tp·dp/ep."""
+    facts = hf_facts("mixtral")
+    expert_weights = sum(u.states_expert.weights_bytes for u in facts.units)
+    dense_split = sum(u.states_split.weights_bytes for u in facts.units)
+    dense_whole = sum(u.states_whole.weights_bytes for u in facts.units)
+    folded = layout(facts, "dp=1,tp=2,ep=2")
+    assert folded.memory.weights_bytes == pytest.approx(
+        dense_split / 2 + dense_whole + expert_weights / 2, abs=64 * len(facts.units))
+    (a2a,) = [c for c in folded.collectives if c.kind == "all-to-all"]
+    assert a2a.bytes == sum(u.routed_bytes for u in facts.units) // 2 and a2a.group == 2
+    assert folded.etp == 1
+    (expert_grads,) = [c for c in layout(facts, "dp=4,ep=2").collectives
+                       if c.cause.startswith("expert gradients")]
+    assert expert_grads.group == 2

@@ -1,0 +1,86 @@
+"""Selective recompute (``ckpt=norm+act``, ``ckpt=core_attn``, globs) against closed forms on
+tests/models/tiny_gpt.py (b = 2, s = 16, h = 64, 2 blocks, AMP bf16): Korthikanti et al.
+2022's per-layer terms say what each recomputed module frees — the GELU's output 8·sbh bytes
+(4h wide, bf16), each LayerNorm's output 2·sbh (the bf16 copy autocast makes for the next
+Linear belongs to the norm) — and the recompute costs those modules' forward seconds."""
+
+from __future__ import annotations
+
+import pytest
+
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.plan.recompute import recomputed
+from fxlens.analyzer.plan.search import misfits
+from fxlens.analyzer.plan.strategy import parse
+from fxlens.analyzer.plan.structure import ModelFacts
+from fxlens.analyzer.plan.workload import ModulePart
+from tests.analyzer.test_plan import BF16, B, H, S, layout
+
+SBH = B * S * H
+Facts = tuple[Report, ModelFacts]
+
+
+def blocks(facts: ModelFacts) -> list:
+    return [u for u in facts.units if u.name not in ("pre", "post")]
+
+
+def test_each_kind_picks_its_modules(gpt: Facts) -> None:
+    _, facts = gpt
+    block = blocks(facts)[0]
+    picked = {kind: sorted(p.name[len(block.name) + 1:]
+                           for p in recomputed(block.name, block.parts, (kind,)))
+              for kind in ("norm", "act", "mlp", "core_attn", "attn", "attn.q*", "mlp.0")}
+    assert picked == {"norm": ["ln1", "ln2"], "act": ["mlp.1"],
+                      "mlp": ["mlp.0", "mlp.1", "mlp.2"], "core_attn": ["attn"],
+                      "attn": ["attn", "attn.proj", "attn.qkv"], "attn.q*": ["attn.qkv"],
+                      "mlp.0": ["mlp.0"]}
+
+
+@pytest.mark.parametrize("kind, freed_per_block", [
+    ("act", 4 * SBH * BF16),                   # the GELU's output, 4h wide
+    ("norm", 2 * SBH * BF16),                  # two norms' outputs at least (+ statistics)
+])
+def test_selective_recompute_frees_what_the_modules_saved(gpt: Facts, kind: str,
+                                                          freed_per_block: int) -> None:
+    """One stage, one micro-batch in flight: all blocks' freed bytes leave, one block's
+    come back while its backward recomputes them."""
+    _, facts = gpt
+    n = len(blocks(facts))
+    none = layout(facts, "dp=2", 2).memory.activations_bytes
+    selective = layout(facts, f"dp=2,ckpt={kind}", 2).memory.activations_bytes
+    freed = [sum(p.saved_split_bytes + p.saved_whole_bytes
+                 for p in recomputed(u.name, u.parts, (kind,))) for u in blocks(facts)]
+    assert none - selective == pytest.approx(sum(freed) - max(freed), abs=2)
+    assert all(f >= freed_per_block for f in freed)
+    if kind == "act":
+        assert freed == [freed_per_block] * n
+
+
+def test_selective_recompute_costs_the_modules_forward(gpt: Facts) -> None:
+    _, facts = gpt
+    gelu: list[ModulePart] = [p for u in blocks(facts) for p in recomputed(u.name, u.parts,
+                                                                          ("act",))]
+    assert gelu and all(p.forward_split_s + p.forward_whole_s > 0 for p in gelu)
+    extra = (layout(facts, "dp=2,ckpt=act", 2, m=3).time.compute_s
+             - layout(facts, "dp=2", 2, m=3).time.compute_s)
+    assert extra == pytest.approx(3 * sum(p.forward_split_s + p.forward_whole_s for p in gelu))
+    full = layout(facts, "dp=2,ckpt", 2).memory.activations_bytes
+    assert layout(facts, "dp=2,ckpt=act", 2).memory.activations_bytes > full
+
+
+def test_a_pattern_that_recomputes_nothing_names_the_blocks_modules(gpt: Facts) -> None:
+    _, facts = gpt
+    (problem,) = misfits(facts, parse("dp=2,ckpt=moe", None))
+    assert "ckpt=moe recomputes no module" in problem and "ln1" in problem
+    assert misfits(facts, parse("dp=2,ckpt=norm+act", None)) == []
+
+
+@pytest.mark.parametrize("text, says", [
+    ("dp=2,ckpt,ckpt=norm", "exclude each other"),
+    ("dp=2,ckpt=norm,ckpt=act", "ckpt is given twice"),
+    ("dp=2,ckpt=+", "ckpt= needs full"),
+])
+def test_selective_recompute_text(text: str, says: str) -> None:
+    assert parse("dp=2,ckpt=norm+moe_act", None).recompute == ("norm", "moe_act")
+    with pytest.raises(ValueError, match=says):
+        parse(text, None)
