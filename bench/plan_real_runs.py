@@ -3,7 +3,9 @@
 Each row with a published (or derived) step time is run as a user would: the model's preset at
 the run's sequence length and micro-batch, the run's precision (``amp-bf16``; ``fp8``: GEMMs at
 the fp8 peak), AdamW, and its layout written as `--strategy` (Megatron's distributed optimizer
-as ``zero=1``, FSDP as ``zero=3``, sequence parallel with tp, full recompute as ``ckpt``) on
+as ``zero=1``, FSDP as ``zero=3``, sequence parallel with tp, full recompute as ``ckpt``,
+Megatron's selective ``--recompute-modules`` as ``ckpt=layernorm+moe_act``, the MoE dispatcher
+as ``dispatch=`` and its 1F1B all-to-all overlap as ``a2a-overlap``) on
 the device named by the row, with the device's datasheet × factor figures — the same for every
 row; nothing is fitted to a run. Rows fxlens cannot express yet are listed with the reason.
 
@@ -46,9 +48,15 @@ def strategy_of(run: dict[str, Any]) -> tuple[str | None, str]:
         parts.append("zero=1")
     if lay.get("sp") and (lay.get("tp") or 1) > 1:
         parts.append("sp")
+    if (lay.get("ep") or 1) > 1 and lay.get("dispatcher"):
+        parts.append(f"dispatch={lay['dispatcher']}")
+    if (lay.get("ep") or 1) > 1 and lay.get("a2a_overlap"):
+        parts.append("a2a-overlap")
     if "selective" in recompute:
-        return None, f"selective recompute ({lay['recompute']}) is not modelled"
-    if any(said in recompute for said in FULL_RECOMPUTE) and not recompute.startswith("none"):
+        if not lay.get("recompute_modules"):
+            return None, f"selective recompute ({lay['recompute']}) without its module list"
+        parts.append("ckpt=" + "+".join(lay["recompute_modules"]))   # Megatron's names
+    elif any(said in recompute for said in FULL_RECOMPUTE) and not recompute.startswith("none"):
         parts.append("ckpt")
     return ",".join(parts), ""
 
