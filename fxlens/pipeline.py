@@ -40,7 +40,7 @@ from fxlens.analyzer.capture.types import Autocast
 from fxlens.analyzer.core.beside import MIN_WAIT_S, Beside, beside, result_or_none
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.errors import LoadError
-from fxlens.analyzer.core.graph import Graph
+from fxlens.analyzer.core.graph import Graph, dtype_bytes
 from fxlens.analyzer.core.heap import model_loaded, settled_heap
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.passes import Pass, run_passes
@@ -412,6 +412,7 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
         optimizer_s=optimizer_time(training, graph, spec),
         samples=basis.samples, tokens=basis.tokens, dtype_key=key,
         peak_flops=spec.peak(key)[0],
+        grad_element_bytes=dtype_bytes(precision.spec.grad_dtype),
     )
     return read_facts(ctx.step, report, ctx.registry, state_of,
                       by_id, PARALLEL, whole)

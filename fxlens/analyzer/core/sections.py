@@ -543,7 +543,7 @@ class PlanMemory:
     activations_bytes: int          # saved for the backward, every micro-batch in flight
     temporaries_bytes: int          # the working set beyond them at the peak
     gathered_bytes: int             # ZeRO-3: unsharded weights and gradients in flight
-    communication_bytes: int        # gradient buckets
+    communication_bytes: int        # gradient buckets and compression buffers
     peak_bytes: int
     host_bytes: int = 0             # offloaded optimizer state and master weights
 
@@ -579,6 +579,9 @@ class PlanTime:
     mfu: float
     context_parallel_s: float = 0.0  # ring-attention sends the attention does not hide
     expert_parallel_exposed_s: float = 0.0  # the all-to-alls compute does not hide
+    # with compression: the data-parallel transfers and their exposed part without it
+    uncompressed_data_parallel_s: float | None = optional()
+    uncompressed_exposed_s: float | None = optional()
 
 
 @dataclass(frozen=True)

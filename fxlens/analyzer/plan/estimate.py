@@ -40,10 +40,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from fxlens.analyzer.core.sections import Collective, PlanLayout, PlanMemory, PlanRun, PlanTime
 from fxlens.analyzer.memory.training_state import StateBytes
+from fxlens.analyzer.plan.compression import (
+    Matrix,
+    on_gpu,
+    powersgd_bytes,
+    powersgd_flops,
+    quantized_bytes,
+)
 from fxlens.analyzer.plan.recompute import recomputed
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
@@ -113,6 +120,12 @@ class _Stage:
     expert_exposed_s: float         # every micro-batch
     data_parallel: list[Collective]
     boundary_bytes: int             # activation sent to the next stage per micro-batch
+    compression_s: float = 0.0      # PowerSGD's factorisation, on the data-parallel path
+    uncompressed_s: float = 0.0     # the data-parallel transfers without compression
+
+    @property
+    def data_parallel_s(self) -> float:
+        return sum(c.time_s for c in self.data_parallel) + self.compression_s
 
     @property
     def blocking_s(self) -> float:
@@ -132,8 +145,8 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
     per_micro = max(e.compute_s + e.blocking_s for e in evaluated) / s.micro_batches
     per_micro += (p2p.time_s / s.micro_batches) if p2p else 0.0
     bubble = (s.pp - 1) / s.v * per_micro
-    busiest = max(evaluated, key=lambda e: sum(c.time_s for c in e.data_parallel))
-    dp_s = sum(c.time_s for c in busiest.data_parallel)
+    busiest = max(evaluated, key=lambda e: e.data_parallel_s)
+    dp_s = busiest.data_parallel_s
     window = busiest.compute_s if s.zero == 3 else busiest.backward_s / s.micro_batches
     exposed = max(0.0, dp_s - window)
     optimizer = _optimizer_s(facts, s, worst.memory)
@@ -155,6 +168,9 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
         mfu=model_flops / (step * s.gpus * facts.peak_flops)
         if step > 0 and facts.peak_flops > 0 else 0.0,
         context_parallel_s=max(e.ring_exposed_s for e in evaluated),
+        uncompressed_data_parallel_s=busiest.uncompressed_s if s.compresses else None,
+        uncompressed_exposed_s=(max(0.0, busiest.uncompressed_s - window)
+                                if s.compresses else None),
     )
     collectives = tuple(worst.tensor_parallel + worst.context_parallel + worst.expert_parallel
                         + busiest.data_parallel + ([p2p] if p2p else []))
@@ -236,6 +252,8 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         gathered = (sum(weights[:ZERO3_UNITS_GATHERED])
                     + max((u.grad_bytes for u in unsharded), default=0))
     buckets = DDP_BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES if s.zero < 3 and s.dp * c > 1 else 0
+    mine = on_gpu([m for u in units for m in u.matrices], t, experts_on_gpu)
+    buckets += round(_compression_buffers(s, facts, units, held, gathered, shard, device, mine))
     persistent = held.weights_bytes + held.master_bytes + held.optimizer_bytes + held.buffer_bytes
     working = max(activations + transient + grads_at_peak, held.grad_bytes + temporaries)
     peak = persistent + working + gathered + buckets
@@ -265,9 +283,40 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         expert_exposed_s=_expert_exposed_s(s, sum(c.time_s for c in experts),
                                            m * (forward + recompute_s), m * backward),
         context_parallel=ring, ring_exposed_s=ring_exposed,
-        data_parallel=data_parallel(s, device, dense, expert, shard, expert_shard),
+        data_parallel=data_parallel(s, device, dense, expert, shard, expert_shard,
+                                    facts.grad_element_bytes, mine),
+        compression_s=(powersgd_flops(mine, s.powersgd) / facts.peak_flops
+                       if s.powersgd and facts.peak_flops > 0 else 0.0),
+        uncompressed_s=sum(c.time_s for c in data_parallel(
+            _uncompressed(s), device, dense, expert, shard, expert_shard)),
         boundary_bytes=round(nxt.input_bytes / seq_div / c) if nxt is not None else 0,
     )
+
+
+def _uncompressed(s: Strategy) -> Strategy:
+    return replace(s, gradq=None, powersgd=0, zeropp=False)
+
+
+def _compression_buffers(s: Strategy, facts: ModelFacts, units: Sequence[Unit],
+                         held: StateBytes, gathered: float, shard: Group, device: Links,
+                         mine: Sequence[Matrix]) -> float:
+    """What compression keeps beside the transfers on one GPU: the quantized copy of one
+    unit's gradients (gradq); the error-feedback copy of the gradients and the factors
+    (PowerSGD); the node-sharded secondary copy of the weights and the int8 gather buffers
+    (ZeRO++)."""
+    element = facts.grad_element_bytes
+    experts_on_gpu = s.ep * s.expert_tp
+    if s.gradq:
+        largest = max((_unit_state(u, s.tp, experts_on_gpu).grad_bytes for u in units),
+                      default=0)
+        return quantized_bytes(largest, element, 8)
+    if s.powersgd:
+        return held.grad_bytes + powersgd_bytes(mine, held.grad_bytes, element, s.powersgd)
+    if s.zeropp:
+        node = min(shard.size, max(1, device.gpus_per_node // shard.stride))
+        weights = sum(_unit_state(u, s.tp, experts_on_gpu).weights_bytes for u in units)
+        return weights / node + quantized_bytes(gathered, element, 8)
+    return 0.0
 
 
 def _expert_exposed_s(s: Strategy, all_to_all_s: float, forward_s: float,

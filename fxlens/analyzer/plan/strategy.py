@@ -26,6 +26,10 @@ group spans nodes and ``alltoall`` inside one node, as published recipes choose.
 ``a2a-overlap`` hides each micro-batch's all-to-all behind another micro-batch's compute
 (Megatron-core's ``overlap_moe_expert_parallel_comm``, 1F1B forward/backward merging).
 
+Compression (`fxlens.analyzer.plan.compression`): ``gradq=int8|fp8`` gradient collectives in
+8 bits, ``powersgd=R`` DDP's all-reduce as rank-R factors, ``zeropp`` ZeRO++ (ZeRO-3's
+int8 weight gathers, node-local backward gathers, int4 gradients).
+
 Text: comma-separated names and ``key=value`` pairs, e.g. ``fsdp``, ``ddp``, ``zero2``,
 ``hsdp``, ``dp=2,tp=4,pp=2,zero=1,sp``, ``dp=4,tp=8,pp=9,cp=2,v=7,sp``, ``tp=2,pp=16,ep=64``.
 A ``dp`` left out is filled from the GPU count, which must then be given; a degree given twice
@@ -42,9 +46,11 @@ NAMED: dict[str, dict[str, int | bool | str]] = {
     "fsdp": {"zero": 3}, "hsdp": {"zero": 3, "hybrid": True},
     "fsdp-hybrid": {"zero": 3, "hybrid": True}, "sp": {"sp": True}, "ckpt": {"checkpoint": True},
     "offload": {"offload": True}, "a2a-overlap": {"a2a_overlap": True},
+    "zeropp": {"zeropp": True},
 }
+GRADIENT_FORMATS = ("int8", "fp8")
 DISPATCHERS = ("alltoall", "deepep")
-DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "v")
+DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "v", "powersgd")
 MAX_DEGREE = 1 << 20
 
 
@@ -66,6 +72,13 @@ class Strategy:
     micro_batches: int = 1
     dispatch: str | None = None     # "alltoall" or "deepep"; None: deepep across nodes
     a2a_overlap: bool = False       # expert all-to-all hidden behind another micro-batch
+    gradq: str | None = None        # gradient collectives in "int8" or "fp8"
+    powersgd: int = 0               # PowerSGD rank of DDP's gradient all-reduce (0: off)
+    zeropp: bool = False            # ZeRO++: int8 weight gathers, hpZ, int4 gradients
+
+    @property
+    def compresses(self) -> bool:
+        return self.gradq is not None or self.powersgd > 0 or self.zeropp
 
     @property
     def gpus(self) -> int:
@@ -94,9 +107,14 @@ class Strategy:
             parts.append(f"dispatch={self.dispatch}")
         if self.recompute:
             parts.append(f"ckpt={'+'.join(self.recompute)}")
+        if self.gradq is not None:
+            parts.append(f"gradq={self.gradq}")
+        if self.powersgd:
+            parts.append(f"powersgd={self.powersgd}")
         parts += [name for name, on in (("sp", self.sp), ("ckpt", self.checkpoint),
                                         ("offload", self.offload),
-                                        ("a2a-overlap", self.a2a_overlap)) if on]
+                                        ("a2a-overlap", self.a2a_overlap),
+                                        ("zeropp", self.zeropp)) if on]
         return ",".join(parts)
 
     def problems(self) -> list[str]:
@@ -115,6 +133,18 @@ class Strategy:
         if self.checkpoint and self.recompute:
             found.append(f"ckpt (every block) and ckpt={'+'.join(self.recompute)} (selective) "
                          f"exclude each other: give one")
+        if self.gradq is not None and self.gradq not in GRADIENT_FORMATS:
+            found.append(f"gradq={self.gradq}: gradient formats are "
+                         f"{' and '.join(GRADIENT_FORMATS)}")
+        if self.powersgd and self.zero != 0:
+            found.append("powersgd compresses DDP's all-reduce (PyTorch's powerSGD_hook): "
+                         "it needs zero=0 (ddp)")
+        if self.zeropp and self.zero != 3:
+            found.append("zeropp is ZeRO-3's (ZeRO++): it needs zero=3 (fsdp)")
+        if sum((self.gradq is not None, self.powersgd > 0, self.zeropp)) > 1:
+            found.append("gradq, powersgd and zeropp each compress the gradients: give one")
+        if self.compresses and self.dp * self.cp == 1:
+            found.append("compression shrinks data-parallel transfers: it needs dp·cp > 1")
         if self.dispatch is not None and self.dispatch not in DISPATCHERS:
             found.append(f"dispatch={self.dispatch}: dispatchers are "
                          f"{' and '.join(DISPATCHERS)}")
@@ -141,7 +171,7 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
                 _set(values, "checkpoint", True, text)
             elif key == "ckpt":
                 _set(values, "recompute", _selective(number), text)
-            elif key == "dispatch":
+            elif key in ("dispatch", "gradq"):
                 _set(values, key, number, text)
             else:
                 _set(values, key, _degree(key, number), text)
@@ -178,7 +208,7 @@ def _set(values: dict[str, Any], key: str, value: Any, text: str) -> None:
 def _degree(key: str, number: str) -> int:
     if key not in DEGREES:
         raise ValueError(f"unknown degree {key!r}; known: {', '.join(DEGREES)}, and ckpt=, "
-                         f"dispatch=")
+                         f"dispatch=, gradq=")
     try:
         value = int(number)
     except ValueError:

@@ -27,6 +27,7 @@ routed token bytes are those the captured step moved).
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -37,6 +38,7 @@ from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, repeated_blocks
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.memory.training_state import StateBytes
+from fxlens.analyzer.plan.compression import Matrix
 from fxlens.analyzer.plan.types import ParallelKnowledge
 from fxlens.analyzer.plan.workload import (
     ExpertGemm,
@@ -83,6 +85,7 @@ class Unit:
     expert_gemms: tuple[ExpertGemm, ...] = ()  # not in the split or replicated seconds
     expert_work: ExpertWork = ExpertWork()     # other expert-weight-sized ops, likewise
     parts: tuple[ModulePart, ...] = ()         # per module of a block: selective recompute
+    matrices: tuple[Matrix, ...] = ()          # trainable ≥ 2-D parameters, for PowerSGD
 
     @property
     def saved_bytes(self) -> int:
@@ -109,6 +112,7 @@ class ModelFacts:
     dtype_key: str                     # the peak MFU is measured against
     peak_flops: float
     notes: tuple[str, ...] = field(default_factory=tuple)
+    grad_element_bytes: float = 2.0    # bytes per gradient element (the precision's)
 
     @property
     def states(self) -> StateBytes:
@@ -324,13 +328,20 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
         return (expert_gemms(graph, nodes, knowledge.grouped_gemm_ops, node_times),
                 expert_work(graph, nodes, expert_sized, all_times))
     params_by_unit = _params_by_unit(graph, of_node, unit_names)
+    param_shapes = {p.name: p.spec.shape for p in graph.params if not p.is_buffer}
     flops = {n.id: n.flops for n in report.nodes}
     for name in unit_names:
         states = {"split": StateBytes(), "whole": StateBytes(), "expert": StateBytes()}
+        shapes: defaultdict[tuple[int, int, str], int] = defaultdict(int)
         for param in params_by_unit.get(name, ()):
             kind = ("expert" if param in expert_params
                     else "split" if param in split_params else "whole")
             states[kind] = states[kind].plus(state_of.get(param, StateBytes()))
+            shape = param_shapes.get(param, ())
+            if len(shape) == 3 and kind == "expert":
+                shapes[(shape[1], shape[2], kind)] += shape[0]
+            elif len(shape) >= 2:
+                shapes[(shape[0], math.prod(shape[1:]), kind)] += 1
         timing = unit_times(graph, members[name], split_nodes, module_split, times)
         gemms = splits[name].gemms
         embedded = _lookup_output(graph, forward[name], vocab)
@@ -353,6 +364,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             expert_gemms=expert_gemms(graph, members[name], knowledge.grouped_gemm_ops,
                                       node_times),
             expert_work=expert_work(graph, members[name], expert_sized, all_times),
+            matrices=tuple(Matrix(r, c, n, k) for (r, c, k), n in sorted(shapes.items())),
             parts=module_parts(graph, name, members[name], split_nodes, times,
                                {m: v for (u, m), v in saved_by.items() if u == name},
                                expert_part) if name in blocks else (),
@@ -375,6 +387,7 @@ class WholeStep:
     dtype_key: str
     peak_flops: float
     notes: tuple[str, ...] = ()
+    grad_element_bytes: float = 2.0
 
 
 def _params_by_unit(graph: Graph, of_node: Mapping[int, str], names: Sequence[str]

@@ -28,7 +28,9 @@ layers the same GPUs of a stage as etp innermost, then ep, then expert dp.
   data-parallel group for experts): DDP all-reduces the gradients once per step; ZeRO-1/2
   reduce-scatter them and all-gather the updated weights; ZeRO-3 gathers the weights in the
   forward and again in the backward and reduce-scatters the gradients for every micro-batch;
-  hybrid sharding does that inside a node and all-reduces the shards across nodes.
+  hybrid sharding does that inside a node and all-reduces the shards across nodes. Compressed
+  (``gradq``, ``powersgd``, ``zeropp``): the payloads `fxlens.analyzer.plan.compression`
+  gives.
 - Pipeline: each micro-batch's boundary activation forward and its gradient backward.
 """
 
@@ -40,6 +42,7 @@ from typing import Protocol
 
 from fxlens.analyzer.core.sections import Collective
 from fxlens.analyzer.memory.training_state import StateBytes
+from fxlens.analyzer.plan.compression import Matrix, powersgd_bytes, quantized_bytes
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import Unit
 
@@ -186,33 +189,72 @@ def distinct_holders(experts: int, chosen: float, holders: int) -> float:
 
 
 def data_parallel(s: Strategy, device: Links, dense: StateBytes, expert: StateBytes,
-                  shard: Group, expert_shard: Group) -> list[Collective]:
+                  shard: Group, expert_shard: Group, element_bytes: float = 2.0,
+                  matrices: Sequence[Matrix] = ()) -> list[Collective]:
+    """The gradient and ZeRO collectives of one stage (`dense`, `expert`: its state on this
+    GPU before ZeRO; `matrices`: its gradient matrices on this GPU, for PowerSGD), compressed
+    as the strategy asks (`fxlens.analyzer.plan.compression`)."""
     out: list[Collective] = []
-    for label, state, group, inner in (
-            ("", dense, Group(s.dp * s.cp, s.tp), shard),
-            ("expert ", expert, Group(s.expert_dp, s.ep * s.expert_tp), expert_shard)):
+    for label, state, group, inner, kinds in (
+            ("", dense, Group(s.dp * s.cp, s.tp), shard, ("split", "whole")),
+            ("expert ", expert, Group(s.expert_dp, s.ep * s.expert_tp), expert_shard,
+             ("expert",))):
         if group.size <= 1 or not state.grad_bytes:
             continue
-        grads, weights = state.grad_bytes, state.weights_bytes
+        grads: float = state.grad_bytes
+        weights: float = state.weights_bytes
+        tag = _compression_tag(s)
         if s.zero == 0:
-            out.append(collective("all-reduce", f"{label}gradients (DDP)", group, grads, 1,
-                                  device, True))
+            if s.powersgd:
+                mine = [m for m in matrices if m.kind in kinds]
+                grads = powersgd_bytes(mine, grads, element_bytes, s.powersgd)
+            elif s.gradq:
+                grads = quantized_bytes(grads, element_bytes, 8)
+            out.append(collective("all-reduce", f"{label}gradients (DDP{tag})", group, grads,
+                                  1, device, True))
         elif s.zero in (1, 2):
-            out.append(collective("reduce-scatter", f"{label}gradients (ZeRO-{s.zero})", group,
-                                  grads, 1, device, True))
+            if s.gradq:
+                grads = quantized_bytes(grads, element_bytes, 8)
+            out.append(collective("reduce-scatter", f"{label}gradients (ZeRO-{s.zero}{tag})",
+                                  group, grads, 1, device, True))
             out.append(collective("all-gather", f"{label}updated weights (ZeRO-{s.zero})",
                                   group, weights, 1, device, True))
         else:
-            m = s.micro_batches
-            out.append(collective("all-gather", f"{label}weights (ZeRO-3)", inner, weights,
-                                  2 * m, device, True))
-            out.append(collective("reduce-scatter", f"{label}gradients (ZeRO-3)", inner, grads,
-                                  m, device, True))
-            replicas = group.size // inner.size
-            if replicas > 1:
-                out.append(collective("all-reduce", f"{label}gradient shards (hybrid)",
-                                      Group(replicas, inner.stride * inner.size),
-                                      grads / inner.size, 1, device, True))
+            out += _zero3(s, device, label, group, inner, grads, weights, element_bytes)
+    return out
+
+
+def _compression_tag(s: Strategy) -> str:
+    if s.powersgd:
+        return f", PowerSGD rank {s.powersgd}"
+    return f", {s.gradq}" if s.gradq else ""
+
+
+def _zero3(s: Strategy, device: Links, label: str, group: Group, inner: Group, grads: float,
+           weights: float, element_bytes: float) -> list[Collective]:
+    """ZeRO-3: the weights gathered in the forward and again in the backward, the gradients
+    reduce-scattered, every micro-batch (ZeRO++: int8 forward gathers, backward gathers
+    inside the node, int4 gradients); hybrid: the shards all-reduced across nodes."""
+    m = s.micro_batches
+    if s.zeropp:
+        node = Group(min(inner.size, max(1, device.gpus_per_node // inner.stride)), inner.stride)
+        out = [collective("all-gather", f"{label}weights, forward (ZeRO++ int8)", inner,
+                          quantized_bytes(weights, element_bytes, 8), m, device, True),
+               collective("all-gather", f"{label}weights, backward (ZeRO++ node copy)", node,
+                          weights, m, device, True),
+               collective("reduce-scatter", f"{label}gradients (ZeRO++ int4)", inner,
+                          quantized_bytes(grads, element_bytes, 4), m, device, True)]
+    else:
+        grads = quantized_bytes(grads, element_bytes, 8) if s.gradq else grads
+        out = [collective("all-gather", f"{label}weights (ZeRO-3)", inner, weights, 2 * m,
+                          device, True),
+               collective("reduce-scatter", f"{label}gradients (ZeRO-3{_compression_tag(s)})",
+                          inner, grads, m, device, True)]
+    replicas = group.size // inner.size
+    if replicas > 1:
+        out.append(collective("all-reduce", f"{label}gradient shards (hybrid)",
+                              Group(replicas, inner.stride * inner.size), grads / inner.size,
+                              1, device, True))
     return out
 
 

@@ -4,7 +4,7 @@ the others were dropped. `plan_verdict` is its line on the first screen."""
 from __future__ import annotations
 
 from fxlens.analyzer.core.report import Report
-from fxlens.analyzer.core.sections import Plan, PlanLayout
+from fxlens.analyzer.core.sections import Plan, PlanLayout, PlanTime
 from fxlens.reports.units import binary_bytes, seconds, si
 from fxlens.reports.view import Cell, Column, Detail, Figure, Table, Tone, View, columns
 
@@ -78,7 +78,7 @@ def _memory(layout: PlanLayout, plan: Plan) -> Table:
             ("buffers", m.buffers_bytes), ("saved activations", m.activations_bytes),
             ("temporaries", m.temporaries_bytes), ("unsharded weights and gradients (ZeRO-3)",
                                                    m.gathered_bytes),
-            ("communication buckets", m.communication_bytes)) if value]
+            ("communication buffers", m.communication_bytes)) if value]
     rows.append((Cell("peak", Tone.STRONG), Cell(binary_bytes(m.peak_bytes), Tone.STRONG)))
     if m.host_bytes:
         rows.append(("in host memory (offloaded)", binary_bytes(m.host_bytes)))
@@ -105,9 +105,21 @@ def _time(layout: PlanLayout) -> Table:
                f"samples ({si(t.tokens_per_step)} tokens); gradient/ZeRO transfers take "
                f"{seconds(t.data_parallel_s)} in all, hidden behind compute where they can be"
                + (f"; expert all-to-alls {seconds(t.expert_parallel_s)} in all"
-                  if t.expert_parallel_s > t.expert_parallel_exposed_s else ""))
+                  if t.expert_parallel_s > t.expert_parallel_exposed_s else "")
+               + _compression_note(t))
     return Table.of(f"step time · {layout.strategy}", (Column("what"),
                     Column("time", right=True)), rows, caption=caption)
+
+
+def _compression_note(t: PlanTime) -> str:
+    if t.uncompressed_exposed_s is None or t.uncompressed_data_parallel_s is None:
+        return ""
+    if t.uncompressed_exposed_s <= 0:
+        return (f". Compression does not pay here: uncompressed, the gradient/ZeRO transfers "
+                f"({seconds(t.uncompressed_data_parallel_s)}) were already hidden behind "
+                f"compute; it only adds its buffers and its error")
+    return (f". Compression cuts the exposed gradient/ZeRO transfers from "
+            f"{seconds(t.uncompressed_exposed_s)} to {seconds(t.data_parallel_exposed_s)}")
 
 
 def _transfers(layout: PlanLayout) -> Table:
