@@ -68,7 +68,8 @@ def command(run: dict[str, Any], strategy: str, out: Path) -> list[str]:
             "--seq-len", str(run["seq_len"]), "--batch", str(run["micro_batch_size"]),
             "--precision", PRECISION[run["precision"]], "--optimizer", "adamw",
             "--plan", "--strategy", strategy, "--micro-batches", str(micro),
-            "--device", run["device"], "--allow-large", "--no-pages", "--json", str(out),
+            "--device", run["device"], "--fused", "--allow-large", "--no-pages",
+            "--json", str(out),
             "--out", str(out.parent / "report")]
     for key, value in (run["model"].get("overrides") or {}).items():
         argv += ["--set", f"{key}={json.dumps(value)}"]

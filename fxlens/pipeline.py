@@ -58,7 +58,13 @@ from fxlens.analyzer.core.sections import (
     Training,
 )
 from fxlens.analyzer.cost.engine import analyze
-from fxlens.analyzer.fusion.kernels import FusionAnalysis, analyze_fusion, fused_report
+from fxlens.analyzer.fusion.kernels import (
+    FusionAnalysis,
+    analyze_fusion,
+    effective_kinds,
+    fused_report,
+)
+from fxlens.analyzer.fusion.types import FUSABLE, OpKind
 from fxlens.analyzer.memory.kv_cache import (
     cache_dtype_bytes,
     decode_step,
@@ -386,6 +392,7 @@ class PlanPass:
 def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
     """The training step as units a layout partitions (`fxlens.analyzer.plan.structure`)."""
     from fxlens.analyzer.plan.structure import WholeStep, read_facts
+    from fxlens.analyzer.plan.workload import FusedOps
     from fxlens.rules.parallel import PARALLEL
 
     assert ctx.step is not None
@@ -396,10 +403,14 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
     state_of = {p.name: param_state(p, precision.spec, optimizer.spec) for p in graph.params}
     times = node_times(report, graph, spec, options.tf32)
     key = dominant_key(report, {t.id: t for t in times})
+    # --fused: each predicted kernel timed once, at its first op (the others cost nothing)
+    timed = fused_report(report, ctx.fusion.plan) if options.fused and ctx.fusion else report
     if precision is Precision.FP8:   # GEMMs at the fp8 peak, the rest as captured (bf16)
         gemms = PARALLEL.gemm_ops | PARALLEL.grouped_gemm_ops
-        times = node_times(report, graph, spec, options.tf32,
+        times = node_times(timed, graph, spec, options.tf32,
                            {n.id: "fp8" for n in graph.calls() if n.packet in gemms})
+    elif timed is not report:
+        times = node_times(timed, graph, spec, options.tf32)
     by_id = {t.id: t for t in times}
     basis = throughput_basis(graph)
     breakdown = training.peak_breakdown
@@ -414,8 +425,14 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
         peak_flops=spec.peak(key)[0],
         grad_element_bytes=dtype_bytes(precision.spec.grad_dtype),
     )
+    fusion = None
+    if options.fused:   # saved as fused kernels keep them (`fused_saved`)
+        kinds = effective_kinds(report, kinds_of(list(graph.nodes), ctx.registry))
+        fusion = FusedOps(
+            cheap=frozenset(i for i, k in kinds.items() if k in FUSABLE or k is OpKind.FREE),
+            gemms=frozenset(i for i, k in kinds.items() if k is OpKind.GEMM))
     return read_facts(ctx.step, report, ctx.registry, state_of,
-                      by_id, PARALLEL, whole)
+                      by_id, PARALLEL, whole, fusion)
 
 
 def _plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFacts
@@ -426,6 +443,10 @@ def _plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFa
              + (f", {facts.tokens} tokens" if facts.tokens else "") + ") is one micro-batch")
     return (
         device, batch,
+        ("--fused: each predicted fused kernel timed once; activations saved as fused "
+         "kernels keep them (GEMM inputs kept, pointwise and norm intermediates recomputed)"
+         if options.fused else "ops timed and activations saved as the captured (eager) "
+         "program runs them; --fused for fused kernels (Transformer Engine, torch.compile)"),
         f"collectives: ring algorithms at {LINK_EFFICIENCY:.0%} of the link bandwidth; "
         "latency and congestion not modelled",
         "gradient and ZeRO transfers overlap compute (DDP/ZeRO-1/2: the last micro-batch's "

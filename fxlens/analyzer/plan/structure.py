@@ -43,6 +43,7 @@ from fxlens.analyzer.plan.types import ParallelKnowledge
 from fxlens.analyzer.plan.workload import (
     ExpertGemm,
     ExpertWork,
+    FusedOps,
     ModulePart,
     Timed,
     UnitAttention,
@@ -291,9 +292,11 @@ def _entering_bytes(graph: Graph, scope: set[int]) -> int:
 
 def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
                state_of: Mapping[str, StateBytes], node_times: Mapping[int, Timed],
-               knowledge: ParallelKnowledge, whole_step: WholeStep) -> ModelFacts:
+               knowledge: ParallelKnowledge, whole_step: WholeStep,
+               fusion: FusedOps | None = None) -> ModelFacts:
     """The `ModelFacts` of one captured training step. `state_of`: persistent state per
-    parameter name; `node_times`: roofline times per node id."""
+    parameter name; `node_times`: roofline times per node id; `fusion`: activations saved as
+    fused kernels keep them (None: the saved set as captured)."""
     graph = step.graph
     grouped = {n.id for n in graph.calls() if n.packet in knowledge.grouped_gemm_ops}
     expert_params = _expert_params(graph, knowledge)
@@ -319,7 +322,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
     units = []
     module_split = module_split_share(graph, split_nodes, times)
     saved_by = saved_by_module(step, registry, of_node, split_nodes,
-                               knowledge.weight_path_ops)
+                               knowledge.weight_path_ops, fusion)
     saved: defaultdict[str, tuple[int, int]] = defaultdict(lambda: (0, 0))
     for (unit_name, _), (split, whole) in saved_by.items():
         saved[unit_name] = (saved[unit_name][0] + split, saved[unit_name][1] + whole)

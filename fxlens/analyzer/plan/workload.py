@@ -34,14 +34,14 @@ stay with the unit's split work (sized by the captured micro-batch).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef
-from fxlens.analyzer.memory.liveness import Category, plan_storages
+from fxlens.analyzer.memory.liveness import Category, Storages, plan_storages
 
 
 class Timed(Protocol):
@@ -197,24 +197,86 @@ def unit_times(graph: Graph, members: Iterable[int], split_nodes: set[int],
 
 
 def saved_by_module(step: TrainingGraph, registry: CostRegistry, of_node: Mapping[int, str],
-                    split_nodes: set[int], copy_ops: Collection[str]
+                    split_nodes: set[int], copy_ops: Collection[str],
+                    fusion: FusedOps | None = None
                     ) -> dict[tuple[str, str], tuple[int, int]]:
     """Saved activation bytes per (unit, module of the op that made them): (on split
     features, replicated); each storage once. A tensor made by views and casts alone
     (`copy_ops`: autocast's bf16 copy of a norm's output, made inside the next Linear) belongs
-    to the module that made what they copy."""
+    to the module that made what they copy. `fusion`: saved as fused kernels keep them
+    (`fused_saved`); None: the saved set as captured."""
     storages = plan_storages(step.graph, registry)
     out: defaultdict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
-    seen: set[int] = set()
-    for ref in step.saved:
-        sid = storages.of_ref.get(ref)
-        if sid is None or sid in seen or storages.category[sid] is not Category.ACTIVATION:
-            continue
-        seen.add(sid)
+    saved = list(dict.fromkeys(
+        sid for sid in (storages.of_ref.get(ref) for ref in step.saved)
+        if sid is not None and storages.category[sid] is Category.ACTIVATION))
+    if fusion is not None:
+        saved = fused_saved(step.graph, storages, saved, fusion)
+    for sid in saved:
         node, _ = storages.origin[sid]
         key = (of_node.get(node.id, "pre"), _made_in(step.graph, node, copy_ops))
         out[key][0 if node.id in split_nodes else 1] += storages.size[sid]
     return {key: (split, whole) for key, (split, whole) in out.items()}
+
+
+RECOMPUTE_DEPTH = 12     # cheap ops a recompute walks back through, at most
+
+
+@dataclass(frozen=True)
+class FusedOps:
+    """How fused kernels treat the step's ops: `cheap` ones (pointwise, norms, views) are
+    fused and recomputed, `gemms` keep their inputs."""
+
+    cheap: frozenset[int]
+    gemms: frozenset[int]
+
+
+def fused_saved(graph: Graph, storages: Storages, saved: Sequence[int],
+                fusion: FusedOps) -> list[int]:
+    """The saved storages as fused kernels keep them. A tensor that a `cheap` op (pointwise,
+    norm, view: what a fusing compiler fuses) made, and that no other op reads in the
+    forward, is recomputed in the backward from its inputs when they cost fewer bytes: inputs
+    kept already cost nothing, each input is itself kept or recomputed, whichever is smaller
+    (walking back at most `RECOMPUTE_DEPTH` ops). GEMM inputs stay saved, as Transformer
+    Engine's fused modules save them. So float32 norm internals become the norm's bf16 input,
+    the SiLU's output is recomputed from the gate's, grouped-query K and V repeated for the
+    attention kernel become the un-repeated ones, and a float mask made from a boolean one
+    is made again."""
+    cheap = fusion.cheap
+    read_by_gemm: set[int] = set()
+    for node in graph.calls():
+        if node.phase == "forward" and node.id in fusion.gemms:
+            read_by_gemm.update(sid for sid in (storages.of_ref.get(r)
+                                                for r in node.input_refs()) if sid is not None)
+    kept: set[int] = set()
+
+    def best(sid: int, depth: int, memo: dict[int, tuple[int, frozenset[int]]]
+             ) -> tuple[int, frozenset[int]]:
+        if sid in kept:
+            return 0, frozenset()
+        if sid in memo:
+            return memo[sid]
+        keep = (storages.size[sid], frozenset({sid}))
+        node, _ = storages.origin[sid]
+        result = keep
+        if depth > 0 and node.id in cheap and sid not in read_by_gemm:
+            total, members = 0, frozenset[int]()
+            for ref in node.input_refs():
+                source = storages.of_ref.get(ref)
+                if source is None or storages.category[source] is not Category.ACTIVATION:
+                    continue
+                cost, chosen = best(source, depth - 1, memo)
+                total, members = total + cost, members | chosen
+                if total >= keep[0]:
+                    break
+            if total < keep[0]:
+                result = (total, members)
+        memo[sid] = result
+        return result
+
+    for sid in saved:
+        kept |= best(sid, RECOMPUTE_DEPTH, {})[1]
+    return sorted(kept)
 
 
 def _made_in(graph: Graph, node: Node, copy_ops: Collection[str]) -> str:
