@@ -7,9 +7,15 @@ as ``zero=1``, FSDP as ``zero=3``, sequence parallel with tp, full recompute as 
 Megatron's selective ``--recompute-modules`` as ``ckpt=layernorm+moe_act``, the MoE dispatcher
 as ``dispatch=`` and its 1F1B all-to-all overlap as ``a2a-overlap``) on
 the device named by the row, with the device's datasheet × factor figures — the same for every
-row; nothing is fitted to a run. Rows fxlens cannot express yet are listed with the reason.
+row; nothing is fitted to a run. Each row is planned twice: as captured (the `transformers`
+program's ops and saved tensors) and with ``--fused`` (the predicted fused kernels timed,
+activations saved as fused kernels keep them), since every source runs fused kernels
+(Transformer Engine and Megatron's fusions, torch.compile for torchtitan). Rows fxlens cannot
+express yet are listed with the reason.
 
     python bench/plan_real_runs.py [--only NAME …] [--out bench/plan_runs/results.json]
+
+About 15 minutes on 2 cores (each row twice).
 
 Writes the results JSON and prints the Markdown table `bench/README.md` holds.
 """
@@ -61,22 +67,27 @@ def strategy_of(run: dict[str, Any]) -> tuple[str | None, str]:
     return ",".join(parts), ""
 
 
-def command(run: dict[str, Any], strategy: str, out: Path) -> list[str]:
+MODES = ("eager", "fused")     # as captured; over the predicted fused kernels (--fused)
+
+
+def command(run: dict[str, Any], strategy: str, out: Path, mode: str) -> list[str]:
     lay = run["layout"]
     micro = run["global_batch_size"] // (run["micro_batch_size"] * lay["dp"])
     argv = [sys.executable, "-m", "fxlens", f"hf:{run['model']['preset']}",
             "--seq-len", str(run["seq_len"]), "--batch", str(run["micro_batch_size"]),
             "--precision", PRECISION[run["precision"]], "--optimizer", "adamw",
             "--plan", "--strategy", strategy, "--micro-batches", str(micro),
-            "--device", run["device"], "--fused", "--allow-large", "--no-pages",
-            "--json", str(out),
+            "--device", run["device"], "--allow-large", "--no-pages", "--json", str(out),
             "--out", str(out.parent / "report")]
+    if mode == "fused":
+        argv.append("--fused")
     for key, value in (run["model"].get("overrides") or {}).items():
         argv += ["--set", f"{key}={json.dumps(value)}"]
     return argv
 
 
 def predict(run: dict[str, Any]) -> dict[str, Any]:
+    """The row with, per mode, fxlens's step, its error, the fits verdict and the peak."""
     strategy, why = strategy_of(run)
     row: dict[str, Any] = {"name": run["name"], "gpus": run["gpus"],
                            "measured_step_s": run["measured"].get("step_s"),
@@ -86,38 +97,48 @@ def predict(run: dict[str, Any]) -> dict[str, Any]:
                                  if row["measured_step_s"] is None else
                                  "no micro-batch size published")
         return row
-    with tempfile.TemporaryDirectory() as folder:
-        out = Path(folder) / "report.json"
-        started = time.perf_counter()
-        done = subprocess.run(command(run, strategy, out), capture_output=True, text=True)
-        row["analysis_s"] = round(time.perf_counter() - started, 1)
-        if done.returncode != 0:
-            row["skipped"] = f"fxlens failed: {done.stderr.strip().splitlines()[-1:]}"
-            return row
-        layout = json.loads(out.read_text())["plan"]["layouts"][0]
-    row.update(predicted_step_s=layout["time"]["step_s"], fits=layout["fits"],
-               peak_gib=layout["memory"]["peak_bytes"] / 2**30, time=layout["time"])
-    row["error"] = row["predicted_step_s"] / row["measured_step_s"] - 1
+    for mode in MODES:
+        with tempfile.TemporaryDirectory() as folder:
+            out = Path(folder) / "report.json"
+            started = time.perf_counter()
+            done = subprocess.run(command(run, strategy, out, mode), capture_output=True,
+                                  text=True)
+            seconds = round(time.perf_counter() - started, 1)
+            if done.returncode != 0:
+                row["skipped"] = f"fxlens failed: {done.stderr.strip().splitlines()[-1:]}"
+                return row
+            layout = json.loads(out.read_text())["plan"]["layouts"][0]
+        step = layout["time"]["step_s"]
+        row[mode] = {"analysis_s": seconds, "predicted_step_s": step, "fits": layout["fits"],
+                     "peak_gib": layout["memory"]["peak_bytes"] / 2**30,
+                     "time": layout["time"], "error": step / row["measured_step_s"] - 1}
     return row
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    lines = ["| run | GPUs | layout | measured step | fxlens step | error | fits (peak/GPU) |",
-             "|---|---:|---|---:|---:|---:|---|"]
+    lines = ["| run | GPUs | layout | measured step | fxlens step (error) | fits (peak/GPU) | "
+             "--fused step (error) | --fused fits (peak/GPU) |",
+             "|---|---:|---|---:|---:|---|---:|---|"]
     for r in rows:
+        head = f"| [{r['name']}]({r['source']}) | {r['gpus']} | "
         if "skipped" in r:
-            lines.append(f"| [{r['name']}]({r['source']}) | {r['gpus']} | "
-                         f"{r['strategy'] or '—'} | {r['measured_step_s'] or '—'} | — | — | "
-                         f"not run: {r['skipped']} |")
+            lines.append(head + f"{r['strategy'] or '—'} | {r['measured_step_s'] or '—'} | — "
+                         f"| not run: {r['skipped']} | — | — |")
             continue
-        lines.append(f"| [{r['name']}]({r['source']}) | {r['gpus']} | `{r['strategy']}` | "
-                     f"{r['measured_step_s']:.2f} s | {r['predicted_step_s']:.2f} s | "
-                     f"{r['error']:+.0%} | {'yes' if r['fits'] else 'no'} "
-                     f"({r['peak_gib']:.1f} GiB) |")
-    errors = [abs(r["error"]) for r in rows if "error" in r]
-    if errors:
-        lines.append(f"\nMedian absolute error over {len(errors)} runs: "
-                     f"{statistics.median(errors):.0%}.")
+        cells = []
+        for mode in MODES:
+            m = r[mode]
+            cells += [f"{m['predicted_step_s']:.2f} s ({m['error']:+.0%})",
+                      f"{'yes' if m['fits'] else 'no'} ({m['peak_gib']:.1f} GiB)"]
+        lines.append(head + f"`{r['strategy']}` | {r['measured_step_s']:.2f} s | "
+                     + " | ".join(cells) + " |")
+    for mode in MODES:
+        ran = [r[mode] for r in rows if mode in r and "skipped" not in r]
+        errors = [abs(m["error"]) for m in ran]
+        fits = sum(m["fits"] for m in ran)
+        if errors:
+            lines.append(f"\n{mode}: median absolute error {statistics.median(errors):.0%} over "
+                         f"{len(errors)} runs; {fits} of {len(errors)} fit in 80 GB (all ran).")
     return "\n".join(lines)
 
 
@@ -132,7 +153,8 @@ def main() -> None:
         if args.only and run["name"] not in args.only:
             continue
         row = predict(run)
-        print(f"{row['name']}: {row.get('error', row.get('skipped'))}", file=sys.stderr)
+        said = {m: round(row[m]["error"], 3) for m in MODES if m in row}
+        print(f"{row['name']}: {said or row.get('skipped')}", file=sys.stderr)
         rows.append(row)
     args.out.write_text(json.dumps(rows, indent=1) + "\n")
     print(table(rows))

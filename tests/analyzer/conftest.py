@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -26,3 +27,18 @@ def gpt() -> Iterator[tuple[Report, ModelFacts]]:
     ctx = Context(loaded, options, lambda _: None)
     report = run_context(ctx)
     yield report, plan_facts(ctx, report, device("h100"))
+
+
+@dataclass(frozen=True)
+class FakeLinks:
+    """A cluster as a layout reads it (`fxlens.analyzer.plan.transfers.Links`), links in
+    bytes/s: `nvlink` inside a node, `nic` per GPU across nodes."""
+
+    nvlink: float = 400e9
+    nic: float = 50e9
+    name: str = "test"
+    memory_bytes: int = 80 << 30
+    gpus_per_node: int = 8
+
+    def link_bytes_per_s(self, within_node: bool) -> float:
+        return self.nvlink if within_node else self.nic

@@ -7,7 +7,6 @@ gradients; and a compression whose transfers compute already hid is said not to 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import pytest
 
@@ -18,7 +17,7 @@ from fxlens.analyzer.plan.estimate import estimate
 from fxlens.analyzer.plan.strategy import parse
 from fxlens.analyzer.plan.structure import ModelFacts
 from fxlens.reports.views.plan import _compression_note
-from tests.analyzer.conftest import MODELS
+from tests.analyzer.conftest import MODELS, FakeLinks
 from tests.analyzer.test_plan import BF16, layout
 
 Facts = tuple[Report, ModelFacts]
@@ -82,25 +81,13 @@ def test_zeropp_quantizes_gathers_and_keeps_backward_gathers_in_the_node(gpt: Fa
     assert gradients.bytes == pytest.approx(grads(facts) / BF16 * (0.5 + 4 / 256), abs=1)
 
 
-@dataclass(frozen=True)
-class SlowLinks:
-    """A cluster whose links are slow enough that gradients cannot hide behind compute."""
-
-    name: str = "slow"
-    memory_bytes: int = 80 << 30
-    gpus_per_node: int = 8
-
-    def link_bytes_per_s(self, within_node: bool) -> float:
-        return 1e6
-
-
 def test_compression_says_whether_it_pays(gpt: Facts) -> None:
     _, facts = gpt
     fast = layout(facts, "ddp,gradq=int8", 8).time
     assert fast.uncompressed_exposed_s == 0.0
     assert "does not pay" in _compression_note(fast)
-    slow = estimate(facts, parse("ddp,gradq=int8", 8), SlowLinks()).time
-    plain = estimate(facts, parse("ddp", 8), SlowLinks()).time
+    slow = estimate(facts, parse("ddp,gradq=int8", 8), FakeLinks(nvlink=1e6, nic=1e6)).time
+    plain = estimate(facts, parse("ddp", 8), FakeLinks(nvlink=1e6, nic=1e6)).time
     assert slow.uncompressed_exposed_s == pytest.approx(plain.data_parallel_exposed_s)
     assert 0 < slow.data_parallel_exposed_s < plain.data_parallel_exposed_s
     assert "cuts the exposed" in _compression_note(slow)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
 
 import pytest
 
@@ -15,19 +14,8 @@ from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import Unit
 from fxlens.analyzer.plan.transfers import distinct_holders, expert_parallel
 from fxlens.analyzer.plan.workload import ExpertGemm, ExpertWork
+from tests.analyzer.conftest import FakeLinks
 from tests.analyzer.test_plan import hf_facts, layout
-
-
-@dataclass(frozen=True)
-class Node8:
-    """Eight GPUs a node; NVLink 400 GB/s, a NIC 50 GB/s."""
-
-    name: str = "test"
-    memory_bytes: int = 80 << 30
-    gpus_per_node: int = 8
-
-    def link_bytes_per_s(self, within_node: bool) -> float:
-        return 400e9 if within_node else 50e9
 
 
 @pytest.mark.parametrize("experts, chosen, holders", [
@@ -54,8 +42,8 @@ def test_alltoall_sends_a_copy_per_expert_deepep_one_per_node() -> None:
     units = moe_units(2, tokens, k, hidden)
     base = Strategy(dp=32, ep=32, micro_batches=m)
     (per_expert,) = expert_parallel(Strategy(**{**vars(base), "dispatch": "alltoall"}),
-                                    Node8(), units, tokens, 128)
-    (deepep,) = expert_parallel(base, Node8(), units, tokens, 128)   # default across nodes
+                                    FakeLinks(), units, tokens, 128)
+    (deepep,) = expert_parallel(base, FakeLinks(), units, tokens, 128)   # default across nodes
     payload = 2 * tokens * k * hidden
     assert per_expert.time_s == pytest.approx(4 * m * payload * 24 / 32 / 50e9)
     remote_nodes = 4 * (1 - math.comb(96, 8) / math.comb(128, 8)) * 3 / 4
@@ -67,10 +55,10 @@ def test_alltoall_sends_a_copy_per_expert_deepep_one_per_node() -> None:
 def test_inside_a_node_the_default_is_alltoall_and_deepep_dedups_per_gpu() -> None:
     tokens, k, hidden = 1024, 8, 4096
     units = moe_units(1, tokens, k, hidden)
-    (plain,) = expert_parallel(Strategy(dp=8, ep=8), Node8(), units, tokens, 128)
+    (plain,) = expert_parallel(Strategy(dp=8, ep=8), FakeLinks(), units, tokens, 128)
     assert plain.cause == "expert routing" and not plain.across_nodes
     assert plain.time_s == pytest.approx(4 * tokens * k * hidden * 7 / 8 / 400e9)
-    (deepep,) = expert_parallel(Strategy(dp=8, ep=8, dispatch="deepep"), Node8(), units,
+    (deepep,) = expert_parallel(Strategy(dp=8, ep=8, dispatch="deepep"), FakeLinks(), units,
                                 tokens, 128)
     ranks = 8 * (1 - math.comb(112, 8) / math.comb(128, 8))
     assert deepep.time_s == pytest.approx(4 * tokens * hidden * ranks * 7 / 8 / 400e9)

@@ -1,0 +1,40 @@
+"""`bench/plan_real_runs.py`: every published layout in bench/plan_runs/runs.json is written
+as a strategy fxlens reads, on the run's GPU count, and the table shows both planning modes."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from fxlens.analyzer.plan.strategy import parse
+
+BENCH = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(BENCH))
+import plan_real_runs  # noqa: E402
+
+RUNS = json.loads((BENCH / "plan_runs" / "runs.json").read_text())["runs"]
+
+
+@pytest.mark.parametrize("run", RUNS, ids=[r["name"] for r in RUNS])
+def test_each_layout_is_a_strategy_on_its_gpus(run: dict) -> None:
+    strategy, why = plan_real_runs.strategy_of(run)
+    if strategy is None:
+        assert why
+        return
+    parsed = parse(strategy, run["gpus"])
+    assert parsed.gpus == run["gpus"] and parse(parsed.label, run["gpus"]) == parsed
+    if "a2a_overlap" in run["layout"] and run["layout"]["a2a_overlap"]:
+        assert parsed.a2a_overlap
+
+
+def test_the_table_shows_both_modes_and_their_medians() -> None:
+    row = {"name": "r", "gpus": 8, "measured_step_s": 10.0, "strategy": "dp=8", "source": "u"}
+    row["eager"] = {"predicted_step_s": 11.0, "error": 0.1, "fits": False, "peak_gib": 90.0}
+    row["fused"] = {"predicted_step_s": 9.0, "error": -0.1, "fits": True, "peak_gib": 60.0}
+    table = plan_real_runs.table([row, {**row, "name": "s", "skipped": "why"}])
+    assert "| 11.00 s (+10%) | no (90.0 GiB) | 9.00 s (-10%) | yes (60.0 GiB) |" in table
+    assert "eager: median absolute error 10% over 1 runs; 0 of 1 fit" in table
+    assert "not run: why" in table
