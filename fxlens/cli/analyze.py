@@ -148,7 +148,8 @@ def _roofline_options(parser: argparse.ArgumentParser) -> None:
                           help="calibrated profile (analyze calibrate) instead of the datasheet")
     roofline.add_argument("--tf32", action="store_true", help="fp32 matmuls may use TF32")
     roofline.add_argument("--fused", action="store_true",
-                          help="estimate over the predicted fused kernels (the fusion section)")
+                          help="estimate over the predicted fused kernels (the fusion section); "
+                               "with --plan also the activations fused kernels keep")
 
 
 def _quant_options(parser: argparse.ArgumentParser) -> None:

@@ -19,6 +19,7 @@ so (`fxlens.analyzer.plan.estimate`).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -34,6 +35,21 @@ class Matrix:
     cols: int
     count: int
     kind: str           # "split" (over tp), "whole" or "expert" (over ep·etp)
+
+
+def gradient_matrices(params: Iterable[tuple[tuple[int, ...], str]]) -> tuple[Matrix, ...]:
+    """The gradient matrices of parameters given as (shape, kind): ≥ 2-D ones as rows × the
+    rest; a 3-D expert weight as one matrix per expert."""
+    counts: dict[tuple[int, int, str], int] = {}
+    for shape, kind in params:
+        if len(shape) == 3 and kind == "expert":
+            key, n = (shape[1], shape[2], kind), shape[0]
+        elif len(shape) >= 2:
+            key, n = (shape[0], math.prod(shape[1:]), kind), 1
+        else:
+            continue
+        counts[key] = counts.get(key, 0) + n
+    return tuple(Matrix(r, c, n, k) for (r, c, k), n in sorted(counts.items()))
 
 
 def quantized_bytes(nbytes: float, element_bytes: float, bits: int) -> float:

@@ -27,7 +27,6 @@ routed token bytes are those the captured step moved).
 
 from __future__ import annotations
 
-import math
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -38,7 +37,7 @@ from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, repeated_blocks
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.memory.training_state import StateBytes
-from fxlens.analyzer.plan.compression import Matrix
+from fxlens.analyzer.plan.compression import Matrix, gradient_matrices
 from fxlens.analyzer.plan.types import ParallelKnowledge
 from fxlens.analyzer.plan.workload import (
     ExpertGemm,
@@ -47,11 +46,13 @@ from fxlens.analyzer.plan.workload import (
     ModulePart,
     Timed,
     UnitAttention,
+    expert_count,
     expert_gemms,
     expert_weight_nodes,
     expert_work,
     module_parts,
     module_split_share,
+    routed_rows,
     saved_by_module,
     unit_attention,
     unit_times,
@@ -335,20 +336,17 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
     flops = {n.id: n.flops for n in report.nodes}
     for name in unit_names:
         states = {"split": StateBytes(), "whole": StateBytes(), "expert": StateBytes()}
-        shapes: defaultdict[tuple[int, int, str], int] = defaultdict(int)
+        kinds = {}
         for param in params_by_unit.get(name, ()):
             kind = ("expert" if param in expert_params
                     else "split" if param in split_params else "whole")
             states[kind] = states[kind].plus(state_of.get(param, StateBytes()))
-            shape = param_shapes.get(param, ())
-            if len(shape) == 3 and kind == "expert":
-                shapes[(shape[1], shape[2], kind)] += shape[0]
-            elif len(shape) >= 2:
-                shapes[(shape[0], math.prod(shape[1:]), kind)] += 1
+            kinds[param] = kind
         timing = unit_times(graph, members[name], split_nodes, module_split, times)
         gemms = splits[name].gemms
         embedded = _lookup_output(graph, forward[name], vocab)
-        routed = _routed(graph, gemms, splits[name].columns, expert_params)
+        routed = routed_rows(graph, [(gemms[c].weights, gemms[c].activations)
+                                     for c in splits[name].columns], expert_params)
         units.append(Unit(
             name=name, states_split=states["split"], states_whole=states["whole"],
             states_expert=states["expert"], saved_split_bytes=saved[name][0],
@@ -367,13 +365,13 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             expert_gemms=expert_gemms(graph, members[name], knowledge.grouped_gemm_ops,
                                       node_times),
             expert_work=expert_work(graph, members[name], expert_sized, all_times),
-            matrices=tuple(Matrix(r, c, n, k) for (r, c, k), n in sorted(shapes.items())),
+            matrices=gradient_matrices((param_shapes.get(p, ()), k) for p, k in kinds.items()),
             parts=module_parts(graph, name, members[name], split_nodes, times,
                                {m: v for (u, m), v in saved_by.items() if u == name},
                                expert_part) if name in blocks else (),
         ))
     kept = tuple(u for u in units if u.name in blocks or u.flops or u.states.total)
-    return ModelFacts(units=kept, blocks=len(blocks), experts=_expert_count(graph, expert_params),
+    return ModelFacts(units=kept, blocks=len(blocks), experts=expert_count(graph, expert_params),
                       **vars(whole_step))
 
 
@@ -442,28 +440,3 @@ def _expert_params(graph: Graph, knowledge: ParallelKnowledge) -> set[str]:
                                if n.packet in knowledge.grouped_gemm_ops), knowledge).values():
         found.update(gemm.weights)
     return found
-
-
-def _expert_count(graph: Graph, expert_params: set[str]) -> int:
-    counts: dict[str, set[str]] = {}
-    for p in graph.params:
-        if p.name not in expert_params:
-            continue
-        parent, _, index = p.owner.rpartition(".")
-        if index.isdigit():
-            counts.setdefault(parent, set()).add(index)
-        elif len(p.spec.shape) == 3:
-            counts.setdefault(p.owner, set()).update(str(i) for i in range(p.spec.shape[0]))
-    return max((len(v) for v in counts.values()), default=0)
-
-
-def _routed(graph: Graph, gemms: Mapping[int, _Gemm], columns: set[int],
-            expert_params: set[str]) -> tuple[int, int]:
-    """Bytes and rows of the token activations the expert GEMMs read (each token once per
-    chosen expert)."""
-    refs = {ref for c in columns if set(gemms[c].weights) & expert_params
-            for ref in gemms[c].activations}
-    specs = [spec for spec in (graph.spec(r) for r in refs)    # rows, not grouped offsets
-             if spec is not None and len(spec.shape) >= 2 and "int" not in spec.dtype]
-    return (sum(spec.nbytes for spec in specs),
-            sum(spec.numel // max(spec.shape[-1], 1) for spec in specs))

@@ -335,3 +335,29 @@ def module_parts(graph: Graph, unit: str, members: Iterable[int], split_nodes: s
         parts.append(ModulePart(module, kept[0], kept[1], split, whole, expert_gemms=gemms,
                                 expert_work=work, types=types))
     return tuple(parts)
+
+
+def expert_count(graph: Graph, expert_params: Collection[str]) -> int:
+    """Experts per MoE layer: indexed expert modules, or a 3-D weight's leading dimension."""
+    counts: dict[str, set[str]] = {}
+    for p in graph.params:
+        if p.name not in expert_params:
+            continue
+        parent, _, index = p.owner.rpartition(".")
+        if index.isdigit():
+            counts.setdefault(parent, set()).add(index)
+        elif len(p.spec.shape) == 3:
+            counts.setdefault(p.owner, set()).update(str(i) for i in range(p.spec.shape[0]))
+    return max((len(v) for v in counts.values()), default=0)
+
+
+def routed_rows(graph: Graph, gemms: Iterable[tuple[Sequence[str], Iterable[TensorRef]]],
+                expert_params: Collection[str]) -> tuple[int, int]:
+    """Bytes and rows of the token activations the expert GEMMs among `gemms` ((weights,
+    activations) of column GEMMs) read: each token once per chosen expert."""
+    refs = {ref for weights, activations in gemms if set(weights) & set(expert_params)
+            for ref in activations}
+    specs = [spec for spec in (graph.spec(r) for r in refs)    # rows, not grouped offsets
+             if spec is not None and len(spec.shape) >= 2 and "int" not in spec.dtype]
+    return (sum(spec.nbytes for spec in specs),
+            sum(spec.numel // max(spec.shape[-1], 1) for spec in specs))
