@@ -65,6 +65,7 @@ from fxlens.rules.conventions import (
     SOFTMAX_FLOPS_PER_ELEMENT,
     SPECIAL_FUNCTION_FLOPS,
 )
+from fxlens.rules.hardware import ATTENTION_BACKWARD, ATTENTION_FORWARD
 from fxlens.rules.masks import mask_convention
 
 aten = torch.ops.aten
@@ -163,40 +164,40 @@ FUSED_BACKWARD = (
 def sdpa(call: OpCall) -> Cost:
     """Fused attention forward on (B, H, T, d): GEMMs + softmax on every computed score."""
     a = _attn(call)
-    return Cost(flops=forward_flops(a), note=a.note)
+    return Cost(flops=forward_flops(a), note=a.note, kernel=ATTENTION_FORWARD)
 
 
 @cost_rule(*FUSED_BACKWARD)
 def sdpa_backward(call: OpCall) -> Cost:
     """Fused attention backward on (B, H, T, d): five GEMMs + softmax backward."""
     a = _attn(call)
-    return Cost(flops=backward_flops(a), note=a.note)
+    return Cost(flops=backward_flops(a), note=a.note, kernel=ATTENTION_BACKWARD)
 
 
 @cost_rule(aten._flash_attention_forward)
 def flash_forward(call: OpCall) -> Cost:
     """Raw flash kernel on (B, T, H, d) or varlen (total, H, d)."""
     a = _attn(call, seq_first=True)
-    return Cost(flops=forward_flops(a), note=a.note)
+    return Cost(flops=forward_flops(a), note=a.note, kernel=ATTENTION_FORWARD)
 
 
 @cost_rule(aten._flash_attention_backward)
 def flash_backward(call: OpCall) -> Cost:
     a = _attn(call, seq_first=True)
-    return Cost(flops=backward_flops(a), note=a.note)
+    return Cost(flops=backward_flops(a), note=a.note, kernel=ATTENTION_BACKWARD)
 
 
 @cost_rule(aten._efficient_attention_forward)
 def efficient_forward(call: OpCall) -> Cost:
     """Raw memory-efficient kernel on (B, T, H, d); causality from `custom_mask_type`."""
     a = _attn(call, seq_first=True, mask_type=int(call.arg("custom_mask_type")))
-    return Cost(flops=forward_flops(a), note=a.note)
+    return Cost(flops=forward_flops(a), note=a.note, kernel=ATTENTION_FORWARD)
 
 
 @cost_rule(aten._efficient_attention_backward)
 def efficient_backward(call: OpCall) -> Cost:
     a = _attn(call, seq_first=True, mask_type=int(call.arg("custom_mask_type")))
-    return Cost(flops=backward_flops(a), note=a.note)
+    return Cost(flops=backward_flops(a), note=a.note, kernel=ATTENTION_BACKWARD)
 
 
 @cost_rule(aten._scaled_dot_product_attention_math)

@@ -40,6 +40,15 @@ lists that share in `kernel_efficiency` (a share of the *datasheet* peak, like t
   989.5 TFLOP/s dense peak; 0.1 for the Hopper entries. Other GPUs are unmeasured and keep
   `compute_efficiency` (`analyze calibrate` measures any device's own share); CPU GEMMs
   (oneDNN) showed no such cliff.
+- ``attention-forward``, ``attention-backward``: fused attention kernels (flash, cuDNN,
+  memory-efficient), rated on their FLOPs. Measured on an H200 by bench/gpu/attention.py
+  (2026-11-27, torch 2.11 + CUDA 13.0, bf16, causal, head dim 128, one GPU's share of the
+  published Llama/Qwen3 layouts: batch 1–8, 16–32 heads, 4k–8k tokens): cuDNN's fused attention
+  (PyTorch's default backend there, and what Transformer Engine calls) reached 0.47–0.62 of the
+  dense peak forward and 0.39–0.49 backward, FlashAttention-2 0.26–0.34 and 0.23–0.27; 0.55 and
+  0.45 for the Hopper entries (cuDNN's at 8k tokens). Other GPUs are unmeasured and keep
+  `compute_efficiency`; a calibrated profile measures GEMMs only, so attention runs at its
+  GEMM rate there.
 NB: host costs of an eager run on a GPU (`fxlens.analyzer.time.host`): a CUDA kernel launch
 costs ≈ 2–5 µs of CPU time and PyTorch's eager dispatch ≈ 5–10 µs per op on top. Measured
 from Python on two H200 hosts (bench/gpu, 2026-11-27): 7.0–9.0 µs per ``torch.add``, 8.1–12.0
@@ -87,8 +96,11 @@ CPU_LAUNCH_S = 5e-6
 LINK_EFFICIENCY = 0.8
 GB = 1e9
 MISALIGNED_GEMM = "gemm-misaligned"
-KERNEL_CLASSES = (MISALIGNED_GEMM,)
-HOPPER_KERNELS: Mapping[str, float] = {MISALIGNED_GEMM: 0.1}
+ATTENTION_FORWARD = "attention-forward"
+ATTENTION_BACKWARD = "attention-backward"
+KERNEL_CLASSES = (MISALIGNED_GEMM, ATTENTION_FORWARD, ATTENTION_BACKWARD)
+HOPPER_KERNELS: Mapping[str, float] = {MISALIGNED_GEMM: 0.1, ATTENTION_FORWARD: 0.55,
+                                       ATTENTION_BACKWARD: 0.45}
 
 
 @dataclass(frozen=True)

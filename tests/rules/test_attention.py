@@ -285,3 +285,23 @@ def test_capture_pins_the_attention_ops():
     assert traced == {"aten._scaled_dot_product_flash_attention_for_cpu.default",
                       "aten._scaled_dot_product_flash_attention_for_cpu_backward.default"}
     assert all(load_rules().knows(t) for t in exported | traced)
+
+
+def test_fused_attention_runs_at_the_devices_attention_share():
+    """Fused attention is its own kernel class: on Hopper at 0.55 (forward) and 0.45
+    (backward) of the dense peak, as cuDNN's kernels measured on an H200; the math path and
+    devices without a measured share keep the GEMM factor."""
+    from fxlens.rules.hardware import device
+
+    q, k, v = qkv(tq, tq)
+    forward = cost_of("aten._scaled_dot_product_flash_attention_for_cpu.default", q, k, v,
+                      0.0, True)
+    backward_cost = cost_of("aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
+                            q, q, k, v, q, T(b, hq, tq), 0.0, True)
+    h100, a100 = device("h100"), device("a100-80gb")
+    assert (forward.kernel, backward_cost.kernel) == ("attention-forward", "attention-backward")
+    assert h100.achievable_flops("bf16", forward.kernel) == pytest.approx(0.55 * 989.5e12)
+    assert h100.achievable_flops("bf16", backward_cost.kernel) == pytest.approx(0.45 * 989.5e12)
+    assert a100.achievable_flops("bf16", forward.kernel) == a100.achievable_flops("bf16")
+    math = cost_of("aten._scaled_dot_product_attention_math.default", q, k, v)
+    assert math.kernel == ""
