@@ -23,6 +23,7 @@ one-token forward), each captured once on first use.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -391,7 +392,8 @@ class PlanPass:
 
 def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
     """The training step as units a layout partitions (`fxlens.analyzer.plan.structure`)."""
-    from fxlens.analyzer.plan.structure import WholeStep, read_facts
+    from fxlens.analyzer.plan.fp8 import scaling_s
+    from fxlens.analyzer.plan.structure import WholeStep, read_facts, weight_param
     from fxlens.analyzer.plan.workload import FusedOps
     from fxlens.rules.parallel import PARALLEL
 
@@ -405,10 +407,15 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
     key = dominant_key(report, {t.id: t for t in times})
     # --fused: each predicted kernel timed once, at its first op (the others cost nothing)
     timed = fused_report(report, ctx.fusion.plan) if options.fused and ctx.fusion else report
-    if precision is Precision.FP8:   # GEMMs at the fp8 peak, the rest as captured (bf16)
+    if precision is Precision.FP8:   # GEMMs at the fp8 peak plus their operands' scaling
         gemms = PARALLEL.gemm_ops | PARALLEL.grouped_gemm_ops
-        times = node_times(timed, graph, spec, options.tf32,
-                           {n.id: "fp8" for n in graph.calls() if n.packet in gemms})
+        fp8 = [n.id for n in graph.calls() if n.packet in gemms]
+        times = node_times(timed, graph, spec, options.tf32, dict.fromkeys(fp8, "fp8"))
+        scaling = scaling_s(graph, fp8, lambda r: weight_param(graph, r, PARALLEL) is not None,
+                            spec.achievable_bandwidth)
+        times = [dataclasses.replace(t, time_s=t.time_s + scaling[t.id],
+                                     memory_s=t.memory_s + scaling[t.id])
+                 if t.id in scaling else t for t in times]
     elif timed is not report:
         times = node_times(timed, graph, spec, options.tf32)
     by_id = {t.id: t for t in times}

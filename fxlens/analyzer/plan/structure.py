@@ -177,7 +177,7 @@ def _block_of(module: str, blocks: Sequence[str]) -> str:
     return next((b for b in blocks if module == b or module.startswith(b + ".")), "")
 
 
-def _weight_param(graph: Graph, ref: TensorRef, knowledge: ParallelKnowledge) -> str | None:
+def weight_param(graph: Graph, ref: TensorRef, knowledge: ParallelKnowledge) -> str | None:
     """The parameter `ref` is, seen through casts and views; None for an activation."""
     node = graph.nodes[ref.node]
     for _ in range(8):
@@ -201,7 +201,7 @@ def _gemms(graph: Graph, scope: Iterable[int], knowledge: ParallelKnowledge) -> 
         weights: list[str] = []
         activations: list[TensorRef] = []
         for ref in node.input_refs():
-            name = _weight_param(graph, ref, knowledge)
+            name = weight_param(graph, ref, knowledge)
             if name:
                 weights.append(name)
             else:
@@ -417,7 +417,7 @@ def _vocab_embedding(graph: Graph, knowledge: ParallelKnowledge) -> tuple[int, s
         if node.phase != "forward" or node.packet not in knowledge.embedding_ops or not (
                 isinstance(weight, TensorRef)):
             continue
-        name = _weight_param(graph, weight, knowledge)
+        name = weight_param(graph, weight, knowledge)
         rows = graph_param_shape(graph, name)[:1] if name else ()
         if name and rows and (best is None or rows[0] > best[0]):
             best = (rows[0], node.id, name)

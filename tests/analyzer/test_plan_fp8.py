@@ -1,0 +1,40 @@
+"""fp8 training's scaling in the plan: every GEMM that reads a weight first quantizes its
+other operand (the forward's activation, the backward's output gradient), 6 bytes per element
+under current scaling; so for a model of Linears the plan's seconds grow by
+6 · tokens · Σ(in + out features) bytes over the device's bandwidth."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fxlens.analyzer.core.loaded import LoadedModel
+from fxlens.analyzer.plan import fp8
+from fxlens.pipeline import AnalysisOptions, Context, plan_facts, run_context
+from fxlens.rules.hardware import device
+
+pytestmark = pytest.mark.slow
+
+
+def step_seconds(module: torch.nn.Module, inputs: dict) -> float:
+    options = AnalysisOptions(train=True, plan=True, strategy="ddp", gpus=2, device="h100",
+                              precision="fp8")
+    ctx = Context(LoadedModel(module, inputs, "llama", "llama"), options, lambda _: None)
+    facts = plan_facts(ctx, run_context(ctx), device("h100"))
+    return sum(u.forward_split_s + u.forward_whole_s + u.backward_split_s + u.backward_whole_s
+               for u in facts.units)
+
+
+def test_each_weight_gemm_pays_for_quantizing_its_other_operand(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tests.models.hf_zoo import ZOO
+
+    module, inputs = ZOO["llama"]()
+    with_scaling = step_seconds(module, inputs)
+    monkeypatch.setattr(fp8, "SCALING_BYTES_PER_ELEMENT", 0)
+    without = step_seconds(module, inputs)
+    tokens = inputs["input_ids"].numel()
+    features = sum(m.in_features + m.out_features for m in module.modules()
+                   if isinstance(m, torch.nn.Linear))
+    expected = 6 * tokens * features / device("h100").achievable_bandwidth
+    assert with_scaling - without == pytest.approx(expected, rel=1e-6)
