@@ -1,5 +1,6 @@
-"""`bench/gpu/moe.py` on the CPU at shrunk sizes: every case builds, measures forward and
-backward, is predicted by fxlens on fake tensors, and lands in the Markdown table."""
+"""`bench/gpu/moe.py` and `bench/gpu/attention.py` on the CPU at shrunk sizes: every case
+builds, measures forward and backward (or says why a backend refused it), is predicted by
+fxlens on fake tensors where the script predicts, and lands in the Markdown table."""
 
 from __future__ import annotations
 
@@ -43,3 +44,16 @@ def test_expert_flops_are_the_grouped_gemms() -> None:
     block = moe.MoECase("b", "block", {"experts": 4, "top_k": 2, "tokens": 8, "hidden": 16,
                                        "ffn": 4})
     assert moe.flops(block)["forward"] == 2 * 16 * 16 * 3 * 4 + 2 * 8 * 16 * 4   # + router
+
+
+def test_attention_backends_measure_or_say_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from bench.gpu import attention
+
+    monkeypatch.setattr(attention, "SHAPES", ((1, 4, 2, 64, 16),))
+    rows = attention.measure(torch.device("cpu"), warmup=0, repeat=1)
+    assert [r["backend"] for r in rows] == list(attention.BACKENDS)
+    flash = rows[0]
+    assert flash["forward_flops_per_s"] == pytest.approx(2 * 4 * 64 * 64 * 16 / flash["forward_s"])
+    assert all("error" in r or r["forward_s"] > 0 for r in rows)
+    table = attention.table({"rows": rows})
+    assert table.count("\n") == len(rows) + 1 and "| (1, 4, 2, 64, 16) | FLASH_ATTENTION |" in table
