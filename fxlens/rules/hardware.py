@@ -49,6 +49,12 @@ lists that share in `kernel_efficiency` (a share of the *datasheet* peak, like t
   0.45 for the Hopper entries (cuDNN's at 8k tokens). Other GPUs are unmeasured and keep
   `compute_efficiency`; a calibrated profile measures GEMMs only, so attention runs at its
   GEMM rate there.
+- ``gemm-grouped``: MoE experts' grouped GEMMs (``torch._grouped_mm``). Measured on an H200 by
+  bench/gpu/moe.py (2026-11-27, bf16, one GPU's experts of the published Qwen3-235B and
+  DeepSeek-V3 layouts: 4 experts × 4,096 rows, hidden 4,096–7,168), the SiLU·mul and the loss
+  the measured module also runs taken out by their bytes: 0.52–0.61 of the dense peak forward
+  and 0.45–0.50 backward (the weight gradient reduces over the rows); Qwen3-30B's narrower
+  experts about 0.3. 0.5 for the Hopper entries (forward and backward are the same op).
 NB: host costs of an eager run on a GPU (`fxlens.analyzer.time.host`): a CUDA kernel launch
 costs ≈ 2–5 µs of CPU time and PyTorch's eager dispatch ≈ 5–10 µs per op on top. Measured
 from Python on two H200 hosts (bench/gpu, 2026-11-27): 7.0–9.0 µs per ``torch.add``, 8.1–12.0
@@ -98,9 +104,10 @@ GB = 1e9
 MISALIGNED_GEMM = "gemm-misaligned"
 ATTENTION_FORWARD = "attention-forward"
 ATTENTION_BACKWARD = "attention-backward"
-KERNEL_CLASSES = (MISALIGNED_GEMM, ATTENTION_FORWARD, ATTENTION_BACKWARD)
+GROUPED_GEMM = "gemm-grouped"
+KERNEL_CLASSES = (MISALIGNED_GEMM, ATTENTION_FORWARD, ATTENTION_BACKWARD, GROUPED_GEMM)
 HOPPER_KERNELS: Mapping[str, float] = {MISALIGNED_GEMM: 0.1, ATTENTION_FORWARD: 0.55,
-                                       ATTENTION_BACKWARD: 0.45}
+                                       ATTENTION_BACKWARD: 0.45, GROUPED_GEMM: 0.5}
 
 
 @dataclass(frozen=True)

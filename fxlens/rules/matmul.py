@@ -29,12 +29,14 @@ Known limitations: complex dtypes (vdot) are counted as real multiply-adds; the 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from fxlens.analyzer.core.costs import Cost, OpCall, cost_rule
 from fxlens.analyzer.core.graph import TensorSpec, dtype_bytes
 from fxlens.rules.conventions import FLOPS_PER_MAC
-from fxlens.rules.hardware import MISALIGNED_GEMM
+from fxlens.rules.hardware import GROUPED_GEMM, MISALIGNED_GEMM
 
 aten = torch.ops.aten
 
@@ -127,11 +129,12 @@ def grouped_mm(call: OpCall) -> Cost:
     """(S, K) @ (E, K, N) → (S, N) routed by `offs`, and the other layouts.
 
     With both operands 2-D, the groups split K: (M, K_total) @ (K_total, N) → (E, M, N).
+    Its own kernel class (``gemm-grouped``) unless misaligned.
     """
     a, b = call.shape("self"), call.shape("mat2")
-    if len(a) == 2 and len(b) == 2:
-        return _gemm(call, a[0], a[1], b[1])
-    return _dot_per_output(call, a[-1])
+    cost = (_gemm(call, a[0], a[1], b[1]) if len(a) == 2 and len(b) == 2
+            else _dot_per_output(call, a[-1]))
+    return cost if cost.kernel else replace(cost, kernel=GROUPED_GEMM)
 
 
 @cost_rule("transformers.grouped_mm_fallback")

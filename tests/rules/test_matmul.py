@@ -164,3 +164,17 @@ def test_known_divergences(target: str, args: tuple, why: str):
     """Fails when PyTorch catches up, so the table stays true."""
     assert _theirs(target, *args) == 0, why
     assert cost_of(target, *args).flops > 0
+
+
+def test_grouped_gemms_are_their_own_kernel_class():
+    """MoE grouped GEMMs rate at the device's grouped share (Hopper 0.5, measured on an H200
+    by bench/gpu/moe.py); devices without a measured share keep the GEMM factor. (A
+    misaligned grouped GEMM cannot be built: the kernel refuses it.)"""
+    from fxlens.rules.hardware import device
+
+    aligned = cost_of("aten._grouped_mm.default", T(s, kb, dtype="bfloat16"),
+                      T(e, kb, nb, dtype="bfloat16"), T(e, dtype="int32"))
+    assert aligned.kernel == "gemm-grouped"
+    assert device("h100").achievable_flops("bf16", "gemm-grouped") == pytest.approx(0.5 * 989.5e12)
+    assert device("a100-80gb").achievable_flops("bf16", "gemm-grouped") == pytest.approx(
+        0.7 * 312e12)
