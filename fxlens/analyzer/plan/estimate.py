@@ -274,6 +274,10 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
                           for parts in selected.values() for part in parts)
     ring, ring_exposed = ring_attention(s, device, units)
     experts = expert_parallel(s, device, units, facts.tokens, facts.experts)
+    gradients = data_parallel(s, device, dense, expert, shard, expert_shard,
+                              facts.grad_element_bytes, mine)
+    uncompressed = (data_parallel(_uncompressed(s), device, dense, expert, shard, expert_shard)
+                    if s.compresses else gradients)
     nxt = parts[index + 1][0] if index + 1 < len(parts) and parts[index + 1] else None
     return _Stage(
         memory=memory, compute_s=m * (forward + backward + recompute_s),
@@ -283,12 +287,10 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         expert_exposed_s=_expert_exposed_s(s, sum(c.time_s for c in experts),
                                            m * (forward + recompute_s), m * backward),
         context_parallel=ring, ring_exposed_s=ring_exposed,
-        data_parallel=data_parallel(s, device, dense, expert, shard, expert_shard,
-                                    facts.grad_element_bytes, mine),
+        data_parallel=gradients,
         compression_s=(powersgd_flops(mine, s.powersgd) / facts.peak_flops
                        if s.powersgd and facts.peak_flops > 0 else 0.0),
-        uncompressed_s=sum(c.time_s for c in data_parallel(
-            _uncompressed(s), device, dense, expert, shard, expert_shard)),
+        uncompressed_s=sum(c.time_s for c in uncompressed),
         boundary_bytes=round(nxt.input_bytes / seq_div / c) if nxt is not None else 0,
     )
 

@@ -325,8 +325,10 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
     saved_by = saved_by_module(step, registry, of_node, split_nodes,
                                knowledge.weight_path_ops, fusion)
     saved: defaultdict[str, tuple[int, int]] = defaultdict(lambda: (0, 0))
-    for (unit_name, _), (split, whole) in saved_by.items():
+    saved_in: defaultdict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
+    for (unit_name, module), (split, whole) in saved_by.items():
         saved[unit_name] = (saved[unit_name][0] + split, saved[unit_name][1] + whole)
+        saved_in[unit_name][module] = (split, whole)
 
     def expert_part(nodes: list[int]) -> tuple[tuple[ExpertGemm, ...], ExpertWork]:
         return (expert_gemms(graph, nodes, knowledge.grouped_gemm_ops, node_times),
@@ -367,7 +369,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             expert_work=expert_work(graph, members[name], expert_sized, all_times),
             matrices=gradient_matrices((param_shapes.get(p, ()), k) for p, k in kinds.items()),
             parts=module_parts(graph, name, members[name], split_nodes, times,
-                               {m: v for (u, m), v in saved_by.items() if u == name},
+                               saved_in[name],
                                expert_part) if name in blocks else (),
         ))
     kept = tuple(u for u in units if u.name in blocks or u.flops or u.states.total)

@@ -34,8 +34,9 @@ stay with the unit's split work (sized by the captured micro-batch).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from typing import Protocol
 
 from fxlens.analyzer.capture.training import TrainingGraph
@@ -146,19 +147,31 @@ def unit_attention(graph: Graph, members: Iterable[int], attention_ops: Collecti
     return UnitAttention(forward, backward, kv)
 
 
+COPY_CHAIN = 8    # views and copies walked back through, at most
+
+
+def copy_sources(graph: Graph, ref: TensorRef, ops: Collection[str]) -> Iterator[TensorRef]:
+    """`ref`, then each tensor it was made from by `ops` alone (views, copies), walking back
+    along first inputs at most `COPY_CHAIN` steps."""
+    yield ref
+    node = graph.nodes[ref.node]
+    for _ in range(COPY_CHAIN):
+        refs = list(node.input_refs())
+        if node.packet not in ops or not refs:
+            return
+        yield refs[0]
+        node = graph.nodes[refs[0].node]
+
+
 def _unrepeated_bytes(graph: Graph, ref: TensorRef, view_ops: Collection[str]) -> int:
     """The smallest tensor `ref` is made from by views and copies alone."""
-    spec = graph.spec(ref)
+    chain = copy_sources(graph, ref, view_ops)
+    spec = graph.spec(next(chain))
     smallest = spec.nbytes if spec is not None else 0
-    node = graph.nodes[ref.node]
-    for _ in range(8):
-        refs = list(node.input_refs())
-        if node.packet not in view_ops or not refs:
-            break
-        spec = graph.spec(refs[0])
+    for source in chain:
+        spec = graph.spec(source)
         if spec is not None and spec.nbytes:
             smallest = min(smallest, spec.nbytes)
-        node = graph.nodes[refs[0].node]
     return smallest
 
 
@@ -281,15 +294,12 @@ def fused_saved(graph: Graph, storages: Storages, saved: Sequence[int],
 
 def _made_in(graph: Graph, node: Node, copy_ops: Collection[str]) -> str:
     """The module of the op `node` copies or views, through a chain of such ops."""
-    for _ in range(8):
-        refs = list(node.input_refs())
-        if node.packet not in copy_ops or not refs:
+    made = node
+    for source in islice(copy_sources(graph, TensorRef(node.id), copy_ops), 1, None):
+        if graph.nodes[source.node].kind is not NodeKind.CALL:
             break
-        source = graph.nodes[refs[0].node]
-        if source.kind is not NodeKind.CALL:
-            break
-        node = source
-    return node.module
+        made = graph.nodes[source.node]
+    return made.module
 
 
 @dataclass(frozen=True)
