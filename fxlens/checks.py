@@ -90,6 +90,19 @@ def precision(name: str) -> Precision:
     return _member(Precision, "precision", name)
 
 
+# The precision a model is trained in when --precision is not given: its parameters' dtype.
+DEFAULT_PRECISION = {"float32": "fp32", "bfloat16": "amp-bf16", "float16": "amp-fp16"}
+
+
+def precision_of(name: str | None, module: Any) -> Precision:
+    """`name`'s precision, or (None) the one `module`'s first floating parameter implies."""
+    if name is None:
+        dtype = next((str(p.dtype).removeprefix("torch.") for p in module.parameters()
+                      if p.is_floating_point()), "float32")
+        name = DEFAULT_PRECISION.get(dtype, "fp32")
+    return precision(name)
+
+
 def optimizer(name: str) -> Optimizer:
     return _member(Optimizer, "optimizer", name)
 

@@ -11,6 +11,7 @@ rules and device specs are handed to the rooms here. Inference and training run 
     quantization        Quant            over the inference forward (weights as loaded)
     roofline            Roofline         needs the graph's costs; `--fused` reads the fusion plan
     plan                Plan             layouts over many GPUs from the training step's units
+                                         (`fxlens.plan_pass`)
 
 Where the process may fork (the `analyze` command on two cores, `fxlens.analyzer.core.beside`),
 a big graph's fusion analysis, which reads only the costed nodes, runs in a child while this
@@ -23,7 +24,6 @@ one-token forward), each captured once on first use.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -41,7 +41,7 @@ from fxlens.analyzer.capture.types import Autocast
 from fxlens.analyzer.core.beside import MIN_WAIT_S, Beside, beside, result_or_none
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.errors import LoadError
-from fxlens.analyzer.core.graph import Graph, dtype_bytes
+from fxlens.analyzer.core.graph import Graph
 from fxlens.analyzer.core.heap import model_loaded, settled_heap
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.passes import Pass, run_passes
@@ -53,7 +53,6 @@ from fxlens.analyzer.core.sections import (
     Fusion,
     KVCache,
     Memory,
-    Plan,
     Quant,
     Roofline,
     Training,
@@ -62,10 +61,8 @@ from fxlens.analyzer.cost.engine import analyze
 from fxlens.analyzer.fusion.kernels import (
     FusionAnalysis,
     analyze_fusion,
-    effective_kinds,
     fused_report,
 )
-from fxlens.analyzer.fusion.types import FUSABLE, OpKind
 from fxlens.analyzer.memory.kv_cache import (
     cache_dtype_bytes,
     decode_step,
@@ -74,30 +71,27 @@ from fxlens.analyzer.memory.kv_cache import (
 )
 from fxlens.analyzer.memory.liveness import liveness
 from fxlens.analyzer.memory.measure import EagerAlongside, MeasuredMemory, simulate_eager_memory
-from fxlens.analyzer.memory.training_state import param_state, parse_bytes
+from fxlens.analyzer.memory.training_state import parse_bytes
 from fxlens.analyzer.memory.training_step import StepSettings, training_section
 from fxlens.analyzer.memory.types import KVLayout
 from fxlens.analyzer.time.roofline import (
-    dominant_key,
-    node_times,
-    optimizer_time,
     roofline_section,
     throughput_basis,
 )
+from fxlens.plan_pass import PlanPass
 from fxlens.rules import load_rules
 from fxlens.rules.autocast import cpu_autocast, cuda_autocast
 from fxlens.rules.eager import SAME_DTYPE_OPERANDS
 from fxlens.rules.fusion import fusion_rules, kinds_of
-from fxlens.rules.hardware import LINK_EFFICIENCY, DeviceSpec
+from fxlens.rules.hardware import DeviceSpec
 from fxlens.rules.kv_layouts import TOKEN_MAJOR_KERNELS, has_config, layers_from_config
 from fxlens.rules.training import CASTABLE_DTYPES, Optimizer, Precision
 
 if TYPE_CHECKING:   # quantization and planning are imported where a run asks for them
-    from fxlens.analyzer.plan.structure import ModelFacts
+    pass
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PRECISION = {"float32": "fp32", "bfloat16": "amp-bf16", "float16": "amp-fp16"}
 PRECISIONS = tuple(p.value for p in Precision)     # what --precision accepts
 OPTIMIZERS = tuple(o.value for o in Optimizer)     # what --optimizer accepts
 # Fusion is analysed in a child beside the memory passes from this many nodes on (where the
@@ -144,7 +138,6 @@ class AnalysisOptions:
     global_batch: int | None = None     # samples per step a search holds fixed
     tokens: int | None = None           # a whole run: GPU-hours, days, cost
     price: float | None = None          # per GPU-hour
-
 
 
 @dataclass
@@ -221,7 +214,7 @@ class TrainingStep:
         assert ctx.step is not None, "the pipeline captures the step before the passes"
         options = ctx.options
         memory = liveness(ctx.step.graph, ctx.registry)
-        precision = _precision(options.precision, ctx.loaded.module)
+        precision = checks.precision_of(options.precision, ctx.loaded.module)
         device_name, device_bytes = checks.device_memory(options.device_memory)
         spec = ctx.device_spec()
         if device_bytes is None and spec is not None:     # --device h100 implies its memory
@@ -352,125 +345,6 @@ class RooflinePass:
         return (roofline_section(basis, ctx.analysed(), spec, ctx.options.tf32),)
 
 
-class PlanPass:
-    """Layouts over many GPUs, from the training step cut into units (`read_facts`)."""
-
-    name = "plan"
-    provides: tuple[type[Section], ...] = (Plan,)
-    needs: tuple[type[Section], ...] = (Training,)
-
-    def wanted(self, options: Any) -> bool:
-        return bool(options.plan)
-
-    def run(self, ctx: Context, report: Report) -> Sequence[Section]:
-        from fxlens.analyzer.plan.search import PlanRequest, misfits, plan_section
-        from fxlens.analyzer.plan.strategy import parse as parse_strategy
-
-        assert ctx.step is not None, "a plan is made from the training step"
-        ctx.on_step("laying the step out over GPUs")
-        options = ctx.options
-        spec = ctx.device_spec() or resolve_device(checks.PLAN_DEVICE, options.devices_file,
-                                                   None)
-        facts = plan_facts(ctx, report, spec)
-        try:
-            strategy = (parse_strategy(options.strategy, options.gpus, options.micro_batches)
-                        if options.strategy else None)
-        except ValueError as error:
-            raise LoadError(f"--strategy: {error}") from None
-        problems = misfits(facts, strategy) if strategy is not None else []
-        if problems:
-            raise LoadError(f"--strategy {options.strategy}: {'; '.join(problems)}")
-        request = PlanRequest(strategy=strategy, gpus=None if options.search else options.gpus,
-                              max_gpus=options.max_gpus or options.gpus,
-                              global_batch=options.global_batch, tokens=options.tokens,
-                              price_per_gpu_hour=options.price)
-        assumptions = _plan_assumptions(options, spec, facts)
-        return (plan_section(facts, request, spec, assumptions, LINK_EFFICIENCY,
-                             spec.link_source, spec.intra_node_bytes_per_s,
-                             spec.inter_node_bytes_per_s),)
-
-
-def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
-    """The training step as units a layout partitions (`fxlens.analyzer.plan.structure`)."""
-    from fxlens.analyzer.plan.fp8 import scaling_s
-    from fxlens.analyzer.plan.structure import WholeStep, read_facts, weight_param
-    from fxlens.analyzer.plan.workload import FusedOps
-    from fxlens.rules.parallel import PARALLEL
-
-    assert ctx.step is not None
-    options, graph = ctx.options, ctx.step.graph
-    training = report.require(Training)
-    precision = _precision(options.precision, ctx.loaded.module)
-    optimizer = checks.optimizer(options.optimizer)
-    state_of = {p.name: param_state(p, precision.spec, optimizer.spec) for p in graph.params}
-    times = node_times(report, graph, spec, options.tf32)
-    key = dominant_key(report, {t.id: t for t in times})
-    # --fused: each predicted kernel timed once, at its first op (the others cost nothing)
-    timed = fused_report(report, ctx.fusion.plan) if options.fused and ctx.fusion else report
-    if precision is Precision.FP8:   # GEMMs at the fp8 peak plus their operands' scaling
-        gemms = PARALLEL.gemm_ops | PARALLEL.grouped_gemm_ops
-        fp8 = [n.id for n in graph.calls() if n.packet in gemms]
-        times = node_times(timed, graph, spec, options.tf32, dict.fromkeys(fp8, "fp8"))
-        scaling = scaling_s(graph, fp8, lambda r: weight_param(graph, r, PARALLEL) is not None,
-                            spec.achievable_bandwidth)
-        times = [dataclasses.replace(t, time_s=t.time_s + scaling[t.id],
-                                     memory_s=t.memory_s + scaling[t.id])
-                 if t.id in scaling else t for t in times]
-    elif timed is not report:
-        times = node_times(timed, graph, spec, options.tf32)
-    by_id = {t.id: t for t in times}
-    basis = throughput_basis(graph)
-    breakdown = training.peak_breakdown
-    whole = WholeStep(
-        transient_bytes=max(breakdown.fwd_bwd_peak_bytes - training.saved_activation_bytes
-                            - breakdown.gradients_at_peak_bytes, 0),
-        gradients_at_peak_bytes=breakdown.gradients_at_peak_bytes,
-        optimizer_temporaries_bytes=max(breakdown.optimizer_phase_bytes
-                                        - training.states.grad_bytes, 0),
-        optimizer_s=optimizer_time(training, graph, spec),
-        samples=basis.samples, tokens=basis.tokens, dtype_key=key,
-        peak_flops=spec.peak(key)[0],
-        grad_element_bytes=dtype_bytes(precision.spec.grad_dtype),
-    )
-    fusion = None
-    if options.fused:   # saved as fused kernels keep them (`fused_saved`)
-        kinds = effective_kinds(report, kinds_of(list(graph.nodes), ctx.registry))
-        fusion = FusedOps(
-            cheap=frozenset(i for i, k in kinds.items() if k in FUSABLE or k is OpKind.FREE),
-            gemms=frozenset(i for i, k in kinds.items() if k is OpKind.GEMM))
-    return read_facts(ctx.step, report, ctx.registry, state_of,
-                      by_id, PARALLEL, whole, fusion)
-
-
-def _plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFacts
-                      ) -> tuple[str, ...]:
-    device = (f"device {spec.name}" + ("" if options.device else
-                                        " (the default; --device to choose)"))
-    batch = (f"the captured batch ({facts.samples} samples"
-             + (f", {facts.tokens} tokens" if facts.tokens else "") + ") is one micro-batch")
-    return (
-        device, batch,
-        ("--fused: each predicted fused kernel timed once; activations saved as fused "
-         "kernels keep them (GEMM inputs kept, pointwise and norm intermediates recomputed)"
-         if options.fused else "ops timed and activations saved as the captured (eager) "
-         "program runs them; --fused for fused kernels (Transformer Engine, torch.compile)"),
-        f"collectives: ring algorithms at {LINK_EFFICIENCY:.0%} of the link bandwidth; "
-        "latency and congestion not modelled",
-        "gradient and ZeRO transfers overlap compute (DDP/ZeRO-1/2: the last micro-batch's "
-        "backward; ZeRO-3: all of it), ring-attention sends their attention, expert "
-        "all-to-alls another micro-batch's compute only with a2a-overlap; tensor- and "
-        "pipeline-parallel transfers do not",
-        "1F1B pipeline: bubble (p − 1)/v micro-batch times; stage i holds min(m, p − i) "
-        "micro-batches of activations (interleaved, v > 1: Megatron's warm-up chunks)",
-        "ranks laid out tp innermost, then cp, dp, pp outermost; experts over a stage's GPUs "
-        "as etp, ep, expert dp",
-    ) + (("expert routing balanced (each expert gets the same rows); a token goes once per "
-          "chosen expert inside a node (dispatch=alltoall), once per node holding any of its "
-          "experts across nodes (DeepEP, dispatch=deepep)",) if facts.experts else ()) + (
-        ("--tokens: the inputs hold no (batch, sequence) token tensor, so no run is "
-         "estimated",) if options.tokens and not facts.tokens else ())
-
-
 PASSES: tuple[Pass[Context], ...] = (InferenceMemory(), TrainingStep(), KVCachePass(),
                                      FusionPass(), QuantPass(), RooflinePass(), PlanPass())
 
@@ -499,7 +373,7 @@ def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
     ctx.device_spec()   # a bad --device fails before the capture, not after
     check_scale(loaded.module, loaded.name, options.allow_large)
     if options.train:
-        precision = _precision(options.precision, loaded.module)
+        precision = checks.precision_of(options.precision, loaded.module)
         working = precision.spec.weight_dtype
         cast: str | None = working if working in CASTABLE_DTYPES else "bfloat16"
         floating = {p.dtype for p in loaded.module.parameters() if p.is_floating_point()}
@@ -607,14 +481,6 @@ def _autocast(precision: Precision, on_gpu: bool) -> Autocast | None:
     if dtype is None:
         return None
     return cuda_autocast(dtype) if on_gpu else cpu_autocast(dtype)
-
-
-def _precision(name: str | None, module: torch.nn.Module) -> Precision:
-    if name is None:
-        dtype = next((str(p.dtype).removeprefix("torch.") for p in module.parameters()
-                      if p.is_floating_point()), "float32")
-        name = DEFAULT_PRECISION.get(dtype, "fp32")
-    return checks.precision(name)
 
 
 def resolve_device(name: str, devices_file: str | None = None, profile: str | None = None

@@ -84,7 +84,8 @@ def measure(device: torch.device) -> list[dict[str, Any]]:
 def predict(case: dict[str, Any]) -> dict[str, int]:
     """fxlens's saved bytes for the same model and tokens: as captured and as fused."""
     from fxlens.analyzer.capture.hf import load_preset
-    from fxlens.pipeline import AnalysisOptions, Context, plan_facts, run_context
+    from fxlens.pipeline import AnalysisOptions, Context, run_context
+    from fxlens.plan_pass import plan_facts
     from fxlens.rules.hardware import device
 
     out = {}

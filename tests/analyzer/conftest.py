@@ -11,7 +11,8 @@ import pytest
 from fxlens.analyzer.capture.load import load
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.plan.structure import ModelFacts
-from fxlens.pipeline import AnalysisOptions, Context, plan_facts, run_context
+from fxlens.pipeline import AnalysisOptions, Context, run_context
+from fxlens.plan_pass import plan_facts
 from fxlens.rules.hardware import device
 
 MODELS = Path(__file__).parent.parent / "models"

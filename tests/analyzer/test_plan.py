@@ -23,7 +23,8 @@ from fxlens.analyzer.plan.estimate import estimate, in_flight, stages
 from fxlens.analyzer.plan.strategy import Strategy, parse
 from fxlens.analyzer.plan.structure import ModelFacts
 from fxlens.analyzer.plan.transfers import all_reduce_s, one_way_s
-from fxlens.pipeline import AnalysisOptions, Context, plan_facts, run_context
+from fxlens.pipeline import AnalysisOptions, Context, run_context
+from fxlens.plan_pass import plan_facts
 from fxlens.rules.hardware import LINK_EFFICIENCY, device
 
 MODELS = Path(__file__).parent.parent / "models"

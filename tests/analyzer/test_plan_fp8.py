@@ -10,7 +10,8 @@ import torch
 
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.plan import fp8
-from fxlens.pipeline import AnalysisOptions, Context, plan_facts, run_context
+from fxlens.pipeline import AnalysisOptions, Context, run_context
+from fxlens.plan_pass import plan_facts
 from fxlens.rules.hardware import device
 
 pytestmark = pytest.mark.slow

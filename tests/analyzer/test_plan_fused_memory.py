@@ -11,7 +11,8 @@ import pytest
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
 from fxlens.analyzer.plan.workload import ModulePart
-from fxlens.pipeline import AnalysisOptions, Context, plan_facts, run_context
+from fxlens.pipeline import AnalysisOptions, Context, run_context
+from fxlens.plan_pass import plan_facts
 from fxlens.rules.hardware import device
 
 pytestmark = pytest.mark.slow

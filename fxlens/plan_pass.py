@@ -1,0 +1,155 @@
+"""The plan pass: layouts over many GPUs, from the training step cut into units.
+
+`plan_facts` reads the captured step as `fxlens.analyzer.plan.structure` needs it (each op's
+time on the device, fused or fp8 where the options say so; each parameter's states; the
+step's whole-step figures); `PlanPass` parses the strategy, checks it against the model and
+hands both to the planner (`fxlens.analyzer.plan.search`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from fxlens import checks
+from fxlens.analyzer.core.errors import LoadError
+from fxlens.analyzer.core.graph import dtype_bytes
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.core.section import Section
+from fxlens.analyzer.core.sections import Plan, Training
+from fxlens.analyzer.fusion.kernels import effective_kinds, fused_report
+from fxlens.analyzer.fusion.types import FUSABLE, OpKind
+from fxlens.analyzer.memory.training_state import param_state
+from fxlens.analyzer.time.roofline import (
+    dominant_key,
+    node_times,
+    optimizer_time,
+    throughput_basis,
+)
+from fxlens.rules.fusion import kinds_of
+from fxlens.rules.hardware import LINK_EFFICIENCY, DeviceSpec
+from fxlens.rules.training import Precision
+
+if TYPE_CHECKING:
+    from fxlens.analyzer.plan.structure import ModelFacts
+    from fxlens.pipeline import AnalysisOptions, Context
+
+
+class PlanPass:
+    """Layouts over many GPUs, from the training step cut into units (`read_facts`)."""
+
+    name = "plan"
+    provides: tuple[type[Section], ...] = (Plan,)
+    needs: tuple[type[Section], ...] = (Training,)
+
+    def wanted(self, options: Any) -> bool:
+        return bool(options.plan)
+
+    def run(self, ctx: Context, report: Report) -> Sequence[Section]:
+        from fxlens.analyzer.plan.search import PlanRequest, misfits, plan_section
+        from fxlens.analyzer.plan.strategy import parse as parse_strategy
+
+        assert ctx.step is not None, "a plan is made from the training step"
+        ctx.on_step("laying the step out over GPUs")
+        options = ctx.options
+        spec = ctx.device_spec() or checks.resolve_device(checks.PLAN_DEVICE, options.devices_file,
+                                                   None)
+        facts = plan_facts(ctx, report, spec)
+        try:
+            strategy = (parse_strategy(options.strategy, options.gpus, options.micro_batches)
+                        if options.strategy else None)
+        except ValueError as error:
+            raise LoadError(f"--strategy: {error}") from None
+        problems = misfits(facts, strategy) if strategy is not None else []
+        if problems:
+            raise LoadError(f"--strategy {options.strategy}: {'; '.join(problems)}")
+        request = PlanRequest(strategy=strategy, gpus=None if options.search else options.gpus,
+                              max_gpus=options.max_gpus or options.gpus,
+                              global_batch=options.global_batch, tokens=options.tokens,
+                              price_per_gpu_hour=options.price)
+        assumptions = plan_assumptions(options, spec, facts)
+        return (plan_section(facts, request, spec, assumptions, LINK_EFFICIENCY,
+                             spec.link_source, spec.intra_node_bytes_per_s,
+                             spec.inter_node_bytes_per_s),)
+
+
+def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
+    """The training step as units a layout partitions (`fxlens.analyzer.plan.structure`)."""
+    from fxlens.analyzer.plan.fp8 import scaling_s
+    from fxlens.analyzer.plan.structure import WholeStep, read_facts, weight_param
+    from fxlens.analyzer.plan.workload import FusedOps
+    from fxlens.rules.parallel import PARALLEL
+
+    assert ctx.step is not None
+    options, graph = ctx.options, ctx.step.graph
+    training = report.require(Training)
+    precision = checks.precision_of(options.precision, ctx.loaded.module)
+    optimizer = checks.optimizer(options.optimizer)
+    state_of = {p.name: param_state(p, precision.spec, optimizer.spec) for p in graph.params}
+    times = node_times(report, graph, spec, options.tf32)
+    key = dominant_key(report, {t.id: t for t in times})
+    # --fused: each predicted kernel timed once, at its first op (the others cost nothing)
+    timed = fused_report(report, ctx.fusion.plan) if options.fused and ctx.fusion else report
+    if precision is Precision.FP8:   # GEMMs at the fp8 peak plus their operands' scaling
+        gemms = PARALLEL.gemm_ops | PARALLEL.grouped_gemm_ops
+        fp8 = [n.id for n in graph.calls() if n.packet in gemms]
+        times = node_times(timed, graph, spec, options.tf32, dict.fromkeys(fp8, "fp8"))
+        scaling = scaling_s(graph, fp8, lambda r: weight_param(graph, r, PARALLEL) is not None,
+                            spec.achievable_bandwidth)
+        times = [dataclasses.replace(t, time_s=t.time_s + scaling[t.id],
+                                     memory_s=t.memory_s + scaling[t.id])
+                 if t.id in scaling else t for t in times]
+    elif timed is not report:
+        times = node_times(timed, graph, spec, options.tf32)
+    by_id = {t.id: t for t in times}
+    basis = throughput_basis(graph)
+    breakdown = training.peak_breakdown
+    whole = WholeStep(
+        transient_bytes=max(breakdown.fwd_bwd_peak_bytes - training.saved_activation_bytes
+                            - breakdown.gradients_at_peak_bytes, 0),
+        gradients_at_peak_bytes=breakdown.gradients_at_peak_bytes,
+        optimizer_temporaries_bytes=max(breakdown.optimizer_phase_bytes
+                                        - training.states.grad_bytes, 0),
+        optimizer_s=optimizer_time(training, graph, spec),
+        samples=basis.samples, tokens=basis.tokens, dtype_key=key,
+        peak_flops=spec.peak(key)[0],
+        grad_element_bytes=dtype_bytes(precision.spec.grad_dtype),
+    )
+    fusion = None
+    if options.fused:   # saved as fused kernels keep them (`fused_saved`)
+        kinds = effective_kinds(report, kinds_of(list(graph.nodes), ctx.registry))
+        fusion = FusedOps(
+            cheap=frozenset(i for i, k in kinds.items() if k in FUSABLE or k is OpKind.FREE),
+            gemms=frozenset(i for i, k in kinds.items() if k is OpKind.GEMM))
+    return read_facts(ctx.step, report, ctx.registry, state_of,
+                      by_id, PARALLEL, whole, fusion)
+
+
+def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFacts
+                      ) -> tuple[str, ...]:
+    device = (f"device {spec.name}" + ("" if options.device else
+                                        " (the default; --device to choose)"))
+    batch = (f"the captured batch ({facts.samples} samples"
+             + (f", {facts.tokens} tokens" if facts.tokens else "") + ") is one micro-batch")
+    return (
+        device, batch,
+        ("--fused: each predicted fused kernel timed once; activations saved as fused "
+         "kernels keep them (GEMM inputs kept, pointwise and norm intermediates recomputed)"
+         if options.fused else "ops timed and activations saved as the captured (eager) "
+         "program runs them; --fused for fused kernels (Transformer Engine, torch.compile)"),
+        f"collectives: ring algorithms at {LINK_EFFICIENCY:.0%} of the link bandwidth; "
+        "latency and congestion not modelled",
+        "gradient and ZeRO transfers overlap compute (DDP/ZeRO-1/2: the last micro-batch's "
+        "backward; ZeRO-3: all of it), ring-attention sends their attention, expert "
+        "all-to-alls another micro-batch's compute only with a2a-overlap; tensor- and "
+        "pipeline-parallel transfers do not",
+        "1F1B pipeline: bubble (p − 1)/v micro-batch times; stage i holds min(m, p − i) "
+        "micro-batches of activations (interleaved, v > 1: Megatron's warm-up chunks)",
+        "ranks laid out tp innermost, then cp, dp, pp outermost; experts over a stage's GPUs "
+        "as etp, ep, expert dp",
+    ) + (("expert routing balanced (each expert gets the same rows); a token goes once per "
+          "chosen expert inside a node (dispatch=alltoall), once per node holding any of its "
+          "experts across nodes (DeepEP, dispatch=deepep)",) if facts.experts else ()) + (
+        ("--tokens: the inputs hold no (batch, sequence) token tensor, so no run is "
+         "estimated",) if options.tokens and not facts.tokens else ())
