@@ -91,11 +91,16 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
     key = dominant_key(report, {t.id: t for t in times})
     # --fused: each predicted kernel timed once, at its first op (the others cost nothing)
     timed = fused_report(report, ctx.fusion.plan) if options.fused and ctx.fusion else report
+    weight_gemms: frozenset[int] = frozenset()   # fp8 GEMMs that read a weight
     if precision is Precision.FP8:   # GEMMs at the fp8 peak plus their operands' scaling
         gemms = PARALLEL.gemm_ops | PARALLEL.grouped_gemm_ops
         fp8 = [n.id for n in graph.calls() if n.packet in gemms]
+        weight_gemms = frozenset(
+            i for i in fp8 if any(weight_param(graph, r, PARALLEL) is not None
+                                  for r in graph.nodes[i].input_refs()))
         times = node_times(timed, graph, spec, options.tf32, dict.fromkeys(fp8, "fp8"))
-        scaling = scaling_s(graph, fp8, lambda r: weight_param(graph, r, PARALLEL) is not None,
+        scaling = scaling_s(graph, weight_gemms,
+                            lambda r: weight_param(graph, r, PARALLEL) is not None,
                             spec.achievable_bandwidth)
         times = [dataclasses.replace(t, time_s=t.time_s + scaling[t.id],
                                      memory_s=t.memory_s + scaling[t.id])
@@ -121,7 +126,8 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
         kinds = effective_kinds(report, kinds_of(list(graph.nodes), ctx.registry))
         fusion = FusedOps(
             cheap=frozenset(i for i, k in kinds.items() if k in FUSABLE or k is OpKind.FREE),
-            gemms=frozenset(i for i, k in kinds.items() if k is OpKind.GEMM))
+            gemms=frozenset(i for i, k in kinds.items() if k is OpKind.GEMM),
+            fp8_gemms=weight_gemms)
     return read_facts(ctx.step, report, ctx.registry, state_of,
                       by_id, PARALLEL, whole, fusion)
 
@@ -135,7 +141,9 @@ def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFac
     return (
         device, batch,
         ("--fused: each predicted fused kernel timed once; activations saved as fused "
-         "kernels keep them (GEMM inputs kept, pointwise and norm intermediates recomputed)"
+         "kernels keep them (GEMM inputs kept, pointwise and norm intermediates recomputed"
+         + ("; a weight GEMM's activation input kept as its fp8 copy"
+            if options.precision == Precision.FP8.value else "") + ")"
          if options.fused else "ops timed and activations saved as the captured (eager) "
          "program runs them; --fused for fused kernels (Transformer Engine, torch.compile)"),
         f"collectives: ring algorithms at {LINK_EFFICIENCY:.0%} of the link bandwidth; "

@@ -39,3 +39,30 @@ def test_each_weight_gemm_pays_for_quantizing_its_other_operand(
                    if isinstance(m, torch.nn.Linear))
     expected = 6 * tokens * features / device("h100").achievable_bandwidth
     assert with_scaling - without == pytest.approx(expected, rel=1e-6)
+
+
+class _Mlp(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(64, 256), torch.nn.Linear(256, 64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.nn.functional.gelu(self.up(x))).sum()
+
+
+def saved_bytes(precision: str, tokens: int) -> int:
+    options = AnalysisOptions(train=True, plan=True, strategy="ddp", gpus=2, device="h100",
+                              precision=precision, fused=True)
+    ctx = Context(LoadedModel(_Mlp(), (torch.randn(tokens, 64),), "mlp", "mlp"), options,
+                  lambda _: None)
+    return sum(u.saved_bytes for u in plan_facts(ctx, run_context(ctx), device("h100")).units)
+
+
+def test_a_gemm_only_input_is_saved_as_its_fp8_copy() -> None:
+    """Fused, the GELU's input stays bf16 (its backward reads it) and its output, read only by
+    the down projection, is kept as the fp8 copy the weight-gradient GEMM reads: one byte per
+    element instead of two, 256 bytes less per token."""
+    tokens = 512
+    bf16 = saved_bytes("amp-bf16", tokens)
+    assert bf16 == tokens * (256 + 256) * 2
+    assert bf16 - saved_bytes("fp8", tokens) == tokens * 256

@@ -10,6 +10,10 @@ the two copies already made, and weights are quantized once per step (Megatron's
 ``is_first_microbatch``), not counted. Delayed scaling fuses the amax into the cast (4 bytes);
 kernels that emit fp8 from a fused norm or activation avoid part of it: both make this an
 upper bound.
+
+The same modules save the fp8 copy of a GEMM's activation input for the weight-gradient GEMM,
+not the bf16 tensor (`fp8_saved`): a saved tensor that only fp8 GEMMs read in the forward is
+kept at one byte per element (the per-tensor scale is a few bytes, not counted).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from fxlens.analyzer.core.graph import Graph, TensorRef
+from fxlens.analyzer.memory.liveness import Storages
 
 SCALING_BYTES_PER_ELEMENT = 6
 
@@ -35,4 +40,25 @@ def scaling_s(graph: Graph, gemms: Iterable[int], is_weight: Callable[[TensorRef
         elements = sum(s.numel for s in specs
                        if s is not None and len(s.shape) >= 2 and "float" in s.dtype)
         out[node_id] = elements * SCALING_BYTES_PER_ELEMENT / bandwidth_bytes_per_s
+    return out
+
+
+def fp8_saved(graph: Graph, storages: Storages, saved: Iterable[int],
+              fp8_gemms: frozenset[int]) -> dict[int, int]:
+    """Bytes of each storage in `saved` that only GEMMs in `fp8_gemms` read in the forward
+    (through views), as Transformer Engine saves it: its fp8 copy, one byte per element."""
+    readers: dict[int, set[int]] = {}
+    for node in graph.calls():
+        if node.phase != "forward":
+            continue
+        made = {storages.of_ref.get(TensorRef(node.id, i)) for i in range(len(node.outputs))}
+        for ref in node.input_refs():
+            sid = storages.of_ref.get(ref)
+            if sid is not None and sid not in made:    # a view of it is not a reader
+                readers.setdefault(sid, set()).add(node.id)
+    out = {}
+    for sid in saved:
+        users = readers.get(sid)
+        if users and users <= fp8_gemms:
+            out[sid] = storages.origin[sid][1].numel
     return out

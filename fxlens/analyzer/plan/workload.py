@@ -43,6 +43,7 @@ from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef
 from fxlens.analyzer.memory.liveness import Category, Storages, plan_storages
+from fxlens.analyzer.plan.fp8 import fp8_saved
 
 
 class Timed(Protocol):
@@ -223,12 +224,14 @@ def saved_by_module(step: TrainingGraph, registry: CostRegistry, of_node: Mappin
     saved = list(dict.fromkeys(
         sid for sid in (storages.of_ref.get(ref) for ref in step.saved)
         if sid is not None and storages.category[sid] is Category.ACTIVATION))
+    size: dict[int, int] = {}
     if fusion is not None:
         saved = fused_saved(step.graph, storages, saved, fusion)
+        size = fp8_saved(step.graph, storages, saved, fusion.fp8_gemms)
     for sid in saved:
         node, _ = storages.origin[sid]
         key = (of_node.get(node.id, "pre"), _made_in(step.graph, node, copy_ops))
-        out[key][0 if node.id in split_nodes else 1] += storages.size[sid]
+        out[key][0 if node.id in split_nodes else 1] += size.get(sid, storages.size[sid])
     return {key: (split, whole) for key, (split, whole) in out.items()}
 
 
@@ -238,10 +241,12 @@ RECOMPUTE_DEPTH = 12     # cheap ops a recompute walks back through, at most
 @dataclass(frozen=True)
 class FusedOps:
     """How fused kernels treat the step's ops: `cheap` ones (pointwise, norms, views) are
-    fused and recomputed, `gemms` keep their inputs."""
+    fused and recomputed, `gemms` keep their inputs; `fp8_gemms` (fp8 training) keep their
+    activation input's fp8 copy (`fxlens.analyzer.plan.fp8.fp8_saved`)."""
 
     cheap: frozenset[int]
     gemms: frozenset[int]
+    fp8_gemms: frozenset[int] = frozenset()
 
 
 def fused_saved(graph: Graph, storages: Storages, saved: Sequence[int],
