@@ -75,6 +75,8 @@ from fxlens.analyzer.memory.training_state import parse_bytes
 from fxlens.analyzer.memory.training_step import StepSettings, training_section
 from fxlens.analyzer.memory.types import KVLayout
 from fxlens.analyzer.time.roofline import (
+    dtype_key,
+    node_dtype,
     roofline_section,
     throughput_basis,
 )
@@ -289,9 +291,20 @@ def fusion_analysis(ctx: Context, report: Report) -> FusionAnalysis:
     so the costed report gives what the report after the memory passes gives."""
     graph = ctx.analysed()
     spec = ctx.device_spec()
+    if spec is None:
+        return analyze_fusion(report, graph, kinds_of(list(graph.nodes), ctx.registry),
+                              fusion_rules(ctx.registry), ctx.registry.lookup)
+    kernels = {n.id: n.kernel for n in report.nodes}
+    device = spec
+
+    def compute_s(node_id: int, flops: int) -> float:
+        key = dtype_key(node_dtype(graph.nodes[node_id], graph), ctx.options.tf32)
+        rate = device.achievable_flops(key, kernels.get(node_id, ""))
+        return flops / rate if rate > 0 else 0.0
+
     return analyze_fusion(report, graph, kinds_of(list(graph.nodes), ctx.registry),
                           fusion_rules(ctx.registry), ctx.registry.lookup,
-                          spec.achievable_bandwidth if spec is not None else None)
+                          spec.achievable_bandwidth, compute_s)
 
 
 class QuantPass:

@@ -8,8 +8,8 @@ and its own check against a closed form.
 Eager oracle (`eager`): each model also runs eagerly on real tensors under `FlopCounterMode`,
 with every SDPA call intercepted (`torch.nn.functional.scaled_dot_product_attention`): its
 GEMM and convolution FLOPs outside attention must equal ours, and each attention call must be
-counted causal exactly when the eager kernel did causal work (``is_causal=True``, or an
-explicit mask whose values are exactly causal) — whatever the graph's mask looked like.
+counted causal exactly when the eager kernel did causal work (``is_causal=True`` and no
+mask: a kernel handed a mask, even an exactly causal one, computes every score).
 The zoo holds our own models, the transformers and diffusers architectures of
 `tests.models.hf_zoo` and `tests.models.diffusers_zoo`, and three decoders given an
 ``attention_mask`` of ones (``+ones_mask``), as a tokenizer gives for an unpadded batch.
@@ -26,8 +26,6 @@ from typing import Any
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import _disable_current_modes
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxlens.analyzer.capture.chain import capture
@@ -36,7 +34,10 @@ from fxlens.analyzer.core.costs import OpCall
 from fxlens.analyzer.core.graph import Graph, Node, TensorRef
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.cost.engine import analyze
+from fxlens.analyzer.fusion.kernels import analyze_fusion
 from fxlens.rules import load_rules
+from fxlens.rules.fusion import fusion_rules, kinds_of
+from tests.attention_oracle import AttentionCalls
 from tests.models import OWN_ZOO, tiny_gpt
 from tests.models.diffusers_zoo import ZOO as DIFFUSERS_ZOO
 from tests.models.hf_zoo import ZOO as HF_ZOO
@@ -88,42 +89,12 @@ GROUPED_GEMMS = {"aten._grouped_mm", "transformers.grouped_mm_fallback"}
 @dataclass(frozen=True)
 class Eager:
     """What a real eager forward did: FlopCounterMode's GEMM and convolution FLOPs outside
-    attention, and per SDPA call whether its kernel did causal work."""
+    attention, and per SDPA call whether its kernel did causal work (``is_causal=True``, no
+    mask) and whether it was handed an explicit mask that is exactly causal."""
 
     gemm_flops: int
     causal: tuple[bool, ...]
-
-
-def exactly_causal(mask: torch.Tensor, t_q: int, t_k: int) -> bool:
-    """A real mask's values allow exactly the top-left causal scores (bool: True entries;
-    float: entries above the lowest finite value, which must all be 0)."""
-    mask = mask.expand(*mask.shape[:-2], t_q, t_k)
-    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
-    if mask.dtype != torch.bool and not bool((mask[allowed] == 0).all()):
-        return False
-    return bool((allowed == torch.ones(t_q, t_k, dtype=torch.bool).tril()).all())
-
-
-class AttentionCalls(TorchFunctionMode):
-    """Notes each SDPA call's convention and runs it unseen by the dispatch modes (so
-    FlopCounterMode counts everything but attention)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.causal: list[bool] = []
-
-    def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None
-                           ) -> Any:
-        kwargs = kwargs or {}
-        if func is not torch.nn.functional.scaled_dot_product_attention:
-            return func(*args, **kwargs)
-        q, k = args[0], args[1]
-        mask = args[3] if len(args) > 3 else kwargs.get("attn_mask")
-        is_causal = args[5] if len(args) > 5 else kwargs.get("is_causal", False)
-        self.causal.append(bool(is_causal) or (
-            mask is not None and exactly_causal(mask, q.shape[-2], k.shape[-2])))
-        with _disable_current_modes():
-            return func(*args, **kwargs)
+    masked_causal: tuple[bool, ...]
 
 
 @functools.cache
@@ -132,7 +103,7 @@ def eager(name: str) -> Eager:
     calls = AttentionCalls()
     with torch.no_grad(), FlopCounterMode(display=False) as counter, calls:
         module(*inputs) if isinstance(inputs, tuple) else module(**inputs)
-    return Eager(counter.get_total_flops(), tuple(calls.causal))
+    return Eager(counter.get_total_flops(), tuple(calls.causal), tuple(calls.masked_causal))
 
 
 @functools.cache
@@ -209,6 +180,19 @@ def test_attention_matches_its_closed_form(name: str) -> None:
         assert dense in (0, heads * t_q * t_k * (2 * d + 2 * v.shape[-1])), (
             "FlopCounterMode counts the dense GEMMs or nothing (CPU flash variant)"
         )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_the_is_causal_finding_marks_the_calls_handed_a_causal_mask(name: str) -> None:
+    """FUS009 on exactly the attention calls the eager run handed an exactly causal mask."""
+    graph, report = analysed(name)
+    registry = load_rules()
+    fusion = analyze_fusion(report, graph, kinds_of(list(graph.nodes), registry),
+                            fusion_rules(registry), registry.lookup)
+    flagged = {f.nodes[0] for f in fusion.findings if f.code == "FUS009"}
+    nodes = attention_nodes(graph, report)
+    assert [node.id in flagged for node, _ in nodes] == list(eager(name).masked_causal)
 
 
 @pytest.mark.slow

@@ -33,7 +33,7 @@ FAMILIES = (
     "views", "matmul", "conv", "attention", "rnn", "pointwise", "reduction", "norm",
     "indexing", "pooling", "data_movement", "fft",
 )
-CODED = ("fusion", "quant")     # modules declaring the coded rules (FUS***, QNT***)
+CODED = ("fusion", "attention_findings", "quant")   # the coded rules (FUS***, QNT***)
 
 
 def build_rules(packs: Iterable[str] = ()) -> CostRegistry:

@@ -21,16 +21,14 @@ top-left aligned as in SDPA (query i sees keys j ≤ i), so a head computes
 ``custom_mask_type`` 2 is bottom-right aligned (query i sees keys j ≤ i + T_k − T_q).
 NB: kernels skip whole tiles, not single scores, so real causal work is slightly higher.
 
-Which convention applies is decided from what the eager run does, not from the traced call
-alone: a call with ``is_causal=False`` and an explicit mask that is *exactly* causal (built in
-the graph from positions only, as `transformers` does when it detects tracing, where its eager
-run passes ``is_causal=True`` instead) is counted causal; any other explicit mask is counted
-dense, since a kernel handed a mask computes every score. A mask built from positions only
-(no parameter or buffer reaches it; a (B, T) integer ``attention_mask`` input is taken as all
-ones, a tokenizer's unpadded batch) is evaluated on CPU and compared with the causal pattern
-(top-left, or bottom-right when T_q ≠ T_k); beyond 8192 × 8192 it is judged by blocks of
-rows, never held whole. Limits: a padded batch is still counted as unpadded; sliding windows
-count dense (an explicit banded mask). Details in `fxlens.rules.masks`.
+Which convention applies is what the kernel the call runs does: ``is_causal=True`` counts
+causal; no mask or any explicit mask counts every score, since the math, memory-efficient and
+cuDNN kernels handed a mask compute them all, even an exactly causal one. `transformers`'
+causal LMs pass ``is_causal=True`` in their eager run, and the capture makes them do so while
+traced too (`fxlens.analyzer.capture.hf_masks`); a model that builds its own mask (Falcon, a
+``tril`` by hand) counts dense, as its eager run computes. What an explicit mask allows is
+judged from its values where the graph builds it (`fxlens.rules.masks`): an exactly causal one
+is named in the note, and the finding FUS009 says what ``is_causal=True`` would skip.
 Every attention cost carries a note (`Cost.note`) naming the convention applied and why.
 
 Grouped-query attention (fewer key/value heads, ``enable_gqa``): FLOPs follow the query
@@ -48,14 +46,15 @@ knowingly off: it counts 0 for the CPU flash kernel and its backward, the dense 
 causal, and reads the raw kernels' (B, T, H, d) tensors as if they were (B, H, T, d).
 
 Known limitations: the additive mask/bias and the score scaling (1 FLOP per score each) and
-dropout are not counted; sliding windows (``window_size*``) are not discounted (counted as
-their causal or dense square); variable-length (nested/``cum_seq``) batches count every
-sequence at the maximum length, as FlopCounterMode does (fake tensors do not know the offsets).
+dropout are not counted; sliding windows (``window_size*``, or a banded mask) are not
+discounted (counted as their causal or dense square); variable-length (nested/``cum_seq``)
+batches count every sequence at the maximum length, as FlopCounterMode does (fake tensors do
+not know the offsets).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -66,7 +65,7 @@ from fxlens.rules.conventions import (
     SPECIAL_FUNCTION_FLOPS,
 )
 from fxlens.rules.hardware import ATTENTION_BACKWARD, ATTENTION_FORWARD
-from fxlens.rules.masks import mask_convention
+from fxlens.rules.masks import MaskPattern, mask_convention
 
 aten = torch.ops.aten
 
@@ -106,7 +105,7 @@ def _attn(call: OpCall, seq_first: bool = False, mask_type: int | None = None) -
     t_q, t_k = (q[t], k[t]) if seqs == 1 else _max_lens(call)
     if mask_type is None:
         verdict = mask_convention(call)
-        mask_type, note = 2 if verdict.bottom_right else int(verdict.causal), verdict.note
+        mask_type, note = int(verdict.causal), verdict.note
     else:
         note = MASK_TYPE_NOTES.get(mask_type, f"custom_mask_type={mask_type}")
     scores = t_q * t_k if mask_type == 0 else causal_scores(t_q, t_k, (mask_type - 1) * (t_k - t_q))
@@ -214,3 +213,28 @@ def sdpa_math(call: OpCall) -> Cost:
         bytes_written=default_written + score_bytes,
         note="dense: the unfused math path computes every score, masked or not",
     )
+
+
+MASKED_OPS = frozenset(str(op) for op in (
+    aten.scaled_dot_product_attention, aten._scaled_dot_product_flash_attention_for_cpu,
+    aten._scaled_dot_product_efficient_attention, aten._scaled_dot_product_cudnn_attention,
+    aten._scaled_dot_product_flash_attention_for_cpu_backward,
+    aten._scaled_dot_product_efficient_attention_backward,
+    aten._scaled_dot_product_cudnn_attention_backward))
+BACKWARD_OPS = frozenset(str(op) for op in FUSED_BACKWARD)
+
+
+def causal_saving(call: OpCall) -> tuple[int, int, MaskPattern]:
+    """What an SDPA call (B, H, T, d) handed an exactly causal mask would skip with
+    ``is_causal=True`` (or ``causal_lower_right``): (FLOPs skipped, its FLOPs now, the mask's
+    pattern); (0, 0, pattern) for a call whose mask is not exactly causal."""
+    verdict = mask_convention(call)
+    if call.node.packet not in MASKED_OPS or verdict.causal or verdict.mask not in (
+            MaskPattern.CAUSAL, MaskPattern.CAUSAL_LOWER_RIGHT):
+        return 0, 0, verdict.mask
+    dense = _attn(call)
+    t_k = call.shape("key")[-2]
+    offset = t_k - dense.t_q if verdict.mask is MaskPattern.CAUSAL_LOWER_RIGHT else 0
+    causal = replace(dense, scores=causal_scores(dense.t_q, t_k, offset))
+    flops = backward_flops if call.node.packet in BACKWARD_OPS else forward_flops
+    return flops(dense) - flops(causal), flops(dense), verdict.mask

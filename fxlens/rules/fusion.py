@@ -12,7 +12,8 @@ reduction.softmax`), so their names live in one place.
 The patterns are ``@fusion_rule(code, priority)`` matchers; they apply by ascending priority,
 the most specific first (an intermediate is credited to the first finding that claims it; see
 `fxlens.analyzer.fusion.kernels`); the priorities leave gaps of 10 for rule packs to slot in.
-`FUSION_RULES` are this module's rules in that order; `fusion_rules(registry)` those of a
+`FUSION_RULES` are the built-in ones in that order (this module's and FUS009 of
+`fxlens.rules.attention_findings`); `fusion_rules(registry)` those of a
 registry (with any pack's). Each matcher's docstring says what it finds, why it matters and,
 in its ``Fix:`` lines, how to fix it: the reports and ``analyze explain FUS00n`` show that
 text, and a `Match` adds only its own ops and shapes (and which ``Fix:`` line applies).
@@ -39,7 +40,8 @@ from fxlens.analyzer.fusion.types import (
     OpKind,
     fusion_rule,
 )
-from fxlens.rules import conv, matmul, norm, reduction
+from fxlens.rules import attention_findings, conv, matmul, norm, reduction
+from fxlens.rules.attention_findings import hand_causal_saving
 
 FAMILY_KINDS: Mapping[str, OpKind] = {
     "pointwise": OpKind.POINTWISE, "data_movement": OpKind.POINTWISE,
@@ -240,9 +242,13 @@ def hand_attention(fg: FusionGraph, node: Node) -> Match | None:
     nodes = [first, *before, *after, second]
     scores = node.outputs[0]
     size = scores.nbytes if scores is not None else 0
+    skipped, dense = hand_causal_saving(fg, first, before, second)
+    causal = (f"; its mask is exactly causal: SDPA with is_causal=True also skips "
+              f"{skipped / dense:.0%} of the forward FLOPs" if skipped else "")
     return Match(tuple(n.id for n in nodes), _internal(fg, nodes),
                  f"attention written by hand ({_names(nodes)}): the {_shape(fg, node)} score "
-                 f"matrix ({size} bytes) is materialised {len(nodes) - 2} times")
+                 f"matrix ({size} bytes) is materialised {len(nodes) - 2} times{causal}",
+                 flops_saved=skipped)
 
 
 def _gemm_input(fg: FusionGraph, node: Node) -> TensorRef | None:
@@ -409,4 +415,6 @@ def fusion_rules(registry: CostRegistry) -> tuple[FusionRule, ...]:
     return registry.coded.of(FAMILY)
 
 
-FUSION_RULES: tuple[FusionRule, ...] = declared_coded(FAMILY, __name__)
+FUSION_RULES: tuple[FusionRule, ...] = tuple(sorted(
+    (*declared_coded(FAMILY, __name__), *declared_coded(FAMILY, attention_findings.__name__)),
+    key=lambda rule: rule.priority))

@@ -1,33 +1,32 @@
-"""Attention masks built inside the graph: which scores does the eager run's kernel compute?
+"""Attention masks built inside the graph: what they allow, and what a kernel handed them does.
 
-Why: tracing changes what a model hands to SDPA. `transformers` (and code like it) drops the
-mask and calls SDPA with ``is_causal=True`` when it runs eagerly without padding, so a fused
-kernel computes only the lower triangle; when it detects tracing (fake tensors, export) it
-materialises the same causal mask and passes it as ``attn_mask``. Counting what the graph says
-would count the dense square, and the figure would depend on the capture path. So a mask is
-judged by the values it holds, which the eager run would have seen.
+The count follows the kernel the call runs (`mask_convention`, for the ``attn_mask`` /
+``attn_bias`` argument of a call):
 
-The rule (`mask_convention`), for the ``attn_mask`` / ``attn_bias`` argument of a call:
+1. ``is_causal=True`` → causal: a flash kernel skips the upper triangle.
+2. No mask → dense.
+3. Any explicit mask → dense: the math, memory-efficient and cuDNN kernels compute every score
+   they are handed a mask for, whatever it holds.
 
-1. No mask: the call's own ``is_causal`` decides.
-2. The mask is a constant of the graph when every op that builds it starts from factories
-   (``arange``, ``ones``, ``full``…) and reaches no parameter, buffer or lifted constant —
-   the positions-only masks of causal LMs. An integer graph input of at most two dims it
-   reads (a padding ``attention_mask``) is taken as all ones: the unpadded batch a tokenizer
-   gives, for which an eager ``transformers`` run drops the mask and calls SDPA with
-   ``is_causal=True``. Such a mask is evaluated on CPU (real tensors, only its own ops) and
-   compared with the top-left causal pattern (query i sees keys j ≤ i, SDPA's ``is_causal``)
-   and, when T_q ≠ T_k, the bottom-right one (query i sees keys j ≤ i + T_k − T_q: new
-   tokens after a cache), broadcast over batch and heads.
-   A bool mask allows its True entries; a float mask allows the entries above the dtype's
-   lowest finite value (``-inf`` and ``finfo.min`` both block), and is causal only when every
-   allowed entry is exactly 0 (a bias such as ALiBi is not).
-3. Exactly causal → counted causal, as a fused kernel called with ``is_causal=True`` computes
-   it. All allowed → counted dense (the mask removes nothing). Anything else — sliding windows,
-   packed sequences, prefixes, an explicit mask read from the inputs, buffers or constants
-   whose values fake tensors do not hold, or a mask that cannot be evaluated — is counted
-   dense: a kernel handed an explicit mask computes every score (the convention of
-   `fxlens.rules.attention`).
+`transformers` hands SDPA a mask in a traced run where its eager run passes ``is_causal=True``
+instead; the capture makes it decide as its eager run does (`fxlens.analyzer.capture.hf_masks`),
+so a graph holds an explicit mask only where the eager run has one too (Falcon, a hand-built
+``tril``, a sliding window).
+
+What an explicit mask allows (`MaskVerdict.mask`, read by the "pass is_causal" finding) is
+judged by its values, where the graph can compute them: when every op that builds it starts
+from factories (``arange``, ``ones``, ``full``…) and reaches no parameter, buffer or lifted
+constant — the positions-only masks of causal LMs. An integer graph input of at most two dims
+it reads (a padding ``attention_mask``) is taken as all ones: the unpadded batch a tokenizer
+gives. Such a mask is evaluated on CPU (real tensors, only its own ops) and compared with the
+top-left causal pattern (query i sees keys j ≤ i, SDPA's ``is_causal``) and, when T_q ≠ T_k,
+the bottom-right one (query i sees keys j ≤ i + T_k − T_q: new tokens after a cache,
+``torch.nn.attention.bias.causal_lower_right``), broadcast over batch and heads. A bool mask
+allows its True entries; a float mask allows the entries above the dtype's lowest finite value
+(``-inf`` and ``finfo.min`` both block), and is causal only when every allowed entry is
+exactly 0 (a bias such as ALiBi is not). Anything else — sliding windows, packed sequences,
+prefixes, an explicit mask read from the inputs, buffers or constants whose values fake tensors
+do not hold, or a mask that cannot be evaluated — is `MaskPattern.OTHER`.
 
 Every verdict carries a note (`MaskVerdict.note`) saying which convention was applied and why.
 
@@ -49,9 +48,8 @@ more than ``MAX_LAZY_ELEMENTS`` scores (a 128 k context: 2^34) would take minute
 whole, so it is judged on row blocks evenly spread over it, the first and last among them,
 and the note says how many rows were read: a window, packed documents or padding show in
 every block past their first boundary, but a defect confined to unread rows would be missed.
-A padding mask from the inputs is assumed all ones (no padding): for a padded batch the eager
-run hands SDPA an explicit mask, a dense count, and we count causal (the note says what was
-assumed). Sliding-window and block-sparse masks count every score, not the fraction a
+A padding mask from the inputs is assumed all ones (no padding), as the capture assumes it.
+Sliding-window and block-sparse masks count every score, as SDPA runs them, not the fraction a
 block-sparse kernel (flex attention) would skip.
 """
 
@@ -61,6 +59,7 @@ import math
 import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import torch
@@ -78,30 +77,43 @@ MAX_MASK_NODES = 400        # a positions-only mask takes tens of ops; more mean
 MASK_ARGUMENTS = ("attn_mask", "attn_bias", "bias")
 
 
+class MaskPattern(Enum):
+    """What an explicit mask allows, as far as a kernel could use it."""
+
+    OTHER = "other"                  # a window, packed sequences, a bias, padding, unknown
+    ALL = "all"                      # every score: the mask removes nothing
+    CAUSAL = "causal"                # exactly SDPA's is_causal (top-left)
+    CAUSAL_LOWER_RIGHT = "causal-lower-right"   # exactly causal aligned to the last key
+
+
 @dataclass(frozen=True)
 class MaskVerdict:
-    """How to count one attention call: `causal` or dense, and why (shown in the report)."""
+    """How to count one attention call: `causal` or dense, and why (shown in the report);
+    `mask`: what an explicit mask allows (the "pass is_causal" finding reads it)."""
 
     causal: bool
     note: str
-    bottom_right: bool = False    # causal aligned to the last key (query i sees j ≤ i + T_k − T_q)
+    mask: MaskPattern = MaskPattern.OTHER
 
 
 def mask_convention(call: OpCall) -> MaskVerdict:
-    """The convention for an attention call: from ``is_causal`` or from its mask's values."""
+    """The convention for an attention call: ``is_causal=True`` counts causal; no mask, or any
+    explicit mask, counts every score (a kernel handed a mask computes them all). The mask's
+    values, where the graph builds it, say what it allows (`MaskVerdict.mask`)."""
     ref = next((call.ref(n) for n in MASK_ARGUMENTS if call.ref(n) is not None), None)
     if bool(call.arg("is_causal", False)):
-        return MaskVerdict(True, "causal: is_causal=True")
+        return MaskVerdict(True, "causal: is_causal=True (a flash kernel skips the upper "
+                                 "triangle)")
     if ref is None:
         return MaskVerdict(False, "dense: no mask, is_causal=False")
-    return _cached(call.graph, ref, call.shape("query")[-2], call.shape("key")[-2])
+    return judged(call.graph, ref, call.shape("query")[-2], call.shape("key")[-2])
 
 
 Key = tuple[TensorRef, int, int]
 _CACHE: dict[int, tuple[weakref.ref[Graph], dict[Any, MaskVerdict]]] = {}
 
 
-def _cached(graph: Graph, ref: TensorRef, t_q: int, t_k: int) -> MaskVerdict:
+def judged(graph: Graph, ref: TensorRef, t_q: int, t_k: int) -> MaskVerdict:
     """`classify` once per mask of a graph: the layers of a model share one mask.
 
     A recorded training step hands each layer its own copy of the mask (autograd's SDPA
@@ -161,7 +173,13 @@ def classify(graph: Graph, ref: TensorRef, t_q: int, t_k: int) -> MaskVerdict:
         return verdict
     names = ", ".join(n.target for n in padding)
     return MaskVerdict(verdict.causal, f"{verdict.note}; the input {names} taken as all ones "
-                       "(no padding, as a tokenizer gives an unpadded batch)", verdict.bottom_right)
+                       "(no padding, as a tokenizer gives an unpadded batch)", verdict.mask)
+
+
+def mask_builders(graph: Graph, ref: TensorRef) -> list[Node]:
+    """The ops that build the mask `ref` from positions alone (none when it is not built so):
+    what a call with ``is_causal=True`` would no longer run."""
+    return _constant_subgraph(graph, ref)[0]
 
 
 def _constant_subgraph(graph: Graph, ref: TensorRef) -> tuple[list[Node], list[Node], str]:
@@ -405,15 +423,19 @@ def _judge(mask: torch.Tensor | _Lazy, t_q: int, t_k: int) -> MaskVerdict:
         f" (judged on {judged:,} of its {t_q:,} query rows, in {len(starts)} blocks evenly "
         "spread: a square this large is too slow to read whole)")
     if all_allowed:
-        return MaskVerdict(False, f"dense: the mask allows every score{sampled}")
+        return MaskVerdict(False, f"dense: the mask allows every score{sampled}", MaskPattern.ALL)
+    explicit = "a kernel handed an explicit mask computes every score"
     if exact and top_left:
-        return MaskVerdict(True, "causal: the mask built in the graph is exactly causal (the "
-                                 f"eager run calls a fused kernel with is_causal=True){sampled}")
+        return MaskVerdict(False, f"dense: the mask is exactly causal, but {explicit}; "
+                                  f"is_causal=True instead would skip the upper triangle{sampled}",
+                           MaskPattern.CAUSAL)
     if exact and bottom_right:
-        return MaskVerdict(True, "causal: the mask built in the graph is exactly causal, aligned "
-                                 f"to the last key (as a kernel with a KV cache){sampled}", True)
+        return MaskVerdict(False, f"dense: the mask is exactly causal aligned to the last key, "
+                                  f"but {explicit}; torch.nn.attention.bias.causal_lower_right "
+                                  f"instead would skip the masked scores{sampled}",
+                           MaskPattern.CAUSAL_LOWER_RIGHT)
     what = "adds a bias" if not exact else "is not causal (window, padding or custom)"
-    return MaskVerdict(False, f"dense: the mask {what}; a kernel given it computes every score")
+    return MaskVerdict(False, f"dense: the mask {what}; {explicit}")
 
 
 def _row_starts(mask: torch.Tensor | _Lazy, t_q: int, t_k: int) -> tuple[list[int], int]:

@@ -122,7 +122,7 @@ def test_sections_on_inference_reports_and_the_fused_roofline() -> None:
     report = analyze_loaded(loaded, AnalysisOptions(strict=True, device="h100"))
     findings = report.to_dict()["findings"]
     assert findings and set(findings[0]) == {"code", "nodes", "modules", "saved_bytes",
-                                             "saved_s", "message", "fix"}
+                                             "saved_s", "message", "fix", "saved_flops"}
     assert findings[0]["saved_s"] is not None
     fusion = report.to_dict()["fusion"]
     assert fusion["by_module"][""]["kernels_fused"] == fusion["kernels_fused"]

@@ -237,8 +237,8 @@ def test_preset_exports_fully_costed_with_one_sdpa_per_attention(name: str) -> N
 # GEMMs: 2 FLOPs per weight per token (embedding lookups are not GEMMs; the LM head is);
 # MoE layers count their router and only the top-k routed experts (+ shared ones).
 # Attention per layer: B·H·scores·(2·d_qk + 2·d_v + 8 softmax), scores = T(T+1)/2 causal —
-# what the eager kernel computes for these decoders (transformers calls SDPA with is_causal)
-# while the exported graph holds an explicit mask, judged exactly causal by fxlens.rules.masks.
+# what the eager kernel computes for these decoders (transformers calls SDPA with is_causal),
+# and the captured graph with it (`fxlens.analyzer.capture.hf_masks`).
 
 def causal_attention(config: Any, b: int, t: int, d_qk: int, d_v: int) -> int:
     scores = t * (t + 1) // 2
@@ -326,10 +326,75 @@ def test_preset_forward_flops_match_the_closed_form(name: str) -> None:
     assert flops["total"] - gemm - attention < 0.01 * flops["total"]  # elementwise, norms
 
 
+# ---- attention against a real eager forward of each preset ----------------------------------
+#
+# Each preset's config, narrowed (two layers, small widths and vocabularies: the attention
+# convention does not depend on them) and built with real weights on CPU, runs eagerly with
+# every SDPA call noted (`tests.attention_oracle`): is_causal or a mask, and the FLOPs it
+# performs by the closed form. Our capture of the same module must count each attention call
+# the same, in order. Two cases narrow the sliding window below the sequence, where
+# transformers hands SDPA a banded mask.
+
+NARROW = {
+    "intermediate_size": "64", "moe_intermediate_size": "32", "vocab_size": "256",
+    "num_hidden_layers": "2", "n_layer": "2", "num_layers": "2", "num_decoder_layers": "2",
+    "encoder_layers": "2", "decoder_layers": "2", "n_routed_experts": "8", "num_experts": "8",
+    "num_experts_per_tok": "2", "n_group": "2", "topk_group": "1", "q_lora_rank": "64",
+    "kv_lora_rank": "32", "first_k_dense_replace": "1", "d_ff": "64", "encoder_ffn_dim": "64",
+    "decoder_ffn_dim": "64", "pad_token_id": "0", "bos_token_id": "0", "eos_token_id": "0",
+}
+WINDOWS = {"mistral-7b+window": ("mistral-7b", {"sliding_window": "8"}),
+           "gemma-3-1b+window": ("gemma-3-1b", {"sliding_window": "4"})}
+
+
+def narrowed(name: str) -> dict[str, str]:
+    """Overrides that keep `name`'s architecture and attention settings at a small size."""
+    config = read_preset(name).config
+    out = {k: v for k, v in NARROW.items() if k in config}
+    if "q_lora_rank" in config or "head_dim" in config:   # head sizes do not follow hidden
+        out["hidden_size"] = "256"
+    elif config.get("hidden_size", 0) > 1024:
+        out["hidden_size"] = str(config["num_attention_heads"] * 16)
+    if name == "gemma-3-1b":
+        out["num_hidden_layers"] = "6"     # five sliding layers, one global
+    return out
+
+
+def _real(value: Any) -> Any:
+    if not isinstance(value, torch.Tensor):
+        return value
+    generator = torch.Generator().manual_seed(0)
+    if value.dtype == torch.int64:
+        return torch.randint(0, 200, value.shape, generator=generator)
+    return torch.randn(value.shape, dtype=value.dtype, generator=generator)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", [*preset_names(), *WINDOWS])
+def test_preset_attention_counts_what_its_eager_run_computes(case: str) -> None:
+    from tests.attention_oracle import AttentionCalls
+
+    name, extra = WINDOWS.get(case, (case, {}))
+    loaded = load_preset(name, {**narrowed(name), **extra}, seq_len=16, dtype="float32")
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        module = type(loaded.module)(loaded.module.config).eval()
+    inputs = {k: _real(v) for k, v in loaded.inputs.items()}
+    calls = AttentionCalls()
+    with torch.no_grad(), calls:
+        module(**inputs)
+    registry = load_rules()
+    report = analyze(capture(module, inputs, registry), registry, strict=True)
+    ours = [n.flops for n in report.nodes if n.target.startswith("aten.scaled_dot_product")]
+    assert calls.flops and ours == calls.flops
+    if case in WINDOWS:
+        assert not all(calls.causal)      # the banded layers ran with a mask, counted dense
+
+
 @pytest.mark.slow
 def test_llama_3_8b_attention_at_8k_is_counted_causal() -> None:
-    """The issue's headline: at 8192 tokens the exported graph holds an explicit 8192² mask,
-    the eager run calls SDPA with is_causal=True; we count the lower triangle."""
+    """The issue's headline: at 8192 tokens the eager run calls SDPA with is_causal=True, and
+    so does the captured graph (`capture.hf_masks`); we count the lower triangle."""
     config, flops = flops_by_family("llama-3-8b", {}, seq_len=8192)
     gemm, attention = dense_decoder(config, 2, 8192)
     assert (flops["matmul"], flops["attention"]) == (gemm, attention)
@@ -348,13 +413,13 @@ def test_sliding_window_beyond_the_window_is_counted_dense() -> None:
 
 @pytest.mark.slow
 def test_llama_3_1_8b_attention_at_16k_is_counted_causal() -> None:
-    """Past 8192 × 8192 the exported mask is no longer evaluated whole but by blocks of rows
-    (fxlens.rules.masks): still exactly causal, counted as the lower triangle."""
+    """At 16 k tokens too the captured graph calls SDPA with is_causal=True, as the eager run
+    does: no 16384² mask is built, the lower triangle counted."""
     config, flops = flops_by_family("llama-3.1-8b", {}, seq_len=16384)
     gemm, attention = dense_decoder(config, 2, 16384)
     assert (flops["matmul"], flops["attention"]) == (gemm, attention)
     (note,) = flops["notes"]
-    assert note.startswith("causal: the mask built in the graph is exactly causal"), note
+    assert note.startswith("causal: is_causal=True"), note
 
 
 @pytest.mark.slow

@@ -64,6 +64,10 @@ KNOWN_DIVERGENCES: dict[str, Divergence] = {
                                              "q, k, v"), 0.85),
     "hf-wav2vec2": Divergence(NAMED_LOCALS.format(names="the attention's q, k, v and the "
                                                   "feature projection"), 0.90),
+    # the whole gap, 3,072 B: one (2, 12, 32) fp32 tensor, T5LayerFF's normed input while
+    # its MLP runs (until the capture made T5's skipped masks as its eager run does, the
+    # graph's materialised masks had hidden it)
+    "hf-t5": Divergence(NAMED_LOCALS.format(names="forwarded_states"), 0.86),
     # The wider zoo (issue 19): what eager holds is not broken down by tensor yet; the
     # simulated eager peak agrees within TOLERANCE on each (test below), which is why
     # fxlens.analyzer.memory.liveness says to lead with it.

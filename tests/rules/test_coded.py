@@ -112,12 +112,13 @@ def test_every_registered_code_has_a_title_why_and_fix(rule: Any) -> None:
 
 def test_every_code_is_registered() -> None:
     codes = [r.code for r in load_rules().coded]
-    assert codes == [f"FUS00{i}" for i in range(1, 9)] + [f"QNT00{i}" for i in range(1, 7)]
+    assert codes == [f"FUS00{i}" for i in range(1, 10)] + [f"QNT00{i}" for i in range(1, 7)]
 
 
 def test_fusion_rules_apply_most_specific_first_by_priority() -> None:
     assert [r.code for r in FUSION_RULES] == [
-        "FUS004", "FUS006", "FUS003", "FUS002", "FUS008", "FUS001", "FUS005", "FUS007"]
+        "FUS009", "FUS004", "FUS006", "FUS003", "FUS002", "FUS008", "FUS001", "FUS005",
+        "FUS007"]
     assert fusion_rules(load_rules()) == FUSION_RULES
     assert [r.priority for r in FUSION_RULES] == sorted(r.priority for r in FUSION_RULES)
 
@@ -132,7 +133,7 @@ def test_a_rule_added_to_a_copy_leaves_the_default_registry_alone() -> None:
     assert extended.knows("fxlens_copy.op") and extended.coded.get("FUS950") is not None
     assert fusion_rules(extended)[0].code == "FUS950"
     assert not default.knows("fxlens_copy.op") and default.coded.get("FUS950") is None
-    assert not load_rules().knows("fxlens_copy.op") and len(load_rules().coded) == 14
+    assert not load_rules().knows("fxlens_copy.op") and len(load_rules().coded) == 15
 
 
 def test_the_shared_registry_refuses_registrations() -> None:
@@ -146,7 +147,8 @@ def test_a_pack_declared_with_the_public_decorators_is_in_its_registry_only() ->
     with_pack = build_rules([PACK])
     assert with_pack.find(rule_pack.PACK_OP) is not None
     assert [r.code for r in fusion_rules(with_pack)] == [            # FUS901: priority 45
-        "FUS004", "FUS006", "FUS003", "FUS002", "FUS901", "FUS008", "FUS001", "FUS005", "FUS007"]
+        "FUS009", "FUS004", "FUS006", "FUS003", "FUS002", "FUS901", "FUS008", "FUS001", "FUS005",
+        "FUS007"]
     assert with_pack.coded.get("QNT901") is not None
     for registry in (load_rules(), build_rules()):
         assert registry.find(rule_pack.PACK_OP) is None

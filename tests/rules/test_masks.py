@@ -1,8 +1,9 @@
-"""Attention masks built in the graph: counted causal exactly when their values are causal.
+"""Attention masks built in the graph: an explicit mask counts every score (the kernel handed
+it computes them all); its values say what it allows, named in the note and the verdict.
 
-Each case is a tiny module that builds a mask and calls SDPA with it (``is_causal=False``), as
-`transformers` does under tracing; it is captured with make_fx (fast) and the SDPA rule's
-verdict, FLOPs and note are checked. Expected FLOPs are the derivation: B·H·scores·(4·d + 8).
+Each case is a tiny module that builds a mask and calls SDPA with it (``is_causal=False``);
+it is captured with make_fx (fast) and the SDPA rule's verdict, FLOPs and note are checked.
+Expected FLOPs are the derivation: B·H·scores·(4·d + 8).
 """
 
 from __future__ import annotations
@@ -93,17 +94,18 @@ def flops(scores: int) -> int:
 
 
 CAUSAL, DENSE = causal_scores(T, T), T * T
+EXACT = "dense: the mask is exactly causal"
 q = torch.randn(B, H, T, D)
 
 CASES: list[tuple[str, torch.nn.Module, int, str]] = [
     ("is_causal", Masked(None, is_causal=True), CAUSAL, "causal: is_causal=True"),
     ("no mask", Masked(None), DENSE, "dense: no mask"),
-    ("kv <= q, batch-expanded", Masked(kv_le_q), CAUSAL, "causal: the mask built"),
-    ("tril of ones", Masked(lambda q: torch.ones(T, T, dtype=torch.bool).tril()), CAUSAL,
-     "causal: the mask built"),
-    ("-inf above the diagonal", Masked(additive_causal), CAUSAL, "causal: the mask built"),
-    ("finfo.min above the diagonal", Masked(finfo_min_causal), CAUSAL, "causal: the mask built"),
-    ("window wider than T", Masked(window(T)), CAUSAL, "causal: the mask built"),
+    ("kv <= q, batch-expanded", Masked(kv_le_q), DENSE, "dense: the mask is exactly causal"),
+    ("tril of ones", Masked(lambda q: torch.ones(T, T, dtype=torch.bool).tril()), DENSE,
+     "dense: the mask is exactly causal"),
+    ("-inf above the diagonal", Masked(additive_causal), DENSE, EXACT),
+    ("finfo.min above the diagonal", Masked(finfo_min_causal), DENSE, EXACT),
+    ("window wider than T", Masked(window(T)), DENSE, "dense: the mask is exactly causal"),
     ("window narrower than T", Masked(window(3)), DENSE, "dense: the mask is not causal"),
     ("all allowed", Masked(lambda q: torch.ones(T, T, dtype=torch.bool)), DENSE,
      "dense: the mask allows every score"),
@@ -119,6 +121,25 @@ def test_mask_verdicts(label: str, module: torch.nn.Module, scores: int, note: s
     cost = sdpa_cost(module, q)
     assert cost.note.startswith(note)
     assert cost.flops == flops(scores)
+
+
+@pytest.mark.parametrize(("label", "module", "pattern"), [
+    ("is_causal", Masked(None, is_causal=True), masks.MaskPattern.OTHER),
+    ("tril of ones", Masked(lambda q: torch.ones(T, T, dtype=torch.bool).tril()),
+     masks.MaskPattern.CAUSAL),
+    ("-inf above the diagonal", Masked(additive_causal), masks.MaskPattern.CAUSAL),
+    ("all allowed", Masked(lambda q: torch.ones(T, T, dtype=torch.bool)), masks.MaskPattern.ALL),
+    ("window narrower than T", Masked(window(3)), masks.MaskPattern.OTHER),
+    ("ALiBi bias + causal", Masked(alibi_causal), masks.MaskPattern.OTHER),
+], ids=lambda v: v if isinstance(v, str) else "")
+def test_the_verdict_names_what_an_explicit_mask_allows(
+        label: str, module: torch.nn.Module, pattern: masks.MaskPattern) -> None:
+    registry = load_rules()
+    graph = capture(module, (q,), registry, methods=("make_fx",))
+    (node,) = [n for n in graph.calls() if n.packet == "aten.scaled_dot_product_attention"]
+    verdict = masks.mask_convention(OpCall(node, graph))
+    assert verdict.mask is pattern
+    assert verdict.causal is (label == "is_causal")
 
 
 def test_a_mask_from_the_inputs_counts_dense() -> None:
@@ -138,8 +159,8 @@ def test_bottom_right_causal_with_fewer_queries_than_keys() -> None:
             return F.scaled_dot_product_attention(q, kv, kv, attn_mask=mask)
 
     cost = sdpa_cost(Cached(), torch.randn(B, H, t_q, D), torch.randn(B, H, t_k, D))
-    assert "aligned to the last key" in cost.note
-    assert cost.flops == B * H * causal_scores(t_q, t_k, t_k - t_q) * (4 * D + SOFTMAX)
+    assert cost.note.startswith("dense: the mask is exactly causal aligned to the last key")
+    assert cost.flops == B * H * t_q * t_k * (4 * D + SOFTMAX)
 
 
 def all_allowed(q: torch.Tensor) -> torch.Tensor:
@@ -148,8 +169,8 @@ def all_allowed(q: torch.Tensor) -> torch.Tensor:
 
 
 LARGE = [  # masks built by elementwise ops only, so they can be judged by rows
-    ("kv <= q, batch-expanded", kv_le_q, CAUSAL, "causal: the mask built"),
-    ("window wider than T", window(T), CAUSAL, "causal: the mask built"),
+    ("kv <= q, batch-expanded", kv_le_q, DENSE, "dense: the mask is exactly causal"),
+    ("window wider than T", window(T), DENSE, "dense: the mask is exactly causal"),
     ("window narrower than T", window(3), DENSE, "dense: the mask is not causal"),
     ("ALiBi bias + causal", alibi_causal, DENSE, "dense: the mask adds a bias"),
     ("all allowed", all_allowed, DENSE, "dense: the mask allows every score"),
@@ -188,11 +209,11 @@ def test_between_the_limits_recipes_save_memory_and_change_no_verdict(
     monkeypatch.setattr(masks, "BLOCK_ELEMENTS", 3 * T)
     blocks = _rows_per_block(monkeypatch)
     by_rows = sdpa_cost(Masked(kv_le_q), q)
-    assert by_rows.note.startswith("causal: the mask built") and by_rows.flops == flops(CAUSAL)
+    assert by_rows.note.startswith("dense: the mask is exactly causal")
     assert blocks and max(blocks) <= 3
     blocks.clear()
     whole = sdpa_cost(Masked(lambda q: kv_le_q(q).tril()), q)
-    assert whole.note.startswith("causal: the mask built") and whole.flops == flops(CAUSAL)
+    assert whole.note.startswith("dense: the mask is exactly causal")
     assert T in blocks                      # the recipe computed whole for tril
     flipped = sdpa_cost(Masked(lambda q: kv_le_q(q).flip(-1)), q)
     assert flipped.note.startswith("dense: the mask is not causal")
@@ -208,7 +229,7 @@ def test_a_large_mask_built_by_other_ops_counts_dense(monkeypatch: pytest.Monkey
     assert cost.flops == flops(DENSE)
 
 
-@pytest.mark.parametrize(("build", "note"), [(kv_le_q, "causal: the mask built"),
+@pytest.mark.parametrize(("build", "note"), [(kv_le_q, "dense: the mask is exactly causal"),
                                               (window(T - 1), "dense: the mask is not causal")])
 def test_a_mask_beyond_the_scores_read_whole_is_judged_on_sampled_rows(
         monkeypatch: pytest.MonkeyPatch, build: MaskFn, note: str) -> None:
@@ -224,10 +245,10 @@ def test_a_mask_beyond_the_scores_read_whole_is_judged_on_sampled_rows(
     cost = sdpa_cost(Masked(build), q)
     assert cost.note.startswith(note)
     assert sorted(set(starts)) == [0, T - 1]
-    if note.startswith("causal"):
+    if "exactly causal" in note:
         assert cost.note.endswith("(judged on 2 of its 8 query rows, in 2 blocks evenly spread: "
                                   "a square this large is too slow to read whole)")
-        assert cost.flops == flops(CAUSAL)
+    assert cost.flops == flops(DENSE)
 
 
 class Padded(torch.nn.Module):
@@ -241,11 +262,11 @@ class Padded(torch.nn.Module):
 @pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
 def test_an_integer_padding_mask_input_is_taken_as_all_ones(dtype: torch.dtype) -> None:
     """Its values are not traced; a tokenizer's unpadded batch is all ones, for which the
-    eager run is causal. The note says what was assumed."""
+    mask is exactly causal. The note says what was assumed."""
     cost = sdpa_cost(Padded(), q, torch.ones(B, T, dtype=dtype))
-    assert cost.note.startswith("causal: the mask built")
+    assert cost.note.startswith("dense: the mask is exactly causal")
     assert "taken as all ones" in cost.note
-    assert cost.flops == flops(CAUSAL)
+    assert cost.flops == flops(DENSE)
 
 
 def test_a_padding_mask_of_more_than_two_dims_counts_dense() -> None:
@@ -277,7 +298,7 @@ def test_one_mask_is_evaluated_once_per_graph(monkeypatch: pytest.MonkeyPatch) -
     nodes = [n for n in graph.calls() if n.packet == "aten.scaled_dot_product_attention"]
     costs = [registry.lookup(n)(OpCall(n, graph)) for n in nodes]  # type: ignore[operator]
     assert len(nodes) == 2 and len(calls) == 1
-    assert all(c.flops == flops(CAUSAL) for c in costs)
+    assert all(c.flops == flops(DENSE) for c in costs)
 
 
 def test_masks_built_alike_are_judged_once_and_different_ones_apart(
@@ -305,6 +326,6 @@ def test_masks_built_alike_are_judged_once_and_different_ones_apart(
     refs = [n.args["attn_mask"] for n in nodes]
     assert len(nodes) == 4 and len(set(refs)) == 4           # four masks, built apart
     assert len(calls) == 3                                    # causal T, window, causal 2T
-    assert [c.flops == flops(CAUSAL) for c in costs[:3]] == [True, True, False]
-    assert costs[2].flops == flops(DENSE) and "window" in costs[2].note
-    assert costs[3].note.startswith("causal")
+    exact = [c.note.startswith("dense: the mask is exactly causal") for c in costs]
+    assert exact == [True, True, False, True]
+    assert all(c.flops == flops(DENSE) for c in costs[:3]) and "window" in costs[2].note

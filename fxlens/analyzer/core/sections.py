@@ -316,7 +316,8 @@ class Roofline(Section):
 
 @dataclass(frozen=True)
 class Finding:
-    """One fusion opportunity: what a rule matched, what fusing it saves, how to fix it."""
+    """One fusion opportunity: what a rule matched, what fusing it saves, how to fix it
+    (`saved_flops`: work the fix skips as well, as FUS009's ``is_causal=True`` does)."""
 
     code: str
     nodes: tuple[int, ...]
@@ -325,12 +326,14 @@ class Finding:
     saved_s: float | None
     message: str
     fix: str
+    saved_flops: int = 0
 
 
 @section("findings")
 @dataclass(frozen=True)
 class Findings(Section):
-    """Fusion findings, most bytes saved first; written as a JSON list."""
+    """Fusion findings, most time saved first (most bytes without a device); written as a
+    JSON list."""
 
     items: tuple[Finding, ...] = ()
 

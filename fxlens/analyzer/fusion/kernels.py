@@ -12,8 +12,10 @@ This module owns
   re-reads avoided. An intermediate is claimed by one finding only: rules run in the order
   given (the most specific first), and a later match keeps only unclaimed intermediates.
   A finding's fix is the rule docstring's ``Fix:`` line the match names.
-  Findings are ranked by saved bytes; ``saved_s`` = saved bytes / the roofline device's
-  achievable bandwidth when a device is given, else None.
+  ``saved_s`` = saved bytes / the roofline device's achievable bandwidth when a device is
+  given, else None, plus the seconds of the FLOPs a fix skips (`Match.flops_saved`) at the
+  device's rate for that node. Findings are ranked by time saved when a device is given (a
+  fix that skips work can matter most while saving few bytes), else by bytes saved.
 - `plan_kernels`: groups the graph into kernels as Inductor does by default: connected
   pointwise and reduction nodes fuse into one kernel whenever that creates no cycle through
   another kernel; GEMMs, convolutions and other library calls stay one kernel each (with
@@ -72,8 +74,12 @@ from fxlens.analyzer.fusion.types import FUSABLE, FusionGraph, FusionRule, OpKin
 # --- findings ----------------------------------------------------------------------------------
 
 def run_rules(fg: FusionGraph, rules: Sequence[FusionRule],
-              bandwidth_bytes_per_s: float | None = None) -> list[Finding]:
-    """Every rule on every call node, each intermediate claimed once; most bytes saved first."""
+              bandwidth_bytes_per_s: float | None = None,
+              compute_s: Callable[[int, int], float] | None = None) -> list[Finding]:
+    """Every rule on every call node, each intermediate claimed once; most time saved first
+    where a device gives times, else most bytes saved.
+    `compute_s(node id, flops)`: the device's seconds for that node's kind of work, which
+    adds the FLOPs a fix skips (`Match.flops_saved`) to its time saved."""
     claimed: set[TensorRef] = set()
     found: list[Finding] = []
     calls = list(fg.graph.calls())
@@ -83,17 +89,24 @@ def run_rules(fg: FusionGraph, rules: Sequence[FusionRule],
             if match is None:
                 continue
             fresh = [r for r in dict.fromkeys(match.intermediates) if r not in claimed]
-            if match.intermediates and not fresh and not match.rereads:
+            if match.intermediates and not fresh and not match.rereads \
+                    and not match.flops_saved:
                 continue
             claimed.update(fresh)
             saved = sum(fg.traffic(r) for r in fresh)
             saved += sum(times * fg.nbytes(r) for r, times in match.rereads)
-            if saved <= 0:
+            if saved <= 0 and match.flops_saved <= 0:
                 continue
             seconds = saved / bandwidth_bytes_per_s if bandwidth_bytes_per_s else None
+            if seconds is not None and match.flops_saved:
+                seconds += compute_s(match.nodes[0], match.flops_saved) if compute_s else 0.0
             modules = tuple(dict.fromkeys(fg.node(i).module for i in match.nodes))
             found.append(Finding(rule.code, tuple(sorted(match.nodes)), modules, saved, seconds,
-                                 match.message, rule.doc.fix(match.fix_variant)))
+                                 match.message, rule.doc.fix(match.fix_variant),
+                                 match.flops_saved))
+    if bandwidth_bytes_per_s:   # time saved ranks: it weighs skipped work beside bytes
+        return sorted(found, key=lambda f: (-(f.saved_s or 0.0), -f.saved_bytes, f.code,
+                                            f.nodes))
     return sorted(found, key=lambda f: (-f.saved_bytes, f.code, f.nodes))
 
 
@@ -373,14 +386,15 @@ def effective_kinds(report: Report, kinds: Mapping[int, OpKind]) -> dict[int, Op
 
 def analyze_fusion(report: Report, graph: Graph, kinds: Mapping[int, OpKind],
                    rules: Sequence[FusionRule], rule_of: Callable[[Node], Any] = lambda _: None,
-                   bandwidth_bytes_per_s: float | None = None) -> FusionAnalysis:
-    """Findings and the fused-graph model of one analysed graph."""
+                   bandwidth_bytes_per_s: float | None = None,
+                   compute_s: Callable[[int, int], float] | None = None) -> FusionAnalysis:
+    """Findings and the fused-graph model of one analysed graph (`run_rules`)."""
     fg = FusionGraph(graph, effective_kinds(report, kinds), rule_of)
     costs = {n.id: n for n in report.nodes}
     plan = plan_kernels(fg, costs)
     epilogues = plan_kernels(fg, costs, Policy(gemm_epilogues=True))
     section = fusion_section(plan, epilogues, _by_module_unfused(plan, fg, costs))
-    findings = tuple(run_rules(fg, rules, bandwidth_bytes_per_s))
+    findings = tuple(run_rules(fg, rules, bandwidth_bytes_per_s, compute_s))
     return FusionAnalysis(findings, plan, section)
 
 

@@ -43,13 +43,15 @@ class Match:
     """What a rule's matcher found: nodes involved, intermediates a fused kernel would not
     materialise, tensors it would read fewer times ((tensor, reads avoided)), what this match
     is in its own terms (ops, shapes), and which ``Fix:`` line of the rule's docstring applies
-    ("" for the plain one, "conv" for ``Fix (conv):``). The generic text is the docstring's."""
+    ("" for the plain one, "conv" for ``Fix (conv):``). The generic text is the docstring's.
+    A fix that skips work as well says how many FLOPs (`flops_saved`)."""
 
     nodes: tuple[int, ...]
     intermediates: tuple[TensorRef, ...]
     message: str
     rereads: tuple[tuple[TensorRef, int], ...] = ()
     fix_variant: str = ""
+    flops_saved: int = 0      # work the fix skips, at `nodes[0]` (FUS009's is_causal=True)
 
 
 class FusionGraph:

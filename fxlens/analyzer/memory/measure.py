@@ -36,6 +36,7 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from fxlens.analyzer.capture.hf_masks import eager_mask_decisions
 from fxlens.analyzer.capture.recorder import fake_then_real
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
@@ -202,7 +203,7 @@ def simulate_eager_memory(module: torch.nn.Module, inputs: Any) -> MeasuredMemor
             fake_mode: FakeTensorMode | None) -> MeasuredMemory:
         tracker = _forward_tracker(state, run_args, run_kwargs)
         tensors = fake_mode if fake_mode is not None else contextlib.nullcontext()
-        with tensors, torch.no_grad(), tracker:
+        with tensors, torch.no_grad(), tracker, eager_mask_decisions():
             out = torch.func.functional_call(real_or_fake, state, run_args, run_kwargs)
         result = tracker.result()
         del out

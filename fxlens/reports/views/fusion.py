@@ -1,5 +1,5 @@
 """View of the fusion sections: kernels and bytes before and after fusion, and the findings
-ranked by bytes saved (with the time saved on the roofline device when one was given)."""
+ranked by the time they save on the roofline device when one was given, else by bytes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import Finding, Findings, Fusion
-from fxlens.reports.units import binary_bytes, seconds
+from fxlens.reports.units import binary_bytes, seconds, si
 from fxlens.reports.view import Block, Detail, Table, View, columns
 
 
@@ -26,13 +26,14 @@ def fusion_view(report: Report, detail: Detail) -> View | None:
              ("fused", str(fusion.kernels_fused), binary_bytes(fusion.bytes_fused))]))
     if found is not None and found.items:
         groups = grouped_findings(found.items)
-        rows = [(g.code, g.module, binary_bytes(g.saved_bytes),
+        rows = [(g.code, g.module, saves(g),
                  seconds(g.saved_s) if g.saved_s is not None else "-",
                  f"{g.message}\nfix: {g.fix}" if detail.full else g.message)
                 for g in groups[:top]]
         blocks.append(Table.of(
             f"fusion findings (top {min(top, len(groups))} of {len(groups)}, "
-            f"{len(found.items)} in all, by bytes saved; repeated blocks grouped)",
+            f"{len(found.items)} in all, by {ranked_by(groups)} saved; repeated blocks "
+            "grouped)",
             columns(("code", "module"), ("saves", "time"))
             + columns(("finding · fix" if detail.full else "finding",), ()), rows,
             caption="" if detail.full else "how to fix each: analyze explain CODE "
@@ -50,13 +51,21 @@ class FindingGroup:
     saved_s: float | None
     message: str
     fix: str
+    saved_flops: int = 0
+
+
+def saves(group: FindingGroup) -> str:
+    """What a finding's fix saves: bytes, and FLOPs where it skips work too."""
+    moved = binary_bytes(group.saved_bytes)
+    return f"{moved} + {si(group.saved_flops, 'FLOP')}" if group.saved_flops else moved
 
 
 _INDEX = re.compile(r"(?<=\.)\d+(?=\.|$)|^\d+(?=\.)")
 
 
 def grouped_findings(items: Sequence[Finding]) -> list[FindingGroup]:
-    """Findings that differ only in a block index, one group each, most bytes saved first."""
+    """Findings that differ only in a block index, one group each, most time saved first
+    (most bytes where a finding has no time)."""
     groups: dict[tuple[str, str, str], list[Finding]] = {}
     for f in items:
         module = (f.modules or ("",))[0]
@@ -68,5 +77,12 @@ def grouped_findings(items: Sequence[Finding]) -> list[FindingGroup]:
         out.append(FindingGroup(
             code, (module or "(root)") + (f" ×{len(members)}" if len(members) > 1 else ""),
             sum(m.saved_bytes for m in members), sum(times) if times else None, message,
-            members[0].fix))
+            members[0].fix, sum(m.saved_flops for m in members)))
+    if ranked_by(out) == "time":
+        return sorted(out, key=lambda g: (-(g.saved_s or 0.0), -g.saved_bytes, g.code, g.module))
     return sorted(out, key=lambda g: (-g.saved_bytes, g.code, g.module))
+
+
+def ranked_by(groups: Sequence[FindingGroup]) -> str:
+    """"time" when every group has the time it saves (a device was given), else "bytes"."""
+    return "time" if groups and all(g.saved_s is not None for g in groups) else "bytes"

@@ -64,8 +64,11 @@ def headline(report: Report) -> tuple[Figure, ...]:
     found = report.get(Findings)
     if found is not None and found.items:
         saved = sum(f.saved_bytes for f in found.items)
+        skipped = sum(f.saved_flops for f in found.items)
         figures.append(Figure("fusion findings", str(len(found.items)),
-                              f"{binary_bytes(saved)} of traffic saveable"))
+                              f"{binary_bytes(saved)} of traffic saveable"
+                              + (f" · {si(skipped, 'FLOP')} of work skippable" if skipped
+                                 else "")))
     return tuple(figures) + verdicts(report)
 
 
