@@ -185,7 +185,8 @@ def test_attention_matches_its_closed_form(name: str) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_the_is_causal_finding_marks_the_calls_handed_a_causal_mask(name: str) -> None:
-    """FUS009 on exactly the attention calls the eager run handed an exactly causal mask."""
+    """FUS009 on exactly the attention calls the eager run handed an exactly causal or a
+    sliding-window mask."""
     graph, report = analysed(name)
     registry = load_rules()
     fusion = analyze_fusion(report, graph, kinds_of(list(graph.nodes), registry),

@@ -65,7 +65,7 @@ from fxlens.rules.conventions import (
     SPECIAL_FUNCTION_FLOPS,
 )
 from fxlens.rules.hardware import ATTENTION_BACKWARD, ATTENTION_FORWARD
-from fxlens.rules.masks import MaskPattern, mask_convention
+from fxlens.rules.masks import MaskPattern, MaskVerdict, mask_convention
 
 aten = torch.ops.aten
 
@@ -224,17 +224,20 @@ MASKED_OPS = frozenset(str(op) for op in (
 BACKWARD_OPS = frozenset(str(op) for op in FUSED_BACKWARD)
 
 
-def causal_saving(call: OpCall) -> tuple[int, int, MaskPattern]:
-    """What an SDPA call (B, H, T, d) handed an exactly causal mask would skip with
-    ``is_causal=True`` (or ``causal_lower_right``): (FLOPs skipped, its FLOPs now, the mask's
-    pattern); (0, 0, pattern) for a call whose mask is not exactly causal."""
+def skippable(call: OpCall) -> tuple[int, int, MaskVerdict]:
+    """What an SDPA call (B, H, T, d) handed an exactly causal or sliding-window mask would
+    skip on a kernel that skips masked tiles (``is_causal=True``, ``causal_lower_right``, a
+    windowed flash or flex kernel): (FLOPs skipped, its FLOPs now, the mask's verdict);
+    (0, 0, verdict) for a call whose mask is neither."""
     verdict = mask_convention(call)
     if call.node.packet not in MASKED_OPS or verdict.causal or verdict.mask not in (
-            MaskPattern.CAUSAL, MaskPattern.CAUSAL_LOWER_RIGHT):
-        return 0, 0, verdict.mask
+            MaskPattern.CAUSAL, MaskPattern.CAUSAL_LOWER_RIGHT, MaskPattern.WINDOW):
+        return 0, 0, verdict
     dense = _attn(call)
     t_k = call.shape("key")[-2]
-    offset = t_k - dense.t_q if verdict.mask is MaskPattern.CAUSAL_LOWER_RIGHT else 0
-    causal = replace(dense, scores=causal_scores(dense.t_q, t_k, offset))
+    offset = 0 if verdict.mask is MaskPattern.CAUSAL else t_k - dense.t_q
+    scores = causal_scores(dense.t_q, t_k, offset)
+    if verdict.mask is MaskPattern.WINDOW:   # keys (i + offset − w, i + offset]
+        scores -= causal_scores(dense.t_q, t_k, offset - verdict.window)
     flops = backward_flops if call.node.packet in BACKWARD_OPS else forward_flops
-    return flops(dense) - flops(causal), flops(dense), verdict.mask
+    return flops(dense) - flops(replace(dense, scores=scores)), flops(dense), verdict

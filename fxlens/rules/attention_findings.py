@@ -7,7 +7,7 @@ finding that saves FLOPs as well as bytes (`Match.flops_saved`): the reports sho
 its time saved adds the skipped work at the device's attention rate.
 
 Rule-facing API used: `fxlens.analyzer.core` and `fxlens.analyzer.fusion.types`; the FLOPs
-come from the attention cost rules (`fxlens.rules.attention.causal_saving`), so the finding
+come from the attention cost rules (`fxlens.rules.attention.skippable`), so the finding
 and the count can never disagree.
 """
 
@@ -22,32 +22,36 @@ from fxlens.rules.attention import (
     BACKWARD_OPS,
     MASKED_OPS,
     Attn,
-    causal_saving,
     causal_scores,
     forward_flops,
+    skippable,
 )
 from fxlens.rules.masks import MASK_ARGUMENTS, MaskPattern, judged, mask_builders
 
 
 @fusion_rule("FUS009", priority=5)
 def explicit_causal_mask(fg: FusionGraph, node: Node) -> Match | None:
-    """Attention handed an exactly causal mask instead of ``is_causal=True``.
+    """Attention handed an exactly causal or sliding-window mask a kernel could skip.
 
     A kernel handed an explicit mask (``attn_mask``: the math, memory-efficient and cuDNN
     backends alike) computes every score, the masked ones too, and the B·H·T·T mask is built
     and read by every layer. Called with ``is_causal=True`` and no mask, a flash kernel skips
     the upper triangle: at long context about half of the attention FLOPs, forward and
     backward, and no mask is ever built. `transformers`' own causal LMs already do this;
-    models that build their mask themselves (Falcon, a ``tril`` by hand, eager attention
-    classes) do not.
+    models that build their mask themselves (Falcon, a ``tril`` by hand) do not. A sliding
+    window (each query sees its last w keys) is skipped beyond the window by kernels that
+    take one: flash-attn's ``window_size``, FlexAttention's block mask.
 
     Fix: F.scaled_dot_product_attention(q, k, v, is_causal=True) with no attn_mask
     Fix (lower-right): attn_mask=torch.nn.attention.bias.causal_lower_right(T_q, T_k), which
     SDPA runs as a causal kernel aligned to the last key (queries after a KV cache)
+    Fix (window): a kernel that takes the window: attn_implementation="flash_attention_2" in
+    transformers, flash_attn_func(q, k, v, causal=True, window_size=(w - 1, 0)), or
+    flex_attention with a sliding-window block mask
     """
     if node.packet not in MASKED_OPS:
         return None
-    skipped, flops, pattern = causal_saving(OpCall(node, fg.graph))
+    skipped, flops, verdict = skippable(OpCall(node, fg.graph))
     if skipped <= 0:
         return None
     mask = next(ref for name in MASK_ARGUMENTS if (ref := node.args.get(name)) is not None)
@@ -55,14 +59,19 @@ def explicit_causal_mask(fg: FusionGraph, node: Node) -> Match | None:
     spec = fg.graph.spec(mask)
     shape = "×".join(map(str, spec.shape)) if spec is not None else "?"
     dtype = spec.dtype if spec is not None else "?"
-    aligned = " (aligned to the last key)" if pattern is MaskPattern.CAUSAL_LOWER_RIGHT else ""
+    what, kernel, variant = {
+        MaskPattern.CAUSAL: ("an exactly causal", "a causal kernel", ""),
+        MaskPattern.CAUSAL_LOWER_RIGHT: ("an exactly causal (aligned to the last key)",
+                                         "a causal kernel", "lower-right"),
+        MaskPattern.WINDOW: (f"a sliding-window ({verdict.window} keys per query)",
+                             "a windowed kernel", "window"),
+    }[verdict.mask]
     return Match(
         (node.id,), built,
-        f"{'attention backward' if node.packet in BACKWARD_OPS else 'attention'} is handed an "
-        f"exactly causal {shape} {dtype} "
-        f"mask{aligned}, so its kernel computes every score: a causal kernel skips "
+        f"{'attention backward' if node.packet in BACKWARD_OPS else 'attention'} is handed "
+        f"{what} {shape} {dtype} mask, so its kernel computes every score: {kernel} skips "
         f"{skipped / flops:.0%} of its FLOPs and builds no mask",
-        fix_variant="lower-right" if aligned else "", flops_saved=skipped)
+        fix_variant=variant, flops_saved=skipped)
 
 
 def _mask_tensors(fg: FusionGraph, mask: TensorRef) -> tuple[TensorRef, ...]:

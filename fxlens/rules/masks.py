@@ -84,6 +84,7 @@ class MaskPattern(Enum):
     ALL = "all"                      # every score: the mask removes nothing
     CAUSAL = "causal"                # exactly SDPA's is_causal (top-left)
     CAUSAL_LOWER_RIGHT = "causal-lower-right"   # exactly causal aligned to the last key
+    WINDOW = "window"                # causal to the last key, each query sees its last w keys
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,7 @@ class MaskVerdict:
     causal: bool
     note: str
     mask: MaskPattern = MaskPattern.OTHER
+    window: int = 0                  # the keys each query sees, for `MaskPattern.WINDOW`
 
 
 def mask_convention(call: OpCall) -> MaskVerdict:
@@ -403,7 +405,8 @@ def _fold_repeats(t: torch.Tensor) -> torch.Tensor:
 def _judge(mask: torch.Tensor | _Lazy, t_q: int, t_k: int) -> MaskVerdict:
     """Causal, all allowed or other, for a mask broadcast to (…, T_q, T_k), a block of query
     rows at a time (one block when the mask is held whole)."""
-    all_allowed = exact = top_left = bottom_right = True
+    all_allowed = exact = top_left = bottom_right = banded = True
+    counts: list[tuple[int, int]] = []     # (query row, keys it sees) of a banded mask
     starts, step = _row_starts(mask, t_q, t_k)
     for start, block in _row_blocks(mask, t_q, t_k, starts, step):
         if block.dtype == torch.bool:
@@ -416,7 +419,8 @@ def _judge(mask: torch.Tensor | _Lazy, t_q: int, t_k: int) -> MaskVerdict:
         top_left = top_left and _matches(allowed, start, t_k, 0)
         bottom_right = top_left if t_q == t_k else (
             bottom_right and _matches(allowed, start, t_k, t_k - t_q))
-        if not (all_allowed or top_left or bottom_right) and not exact:
+        banded = banded and exact and _band(allowed, start, t_k, t_k - t_q, counts)
+        if not (all_allowed or top_left or bottom_right or banded) and not exact:
             break
     judged = min(t_q, len(starts) * step)
     sampled = "" if judged == t_q else (
@@ -434,8 +438,41 @@ def _judge(mask: torch.Tensor | _Lazy, t_q: int, t_k: int) -> MaskVerdict:
                                   f"but {explicit}; torch.nn.attention.bias.causal_lower_right "
                                   f"instead would skip the masked scores{sampled}",
                            MaskPattern.CAUSAL_LOWER_RIGHT)
+    window = _window(counts, t_k - t_q) if banded else 0
+    if window:
+        return MaskVerdict(False, f"dense: the mask is a sliding window of {window} keys per "
+                                  f"query, but {explicit}; a windowed kernel (flash-attn's "
+                                  f"window_size, FlexAttention) would skip the rest{sampled}",
+                           MaskPattern.WINDOW, window)
     what = "adds a bias" if not exact else "is not causal (window, padding or custom)"
     return MaskVerdict(False, f"dense: the mask {what}; {explicit}")
+
+
+def _band(allowed: torch.Tensor, start: int, t_k: int, offset: int,
+          counts: list[tuple[int, int]]) -> bool:
+    """Rows ``start…`` of `allowed` (…, rows, T_k), alike over the leading dims, each allow
+    one run of keys ending at j = i + offset; their lengths are added to `counts`."""
+    rows = allowed.reshape(-1, *allowed.shape[-2:])
+    if not bool((rows == rows[:1]).all()):
+        return False
+    first = rows[0]
+    seen = first.sum(-1)
+    ends = torch.arange(start, start + first.shape[-2])[:, None] + offset
+    keys = torch.arange(t_k)[None, :]
+    if not torch.equal(first, (keys <= ends) & (keys > ends - seen[:, None])):
+        return False
+    counts.extend(zip(range(start, start + first.shape[-2]), seen.tolist(), strict=True))
+    return True
+
+
+def _window(counts: list[tuple[int, int]], offset: int) -> int:
+    """The window w of a band whose rows see min(i + offset + 1, w) keys, narrower than the
+    causal rows it cuts; 0 when the counts are no such band."""
+    window = max((seen for _, seen in counts), default=0)
+    reach = max((row + offset + 1 for row, _ in counts), default=0)
+    if not 0 < window < reach:
+        return 0
+    return window if all(seen == min(row + offset + 1, window) for row, seen in counts) else 0
 
 
 def _row_starts(mask: torch.Tensor | _Lazy, t_q: int, t_k: int) -> tuple[list[int], int]:

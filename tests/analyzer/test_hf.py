@@ -431,7 +431,7 @@ def test_sliding_window_at_16k_is_counted_dense() -> None:
     dense = config.num_hidden_layers * 2 * config.num_attention_heads * t * t * (4 * d + 8)
     assert flops["attention"] == dense
     (note,) = flops["notes"]
-    assert note.startswith("dense: the mask is not causal (window"), note
+    assert note.startswith("dense: the mask is a sliding window of 4096 keys per query"), note
 
 
 def test_a_causal_lm_trains_on_its_own_loss() -> None:

@@ -1,11 +1,11 @@
-"""Attention counted as its kernel runs, and FUS009 / FUS004 saying what ``is_causal=True``
-would skip.
+"""Attention counted as its kernel runs, and FUS009 saying what a kernel that skips masked
+scores would skip.
 
 Property tests over random attention calls (batch, query and key/value heads for GQA, query
-and key lengths, separate value head dims, boolean and float causal masks): a call handed any
-explicit mask counts the dense square, ``is_causal=True`` the lower triangle; a call handed an
-exactly causal mask carries the finding, whose FLOPs are dense − causal by the closed form
-B·H·scores·(2·d_qk + 2·d_v + 8).
+and key lengths, separate value head dims, boolean and float causal masks, sliding windows):
+a call handed any explicit mask counts the dense square, ``is_causal=True`` the lower
+triangle; a call handed an exactly causal or banded mask carries the finding, whose FLOPs are
+the masked scores by the closed form B·H·(T_q·T_k − allowed)·(2·d_qk + 2·d_v + 8).
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ MASKS = ("is_causal", "bool tril", "float -inf", "float finfo.min", "bool window
 
 
 def causal_mask(kind: str, t_q: int, t_k: int) -> torch.Tensor | None:
-    """Top-left causal when T_q == T_k, aligned to the last key otherwise."""
+    """Top-left causal when T_q == T_k, aligned to the last key otherwise; "bool window": each
+    query sees its last two keys."""
     qi = torch.arange(t_q)[:, None] + (t_k - t_q)
     kj = torch.arange(t_k)[None, :]
     allowed = kj <= qi
@@ -82,19 +83,17 @@ def test_explicit_masks_count_dense_and_is_causal_the_triangle(
                             fusion_rules(registry), registry.lookup, 1e12, lambda _n, f: f / 1e15)
     found = [f for f in fusion.findings if f.code == "FUS009"]
     mask = causal_mask(kind, t_q, t_k)
-    causal = causal_mask("bool tril", t_q, t_k)
-    allowed = mask if mask is None or mask.dtype == torch.bool else mask > torch.finfo(
-        mask.dtype).min
-    exact = allowed is not None and torch.equal(allowed, causal)   # a window may cover it all
-    if not exact:
+    if mask is None:
         assert found == []
         return
-    offset = t_k - t_q
-    skipped = b * heads * (t_q * t_k - causal_scores(t_q, t_k, offset)) * per_score(d_qk, d_v)
-    if skipped == 0:      # one query row sees every key: nothing to skip
+    allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min
+    skipped = b * heads * (t_q * t_k - int(allowed.sum())) * per_score(d_qk, d_v)
+    if skipped == 0:      # every key seen by every query: nothing to skip
         assert found == []
         return
     (finding,) = found
     assert finding.saved_flops == skipped
     assert finding.saved_s == pytest.approx(finding.saved_bytes / 1e12 + skipped / 1e15)
-    assert ("causal_lower_right" in finding.fix) is (t_q != t_k)
+    window = not torch.equal(allowed, causal_mask("bool tril", t_q, t_k))
+    assert ("window_size" in finding.fix) is window
+    assert ("causal_lower_right" in finding.fix) is (t_q != t_k and not window)

@@ -106,7 +106,8 @@ CASES: list[tuple[str, torch.nn.Module, int, str]] = [
     ("-inf above the diagonal", Masked(additive_causal), DENSE, EXACT),
     ("finfo.min above the diagonal", Masked(finfo_min_causal), DENSE, EXACT),
     ("window wider than T", Masked(window(T)), DENSE, "dense: the mask is exactly causal"),
-    ("window narrower than T", Masked(window(3)), DENSE, "dense: the mask is not causal"),
+    ("window narrower than T", Masked(window(3)), DENSE,
+     "dense: the mask is a sliding window of 3 keys per query"),
     ("all allowed", Masked(lambda q: torch.ones(T, T, dtype=torch.bool)), DENSE,
      "dense: the mask allows every score"),
     ("ALiBi bias + causal", Masked(alibi_causal), DENSE, "dense: the mask adds a bias"),
@@ -129,7 +130,7 @@ def test_mask_verdicts(label: str, module: torch.nn.Module, scores: int, note: s
      masks.MaskPattern.CAUSAL),
     ("-inf above the diagonal", Masked(additive_causal), masks.MaskPattern.CAUSAL),
     ("all allowed", Masked(lambda q: torch.ones(T, T, dtype=torch.bool)), masks.MaskPattern.ALL),
-    ("window narrower than T", Masked(window(3)), masks.MaskPattern.OTHER),
+    ("window narrower than T", Masked(window(3)), masks.MaskPattern.WINDOW),
     ("ALiBi bias + causal", Masked(alibi_causal), masks.MaskPattern.OTHER),
 ], ids=lambda v: v if isinstance(v, str) else "")
 def test_the_verdict_names_what_an_explicit_mask_allows(
@@ -171,7 +172,8 @@ def all_allowed(q: torch.Tensor) -> torch.Tensor:
 LARGE = [  # masks built by elementwise ops only, so they can be judged by rows
     ("kv <= q, batch-expanded", kv_le_q, DENSE, "dense: the mask is exactly causal"),
     ("window wider than T", window(T), DENSE, "dense: the mask is exactly causal"),
-    ("window narrower than T", window(3), DENSE, "dense: the mask is not causal"),
+    ("window narrower than T", window(3), DENSE,
+     "dense: the mask is a sliding window of 3 keys per query"),
     ("ALiBi bias + causal", alibi_causal, DENSE, "dense: the mask adds a bias"),
     ("all allowed", all_allowed, DENSE, "dense: the mask allows every score"),
 ]
@@ -230,7 +232,8 @@ def test_a_large_mask_built_by_other_ops_counts_dense(monkeypatch: pytest.Monkey
 
 
 @pytest.mark.parametrize(("build", "note"), [(kv_le_q, "dense: the mask is exactly causal"),
-                                              (window(T - 1), "dense: the mask is not causal")])
+                                              (window(T - 1), "dense: the mask is a sliding "
+                                                              "window of 7 keys per query")])
 def test_a_mask_beyond_the_scores_read_whole_is_judged_on_sampled_rows(
         monkeypatch: pytest.MonkeyPatch, build: MaskFn, note: str) -> None:
     """2 of the 8 one-row blocks are read, the first and the last; the window shows in the

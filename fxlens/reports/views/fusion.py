@@ -32,8 +32,7 @@ def fusion_view(report: Report, detail: Detail) -> View | None:
                 for g in groups[:top]]
         blocks.append(Table.of(
             f"fusion findings (top {min(top, len(groups))} of {len(groups)}, "
-            f"{len(found.items)} in all, by {ranked_by(groups)} saved; repeated blocks "
-            "grouped)",
+            f"{len(found.items)} in all, by {ranked_by(groups)} saved, blocks grouped)",
             columns(("code", "module"), ("saves", "time"))
             + columns(("finding · fix" if detail.full else "finding",), ()), rows,
             caption="" if detail.full else "how to fix each: analyze explain CODE "
