@@ -30,8 +30,8 @@ from fxlens.analyzer.core.errors import RuleError
 log = logging.getLogger(__name__)
 
 FAMILIES = (
-    "views", "matmul", "conv", "attention", "rnn", "pointwise", "reduction", "norm",
-    "indexing", "pooling", "data_movement", "fft",
+    "views", "matmul", "conv", "attention", "flex_attention", "rnn", "pointwise", "reduction",
+    "norm", "indexing", "pooling", "data_movement", "fft",
 )
 CODED = ("fusion", "attention_findings", "quant")   # the coded rules (FUS***, QNT***)
 

@@ -178,6 +178,16 @@ def classify(graph: Graph, ref: TensorRef, t_q: int, t_k: int) -> MaskVerdict:
                        "(no padding, as a tokenizer gives an unpadded batch)", verdict.mask)
 
 
+def constant_value(graph: Graph, ref: TensorRef) -> torch.Tensor | str:
+    """The values of `ref` when the graph builds it from positions alone (a FlexAttention
+    block mask's block counts), computed on CPU as a mask is; else why not."""
+    nodes, padding, reason = _constant_subgraph(graph, ref)
+    if reason:
+        return reason
+    value = _evaluate(graph, nodes, ref, padding)
+    return value if isinstance(value, str) else _whole(value)
+
+
 def mask_builders(graph: Graph, ref: TensorRef) -> list[Node]:
     """The ops that build the mask `ref` from positions alone (none when it is not built so):
     what a call with ``is_causal=True`` would no longer run."""

@@ -157,8 +157,17 @@ class _Fingerprints(TorchDispatchMode):
         self.invalid: set[str] = set()
         self.order: list[str] = []
 
+    # Higher-order ops (FlexAttention) come through here too, rather than failing the forward
+    # (which left dynamo unable to export the model afterwards): a block that runs one is not
+    # fingerprinted, so it is traced in full.
+    supports_higher_order_operators = True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            if self.open is not None:
+                self.open.valid = False
+            return func(*args, **kwargs)
         out = func(*args, **kwargs)
         if self._observe is not None:
             self._observe(func, args, kwargs, out)

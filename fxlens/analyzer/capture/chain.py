@@ -56,6 +56,7 @@ from fxlens.analyzer.capture.blocks import (
 )
 from fxlens.analyzer.capture.chatter import export_prints_logged, torch_chatter_to_debug_log
 from fxlens.analyzer.capture.decompose import decompose_unknown
+from fxlens.analyzer.capture.flex_masks import broadcast_block_masks
 from fxlens.analyzer.capture.fx_convert import FxConverter, type_name, user_frame
 from fxlens.analyzer.capture.hf_masks import eager_mask_decisions
 from fxlens.analyzer.capture.recorder import (
@@ -97,7 +98,7 @@ def capture(
     for method in methods:
         on_step(f"capturing with {method}")
         try:
-            with torch_chatter_to_debug_log(), eager_mask_decisions():
+            with torch_chatter_to_debug_log(), eager_mask_decisions(), broadcast_block_masks():
                 nodes, outputs, label = capturers[method](module, args, kwargs, registry)
         except CaptureError:
             raise

@@ -26,7 +26,7 @@ import torch
 import torch.fx
 
 from fxlens.analyzer.core.aten import bind_args, spec_of
-from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef, TensorSpec
+from fxlens.analyzer.core.graph import Node, NodeKind, Subgraph, TensorRef, TensorSpec
 
 INLINED_WRAPPERS = ("wrap_with_set_grad_enabled", "wrap_with_autocast")
 
@@ -165,7 +165,8 @@ class FxConverter:
         if name in INLINED_WRAPPERS:
             return self._inline(args)
         if isinstance(target, torch._ops.HigherOrderOperator):
-            named = {f"arg{i}": a for i, a in enumerate(args) if not callable(a)}
+            named = {f"arg{i}": _subgraphs(a) for i, a in enumerate(args)
+                     if not callable(a) or isinstance(a, torch.fx.GraphModule)}
             return self._add(NodeKind.CALL, f"higher_order.{name}", named, fx_node)
         # Python-level calls on symbolic sizes (operator.mul on SymInts...): plain values.
         return concrete(fx_node.meta.get("val"))
@@ -192,3 +193,14 @@ class FxConverter:
         return torch.fx.node.map_aggregate(
             value, lambda v: env[v] if isinstance(v, torch.fx.Node) else concrete(v)
         )
+
+
+def _subgraphs(value: Any) -> Any:
+    """`value` with each graph module in it (a higher-order op's function argument) as the
+    `Subgraph` of the ops it calls: the graph stays plain data."""
+    if isinstance(value, torch.fx.GraphModule):
+        return Subgraph(tuple(str(n.target) for n in value.graph.nodes
+                              if n.op == "call_function"))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_subgraphs(v) for v in value)
+    return value

@@ -42,6 +42,7 @@ from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
 from fxlens.analyzer.capture.decompose import decomposition_table
 from fxlens.analyzer.capture.fx_convert import innermost_user_frame, type_name
 from fxlens.analyzer.core.aten import bind_args, spec_of
+from fxlens.analyzer.core.errors import CaptureError
 from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef
 
 REAL_RUN_LIMIT_BYTES = 2 * 2**30
@@ -142,8 +143,16 @@ class Recorder(TorchDispatchMode):
                 inputs.setdefault(id(t), (NodeKind.INPUT, names.get(id(t), f"input{i}"), t))
         return cls(known, decomposition_table(), inputs)
 
+    # A higher-order op (FlexAttention) is refused by name, not by torch's generic message.
+    supports_higher_order_operators = True
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if isinstance(func, torch._ops.HigherOrderOperator):
+            raise CaptureError(
+                f"{func.name()} (a higher-order op) cannot be recorded at dispatch level yet, "
+                "so neither the training step nor a model only the recording captures; its "
+                "forward is analysed when torch.export captures it (analyze without --train)")
         if self._quiet or func is DEVICE_QUERY:
             return func(*args, **kwargs)
         decomposition = None if self._known(str(func)) else self._decompositions.get(func)
@@ -373,7 +382,16 @@ def real_like(value: Any) -> Any:
 
 class CpuFakeTensorMode(FakeTensorMode):
     """A `FakeTensorMode` whose fake kernels accept what the CPU kernels accept (see the
-    module docstring); every other op is the parent's."""
+    module docstring); every other op is the parent's, higher-order ops (FlexAttention)
+    included: their fake implementations are looked up by the mode's exact type, so each is
+    registered for this one too when a mode is made."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for hop in list(torch._ops._higher_order_ops.values()):
+            table = hop.python_key_table
+            if FakeTensorMode in table and CpuFakeTensorMode not in table:
+                table[CpuFakeTensorMode] = table[FakeTensorMode]
 
     def dispatch(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}

@@ -52,6 +52,7 @@ from torch._subclasses.fake_tensor import (
 
 from fxlens.analyzer.capture.autocast import autocast_forward, autocast_kernels
 from fxlens.analyzer.capture.chain import Inputs, param_infos, plain_outputs, tied_names
+from fxlens.analyzer.capture.flex_masks import broadcast_block_masks
 from fxlens.analyzer.capture.fused_attention import fused_attention_kernels
 from fxlens.analyzer.capture.fx_convert import type_name, user_frame
 from fxlens.analyzer.capture.hf_masks import eager_mask_decisions
@@ -175,7 +176,8 @@ def _record_once(
     # the forward alone (`fxlens.analyzer.capture.autocast`).
     with (module_tracking(module, recorder.module_stack), tensors, recorder, installed,
           fused_attention_kernels(settings.fused_attention),
-          autocast_kernels(settings.autocast), eager_mask_decisions()):
+          autocast_kernels(settings.autocast), eager_mask_decisions(),
+          broadcast_block_masks()):
         with (torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
               autocast_forward(settings.autocast)):
             out = torch.func.functional_call(module, state, args, kwargs)

@@ -92,6 +92,14 @@ class TensorRef:
     index: int = 0
 
 
+@dataclass(frozen=True)
+class Subgraph:
+    """A function argument of a higher-order op (FlexAttention's ``score_mod`` and
+    ``mask_mod``): the targets of the ops it runs, per element it is applied to."""
+
+    ops: tuple[str, ...]
+
+
 class NodeKind(str, Enum):
     INPUT = "input"
     PARAM = "param"

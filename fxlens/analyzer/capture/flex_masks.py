@@ -1,0 +1,89 @@
+"""`broadcast_block_masks()`: FlexAttention block masks built by broadcasting while we trace,
+so the graph builds them from positions with plain aten ops.
+
+Why: `torch.nn.attention.flex_attention.create_block_mask` evaluates the user's ``mask_mod(b,
+h, q_idx, kv_idx)`` over the whole (B, H, Q_LEN, KV_LEN) grid by nesting `torch.vmap` four
+times. Traced, vmap leaves its own bookkeeping calls in the graph (``_add_batch_dim``,
+``_remove_batch_dim``), which are no aten ops: the captured graph loses the chain from the
+positions to the block counts, and the FlexAttention cost rule, which reads those counts
+(`fxlens.rules.flex_attention`), could not compute them. The same grid is what broadcasting
+gives: ``b``, ``h``, ``q_idx`` and ``kv_idx`` as ``arange``s along their own dims, the
+``mask_mod`` applied once, the result expanded to (B, H, Q_LEN, KV_LEN). The block counts it
+leads to are the same values; only the few ops that build the mask differ from an eager run's
+(vmap's batching runs the same elementwise ops).
+
+While a model is captured, `create_mask` (which `create_block_mask` calls) builds its grid so.
+A ``mask_mod`` or ``score_mod`` that does not broadcast (Python control flow on a value,
+``.item()``) falls back to the vmapped original, whose block counts then count dense.
+
+Also for the duration, FlexAttention's refusal of inputs that require grad on a CPU device
+(its CPU kernel has no backward) is lifted: the capture runs on fake CPU tensors for a GPU's
+run, and an inference capture sees the weights' ``requires_grad``; and an eager call runs its
+higher-order op directly (torch's debug switch) instead of wrapping it in `torch.compile`,
+which our dispatch modes (fake tensors, the block fingerprints) cannot follow.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+FLEX_MODULE = "torch.nn.attention.flex_attention"
+
+
+def _broadcast_create_mask(original: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    def create_mask(mod_fn: Callable[..., torch.Tensor], B: int | None, H: int | None,
+                    Q_LEN: int, KV_LEN: int, device: Any = None) -> torch.Tensor:
+        from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
+
+        flex = sys.modules[FLEX_MODULE]
+        batch, heads = B or 1, H or 1
+        where = device if device is not None else "cpu"
+        b = torch.arange(batch, device=where).view(batch, 1, 1, 1)
+        h = torch.arange(heads, device=where).view(1, heads, 1, 1)
+        q = torch.arange(Q_LEN, device=where).view(1, 1, Q_LEN, 1)
+        kv = torch.arange(KV_LEN, device=where).view(1, 1, 1, KV_LEN)
+        try:
+            with TransformGetItemToIndex():
+                if flex._get_mod_type(mod_fn) is flex._ModificationType.SCORE_MOD:
+                    scores = mod_fn(torch.zeros(batch, heads, Q_LEN, KV_LEN, device=where),
+                                    b, h, q, kv)
+                    return torch.where(torch.isneginf(scores), False, True)
+                allowed = mod_fn(b, h, q, kv)
+            return allowed.expand(batch, heads, Q_LEN, KV_LEN)
+        except Exception:   # a function that does not broadcast: vmap it, as torch does
+            return original(mod_fn, B, H, Q_LEN, KV_LEN, device)
+
+    return create_mask
+
+
+def _any_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> None:
+    """The capture is of a GPU's run: CPU's missing FlexAttention backward is not refused."""
+
+
+@contextlib.contextmanager
+def broadcast_block_masks() -> Iterator[None]:
+    """For the duration, FlexAttention's `create_mask` broadcasts instead of vmapping, and
+    weights that require grad may reach it on (fake) CPU tensors (only if FlexAttention is
+    loaded already: a model that does not use it is not made to)."""
+    flex = sys.modules.get(FLEX_MODULE)
+    names = ("create_mask", "_validate_device", "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG")
+    originals: dict[str, Any] = {name: getattr(flex, name, None) for name in names}
+    if flex is None or None in originals.values():
+        yield
+        return
+    replacements: dict[str, Any] = {
+        "create_mask": _broadcast_create_mask(originals["create_mask"]),
+        "_validate_device": _any_device,
+        "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG": True}
+    for name, function in replacements.items():
+        setattr(flex, name, function)
+    try:
+        yield
+    finally:
+        for name, function in originals.items():
+            setattr(flex, name, function)
