@@ -27,10 +27,13 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
+
+from fxlens.analyzer.capture.replaced import module_attributes
 
 FLEX_MODULE = "torch.nn.attention.flex_attention"
 
@@ -65,25 +68,17 @@ def _any_device(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> 
     """The capture is of a GPU's run: CPU's missing FlexAttention backward is not refused."""
 
 
-@contextlib.contextmanager
-def broadcast_block_masks() -> Iterator[None]:
+def broadcast_block_masks() -> contextlib.AbstractContextManager[None]:
     """For the duration, FlexAttention's `create_mask` broadcasts instead of vmapping, and
     weights that require grad may reach it on (fake) CPU tensors (only if FlexAttention is
     loaded already: a model that does not use it is not made to)."""
-    flex = sys.modules.get(FLEX_MODULE)
-    names = ("create_mask", "_validate_device", "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG")
-    originals: dict[str, Any] = {name: getattr(flex, name, None) for name in names}
-    if flex is None or None in originals.values():
-        yield
-        return
-    replacements: dict[str, Any] = {
-        "create_mask": _broadcast_create_mask(originals["create_mask"]),
-        "_validate_device": _any_device,
-        "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG": True}
-    for name, function in replacements.items():
-        setattr(flex, name, function)
-    try:
-        yield
-    finally:
-        for name, function in originals.items():
-            setattr(flex, name, function)
+    def replacements(flex: ModuleType) -> dict[str, Any] | None:
+        create_mask = getattr(flex, "create_mask", None)
+        if create_mask is None or not all(hasattr(flex, name) for name in (
+                "_validate_device", "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG")):
+            return None
+        return {"create_mask": _broadcast_create_mask(create_mask),
+                "_validate_device": _any_device,
+                "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG": True}
+
+    return module_attributes(FLEX_MODULE, replacements)

@@ -33,12 +33,13 @@ dense, and the attention notes say so).
 from __future__ import annotations
 
 import contextlib
-import sys
-from collections.abc import Iterator
+from types import ModuleType
 from typing import Any
 
 import torch
 from torch._subclasses.fake_tensor import FakeTensor
+
+from fxlens.analyzer.capture.replaced import module_attributes
 
 DECISIONS = ("find_packed_sequence_indices", "_ignore_causal_mask_sdpa",
              "_ignore_bidirectional_mask_sdpa")
@@ -87,20 +88,13 @@ def skips_bidirectional_mask(padding_mask: torch.Tensor | None, kv_length: int,
             and (local_attention_size is None or kv_length < local_attention_size))
 
 
-@contextlib.contextmanager
-def eager_mask_decisions() -> Iterator[None]:
+def eager_mask_decisions() -> contextlib.AbstractContextManager[None]:
     """For the duration, `transformers.masking_utils` decides as its eager run does (only if
     transformers is loaded already: a model that does not use it is not made to)."""
-    masking = sys.modules.get("transformers.masking_utils")
-    if masking is None or not all(hasattr(masking, name) for name in DECISIONS):
-        yield
-        return
-    originals = {name: getattr(masking, name) for name in DECISIONS}
-    for name, answer in zip(DECISIONS, (packed_sequences, skips_causal_mask,
-                                        skips_bidirectional_mask), strict=True):
-        setattr(masking, name, answer)
-    try:
-        yield
-    finally:
-        for name, function in originals.items():
-            setattr(masking, name, function)
+    def answers(masking: ModuleType) -> dict[str, Any] | None:
+        if not all(hasattr(masking, name) for name in DECISIONS):
+            return None
+        return dict(zip(DECISIONS, (packed_sequences, skips_causal_mask,
+                                    skips_bidirectional_mask), strict=True))
+
+    return module_attributes("transformers.masking_utils", answers)
