@@ -26,7 +26,8 @@ from fxlens.rules.attention import (
     forward_flops,
     skippable,
 )
-from fxlens.rules.masks import MASK_ARGUMENTS, MaskPattern, judged, mask_builders
+from fxlens.rules.mask_values import mask_builders
+from fxlens.rules.masks import MASK_ARGUMENTS, MaskPattern, judged
 
 
 @fusion_rule("FUS009", priority=5)

@@ -36,7 +36,7 @@ from fxlens.analyzer.core.costs import Cost, OpCall, cost_rule
 from fxlens.analyzer.core.graph import Subgraph, TensorRef
 from fxlens.rules.conventions import FLOPS_PER_MAC, SOFTMAX_FLOPS_PER_ELEMENT
 from fxlens.rules.hardware import ATTENTION_FORWARD
-from fxlens.rules.masks import constant_value
+from fxlens.rules.mask_values import constant_value
 
 FLEX = "higher_order.flex_attention"
 Q_LEN, KV_LEN, KV_NUM, KV_INDICES, FULL_NUM, FULL_INDICES = 0, 1, 2, 3, 4, 5

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from fxlens.analyzer.capture.chain import capture
 from fxlens.analyzer.core.costs import Cost, OpCall
-from fxlens.rules import load_rules, masks
+from fxlens.rules import load_rules, mask_values, masks
 from fxlens.rules.attention import causal_scores
 from fxlens.rules.conventions import SOFTMAX_FLOPS_PER_ELEMENT as SOFTMAX
 
@@ -182,8 +182,8 @@ LARGE = [  # masks built by elementwise ops only, so they can be judged by rows
 def _rows_per_block(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """How many query rows each block of a recipe computes, as the test runs."""
     blocks: list[int] = []
-    real = masks._Lazy.rows
-    monkeypatch.setattr(masks._Lazy, "rows",
+    real = mask_values.Recipe.rows
+    monkeypatch.setattr(mask_values.Recipe, "rows",
                         lambda self, a, b: blocks.append(b - a) or real(self, a, b))
     return blocks
 
@@ -193,7 +193,7 @@ def test_a_mask_too_large_to_hold_is_judged_by_rows(
         monkeypatch: pytest.MonkeyPatch, label: str, build: MaskFn, scores: int, note: str
 ) -> None:
     """Beyond `MAX_MASK_ELEMENTS` the square is never held: 3 query rows at a time here."""
-    monkeypatch.setattr(masks, "MAX_MASK_ELEMENTS", T)
+    monkeypatch.setattr(mask_values, "MAX_MASK_ELEMENTS", T)
     monkeypatch.setattr(masks, "BLOCK_ELEMENTS", 3 * T)
     blocks = _rows_per_block(monkeypatch)
     cost = sdpa_cost(Masked(build), q)
@@ -207,7 +207,7 @@ def test_between_the_limits_recipes_save_memory_and_change_no_verdict(
     """Past `HOLD_ELEMENTS` an elementwise mask is judged by rows; an op that cannot run by
     rows (``tril``, ``flip``) gets its recipe computed whole, as when every mask up to
     `MAX_MASK_ELEMENTS` was held: the same verdicts either way."""
-    monkeypatch.setattr(masks, "HOLD_ELEMENTS", T)
+    monkeypatch.setattr(mask_values, "HOLD_ELEMENTS", T)
     monkeypatch.setattr(masks, "BLOCK_ELEMENTS", 3 * T)
     blocks = _rows_per_block(monkeypatch)
     by_rows = sdpa_cost(Masked(kv_le_q), q)
@@ -224,7 +224,7 @@ def test_between_the_limits_recipes_save_memory_and_change_no_verdict(
 
 def test_a_large_mask_built_by_other_ops_counts_dense(monkeypatch: pytest.MonkeyPatch) -> None:
     """``tril`` is not elementwise: beyond the limit its square cannot be computed by rows."""
-    monkeypatch.setattr(masks, "MAX_MASK_ELEMENTS", T * T - 1)
+    monkeypatch.setattr(mask_values, "MAX_MASK_ELEMENTS", T * T - 1)
     cost = sdpa_cost(Masked(lambda q: torch.ones(T, T, dtype=torch.bool).tril()), q)
     assert cost.note.startswith("dense: the mask needs a tensor of 64 elements")
     assert "cannot be computed by rows" in cost.note
@@ -238,12 +238,12 @@ def test_a_mask_beyond_the_scores_read_whole_is_judged_on_sampled_rows(
         monkeypatch: pytest.MonkeyPatch, build: MaskFn, note: str) -> None:
     """2 of the 8 one-row blocks are read, the first and the last; the window shows in the
     last, and the note says what was read."""
-    monkeypatch.setattr(masks, "MAX_MASK_ELEMENTS", T)
+    monkeypatch.setattr(mask_values, "MAX_MASK_ELEMENTS", T)
     monkeypatch.setattr(masks, "BLOCK_ELEMENTS", T)
     monkeypatch.setattr(masks, "MAX_LAZY_ELEMENTS", 2 * T)
     starts: list[int] = []
-    real = masks._Lazy.rows
-    monkeypatch.setattr(masks._Lazy, "rows",
+    real = mask_values.Recipe.rows
+    monkeypatch.setattr(mask_values.Recipe, "rows",
                         lambda self, a, b: starts.append(a) or real(self, a, b))
     cost = sdpa_cost(Masked(build), q)
     assert cost.note.startswith(note)
