@@ -22,8 +22,15 @@ computed on CPU as an attention mask is (`fxlens.rules.masks.constant_value`). A
 read from the inputs or buffers cannot be, and is counted dense (every block), the note says.
 The node's note gives the block sparsity the count assumes.
 
-Limits: the backward (``flex_attention_backward``) and a capture by make_fx or at dispatch
-level (the training step) are not supported yet: the capture names the op.
+The backward, ``flex_attention_backward(query, key, value, out, logsumexp, grad_out,
+grad_logsumexp, fw_graph, joint_graph, block_mask, …)``, recorded with the training step,
+counts SDPA's backward per computed score (`fxlens.rules.attention`: scores recomputed, five
+GEMMs, the softmax backward) plus one FLOP per op of the score_mod's joint graph, and
+D = rowsum(dO·O).
+
+Every capture method records it alike: torch.export and make_fx as the traced higher-order
+op, the dispatch-level recording (and so the training step) through
+`fxlens.analyzer.capture.recorder`.
 """
 
 from __future__ import annotations
@@ -34,11 +41,16 @@ import torch
 
 from fxlens.analyzer.core.costs import Cost, OpCall, cost_rule
 from fxlens.analyzer.core.graph import Subgraph, TensorRef
+from fxlens.rules.attention import (
+    OUTPUT_DOT_FLOPS_PER_ELEMENT,
+    SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT,
+)
 from fxlens.rules.conventions import FLOPS_PER_MAC, SOFTMAX_FLOPS_PER_ELEMENT
-from fxlens.rules.hardware import ATTENTION_FORWARD
+from fxlens.rules.hardware import ATTENTION_BACKWARD, ATTENTION_FORWARD
 from fxlens.rules.mask_values import constant_value
 
 FLEX = "higher_order.flex_attention"
+FLEX_BACKWARD = "higher_order.flex_attention_backward"
 Q_LEN, KV_LEN, KV_NUM, KV_INDICES, FULL_NUM, FULL_INDICES = 0, 1, 2, 3, 4, 5
 Q_BLOCK, KV_BLOCK = -3, -2
 
@@ -49,18 +61,38 @@ def flex_attention(call: OpCall) -> Cost:
     mask's computed blocks, plus the score_mod's ops."""
     q, v = call.shape("arg0"), call.shape("arg2")
     bh, t_q, t_k = q[0] * q[1], q[-2], call.shape("arg1")[-2]
-    score_mod = call.arg("arg3")
-    per_score_mod = len(score_mod.ops) if isinstance(score_mod, Subgraph) else 0
-    scores, note = computed_scores(call, bh, t_q, t_k)
-    per_score = FLOPS_PER_MAC * (q[-1] + v[-1]) + SOFTMAX_FLOPS_PER_ELEMENT + per_score_mod
-    note += f"; score_mod {per_score_mod} op{'s' if per_score_mod != 1 else ''} per score"
+    extra = _ops(call.arg("arg3"))
+    scores, note = computed_scores(call, "arg4", bh, t_q, t_k)
+    per_score = FLOPS_PER_MAC * (q[-1] + v[-1]) + SOFTMAX_FLOPS_PER_ELEMENT + extra
+    note += f"; score_mod {extra} op{'s' if extra != 1 else ''} per score"
     return Cost(flops=scores * per_score, note=note, kernel=ATTENTION_FORWARD)
 
 
-def computed_scores(call: OpCall, bh: int, t_q: int, t_k: int) -> tuple[int, str]:
-    """Scores the kernel computes over every (batch, head), and the note saying how many of
-    the blocks that is."""
-    mask = call.node.args.get("arg4")      # the refs themselves: their values are read
+@cost_rule(FLEX_BACKWARD)
+def flex_attention_backward(call: OpCall) -> Cost:
+    """FlexAttention backward: SDPA's backward per computed score (scores recomputed, five
+    GEMMs, the softmax backward), the score_mod's joint graph per score, and D = rowsum(dO·O)
+    per output element."""
+    q, v = call.shape("arg0"), call.shape("arg2")
+    bh, t_q, t_k = q[0] * q[1], q[-2], call.shape("arg1")[-2]
+    extra = _ops(call.arg("arg8"))
+    scores, note = computed_scores(call, "arg9", bh, t_q, t_k)
+    per_score = (FLOPS_PER_MAC * (3 * q[-1] + 2 * v[-1]) + SOFTMAX_BACKWARD_FLOPS_PER_ELEMENT
+                 + extra)
+    note += f"; score_mod's joint graph {extra} op{'s' if extra != 1 else ''} per score"
+    return Cost(flops=scores * per_score + OUTPUT_DOT_FLOPS_PER_ELEMENT * bh * t_q * v[-1],
+                note=note, kernel=ATTENTION_BACKWARD)
+
+
+def _ops(function: Any) -> int:
+    return len(function.ops) if isinstance(function, Subgraph) else 0
+
+
+def computed_scores(call: OpCall, argument: str, bh: int, t_q: int, t_k: int
+                    ) -> tuple[int, str]:
+    """Scores the kernel computes over every (batch, head), from the block mask in
+    `argument`, and the note saying how many of the blocks that is."""
+    mask = call.node.args.get(argument)    # the refs themselves: their values are read
     dense = bh * t_q * t_k
     if not isinstance(mask, (tuple, list)) or len(mask) < 8:
         return dense, "dense: no block mask"

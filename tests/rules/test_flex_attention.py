@@ -142,18 +142,35 @@ class FlexModel(torch.nn.Module):
         return x
 
 
-def test_a_model_of_flex_blocks_is_analysed_and_its_training_step_refused_by_name() -> None:
-    from fxlens.analyzer.core.errors import CaptureError
+def test_a_model_of_flex_blocks_is_analysed_forward_and_training_step() -> None:
+    """Forward (torch.export) and the training step (recorded at dispatch level): each
+    layer's FlexAttention over its computed blocks, the backward at SDPA's backward per
+    score, 2·(3·d_qk + 2·d_v) + 7, plus D = rowsum(dO·O)."""
     from fxlens.analyzer.core.loaded import LoadedModel
     from fxlens.api import AnalysisOptions, analyze_loaded
 
     model, x = FlexModel(), torch.randn(2, 300, 64)
+    scores = computed_scores(mask_mod("window", 100), 2, 4, 300, 300, (128, 128))
     report = analyze_loaded(LoadedModel(model, (x,), "flex", "flex"),
                             AnalysisOptions(strict=True, device="h100"))
     assert report.coverage.complete
-    flex = [n for n in report.nodes if n.target == "higher_order.flex_attention"]
+    flex = [n.flops for n in report.nodes if n.target == "higher_order.flex_attention"]
+    assert flex == [scores * (4 * 16 + SOFTMAX)] * 3
+    step = analyze_loaded(LoadedModel(model, (x,), "flex", "flex"),
+                          AnalysisOptions(strict=True, train=True, device="h100"))
+    assert step.coverage.complete
+    forward = [n.flops for n in step.nodes if n.target == "higher_order.flex_attention"]
+    backward = [n.flops for n in step.nodes
+                if n.target == "higher_order.flex_attention_backward"]
+    assert forward == [scores * (4 * 16 + SOFTMAX)] * 3
+    assert backward == [scores * (2 * (3 * 16 + 2 * 16) + 7) + 2 * 2 * 4 * 300 * 16] * 3
+
+
+@pytest.mark.parametrize("method", ["export", "make_fx", "record"])
+def test_every_capture_method_records_flex_attention_alike(method: str) -> None:
+    registry = load_rules()
+    graph = capture(FlexModel(), (torch.randn(2, 300, 64),), registry, methods=(method,))
+    flex = [n.flops for n in analyze(graph, registry, strict=True).nodes
+            if n.target == "higher_order.flex_attention"]
     scores = computed_scores(mask_mod("window", 100), 2, 4, 300, 300, (128, 128))
-    assert [n.flops for n in flex] == [scores * (4 * 16 + SOFTMAX)] * 3
-    with pytest.raises(CaptureError, match="flex_attention .*cannot be recorded"):
-        analyze_loaded(LoadedModel(model, (x,), "flex", "flex"),
-                       AnalysisOptions(strict=True, train=True))
+    assert flex == [scores * (4 * 16 + SOFTMAX)] * 3

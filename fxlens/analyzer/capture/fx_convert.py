@@ -165,7 +165,7 @@ class FxConverter:
         if name in INLINED_WRAPPERS:
             return self._inline(args)
         if isinstance(target, torch._ops.HigherOrderOperator):
-            named = {f"arg{i}": _subgraphs(a) for i, a in enumerate(args)
+            named = {f"arg{i}": subgraphs(a) for i, a in enumerate(args)
                      if not callable(a) or isinstance(a, torch.fx.GraphModule)}
             return self._add(NodeKind.CALL, f"higher_order.{name}", named, fx_node)
         # Python-level calls on symbolic sizes (operator.mul on SymInts...): plain values.
@@ -195,12 +195,13 @@ class FxConverter:
         )
 
 
-def _subgraphs(value: Any) -> Any:
+def subgraphs(value: Any) -> Any:
     """`value` with each graph module in it (a higher-order op's function argument) as the
-    `Subgraph` of the ops it calls: the graph stays plain data."""
+    `Subgraph` of the ops it calls, and any other function as None: the graph stays plain
+    data."""
     if isinstance(value, torch.fx.GraphModule):
         return Subgraph(tuple(str(n.target) for n in value.graph.nodes
                               if n.op == "call_function"))
     if isinstance(value, (tuple, list)):
-        return type(value)(_subgraphs(v) for v in value)
-    return value
+        return type(value)(subgraphs(v) for v in value)
+    return None if callable(value) else value    # a Python function: nothing to read

@@ -40,7 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
 from fxlens.analyzer.capture.decompose import decomposition_table
-from fxlens.analyzer.capture.fx_convert import innermost_user_frame, type_name
+from fxlens.analyzer.capture.fx_convert import innermost_user_frame, subgraphs, type_name
 from fxlens.analyzer.core.aten import bind_args, spec_of
 from fxlens.analyzer.core.errors import CaptureError
 from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef
@@ -143,16 +143,13 @@ class Recorder(TorchDispatchMode):
                 inputs.setdefault(id(t), (NodeKind.INPUT, names.get(id(t), f"input{i}"), t))
         return cls(known, decomposition_table(), inputs)
 
-    # A higher-order op (FlexAttention) is refused by name, not by torch's generic message.
+    # Higher-order ops (FlexAttention and its backward) are recorded as one node each.
     supports_higher_order_operators = True
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if isinstance(func, torch._ops.HigherOrderOperator):
-            raise CaptureError(
-                f"{func.name()} (a higher-order op) cannot be recorded at dispatch level yet, "
-                "so neither the training step nor a model only the recording captures; its "
-                "forward is analysed when torch.export captures it (analyze without --train)")
+            return self._higher_order(func, args, kwargs)
         if self._quiet or func is DEVICE_QUERY:
             return func(*args, **kwargs)
         decomposition = None if self._known(str(func)) else self._decompositions.get(func)
@@ -220,6 +217,28 @@ class Recorder(TorchDispatchMode):
         for tensor in self._alive[alive:]:
             _forget(self._refs, id(tensor), length, poison)
             _forget(self._views, _view_key(tensor), length, poison)
+
+    def _higher_order(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Run a higher-order op below this mode and record it as ``higher_order.<name>``:
+        its tensors by reference, its function arguments as the ops they run (`Subgraph`),
+        as the export capture records it."""
+        if kwargs:
+            raise CaptureError(f"{func.name()}: keyword arguments of a higher-order op are "
+                               "not recorded")
+        out = func(*args)
+        if self._quiet:
+            return out
+        named = {f"arg{i}": self.ref(subgraphs(a)) for i, a in enumerate(args)
+                 if not callable(a) or isinstance(a, torch.fx.GraphModule)}
+        flat = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
+        module, module_type, source = self._where(args)
+        node = Node(len(self.nodes), NodeKind.CALL, f"higher_order.{func.name()}", named,
+                    tuple(spec_of(o) for o in flat), module=module, module_type=module_type,
+                    source=source, phase=self.phase)
+        self.nodes.append(node)
+        for index, o in enumerate(flat):
+            self._remember(o, TensorRef(node.id, index))
+        return out
 
     def _record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
         if self.unrecordable and self.phase == "backward":
