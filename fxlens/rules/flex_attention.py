@@ -118,7 +118,7 @@ def computed_scores(call: OpCall, argument: str, bh: int, t_q: int, t_k: int
 
 def _value(call: OpCall, ref: Any) -> torch.Tensor | str:
     if not isinstance(ref, TensorRef):
-        return "holds no block counts"
+        return "gives no block counts (none given: every block computed)"
     return constant_value(call.graph, ref)
 
 

@@ -174,3 +174,20 @@ def test_every_capture_method_records_flex_attention_alike(method: str) -> None:
             if n.target == "higher_order.flex_attention"]
     scores = computed_scores(mask_mod("window", 100), 2, 4, 300, 300, (128, 128))
     assert flex == [scores * (4 * 16 + SOFTMAX)] * 3
+
+
+class SoftCapped(torch.nn.Module):
+    """A score_mod alone (no block mask): tanh soft-capping, 3 ops per score."""
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        return flex_attention(q, q, q, score_mod=lambda s, b, h, qi, ki: torch.tanh(s / 30) * 30)
+
+
+@pytest.mark.parametrize("method", ["export", "make_fx", "record"])
+def test_a_score_mod_alone_counts_dense_plus_its_ops(method: str) -> None:
+    registry = load_rules()
+    graph = capture(SoftCapped(), (torch.randn(1, 2, 200, 16),), registry, methods=(method,))
+    (node,) = [n for n in analyze(graph, registry, strict=True).nodes
+               if n.target == "higher_order.flex_attention"]
+    assert node.flops == 2 * 200 * 200 * (4 * 16 + SOFTMAX + 3)
+    assert node.note.startswith("dense:") and "score_mod 3 ops per score" in node.note

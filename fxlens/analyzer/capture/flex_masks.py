@@ -82,3 +82,18 @@ def broadcast_block_masks() -> contextlib.AbstractContextManager[None]:
                 "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG": True}
 
     return module_attributes(FLEX_MODULE, replacements)
+
+
+def traced_score_mod(function: Callable[..., torch.Tensor]) -> torch.fx.GraphModule | None:
+    """A FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)`` given as a Python function
+    (as an eager or recorded call passes it), traced on zero-dim examples into the graph of
+    the ops it runs per score, as torch.export records it; None if it cannot be traced."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    try:
+        with _disable_current_modes():
+            examples = (torch.zeros(()), *(torch.zeros((), dtype=torch.int) for _ in range(4)))
+            return make_fx(function)(*examples)
+    except Exception:   # a score_mod reading other buffers, or untraceable: no ops counted
+        return None

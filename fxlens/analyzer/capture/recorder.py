@@ -40,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
 from fxlens.analyzer.capture.decompose import decomposition_table
+from fxlens.analyzer.capture.flex_masks import traced_score_mod
 from fxlens.analyzer.capture.fx_convert import innermost_user_frame, subgraphs, type_name
 from fxlens.analyzer.core.aten import bind_args, spec_of
 from fxlens.analyzer.core.errors import CaptureError
@@ -228,6 +229,9 @@ class Recorder(TorchDispatchMode):
         out = func(*args)
         if self._quiet:
             return out
+        if func.name() == "flex_attention" and len(args) > 3 and callable(args[3]) \
+                and not isinstance(args[3], torch.fx.GraphModule):
+            args = (*args[:3], traced_score_mod(args[3]), *args[4:])   # as export records it
         named = {f"arg{i}": self.ref(subgraphs(a)) for i, a in enumerate(args)
                  if not callable(a) or isinstance(a, torch.fx.GraphModule)}
         flat = [o for o in pytree.tree_leaves(out) if isinstance(o, torch.Tensor)]
