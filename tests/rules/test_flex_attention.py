@@ -191,3 +191,39 @@ def test_a_score_mod_alone_counts_dense_plus_its_ops(method: str) -> None:
                if n.target == "higher_order.flex_attention"]
     assert node.flops == 2 * 200 * 200 * (4 * 16 + SOFTMAX + 3)
     assert node.note.startswith("dense:") and "score_mod 3 ops per score" in node.note
+
+
+class MaskedBlocks(torch.nn.Module):
+    """Two layers of projections around FlexAttention with `mod` built inside the forward."""
+
+    def __init__(self, mod: MaskMod, block: tuple[int, int]) -> None:
+        super().__init__()
+        self.mod, self.block = mod, block
+        self.layers = torch.nn.ModuleList(FlexBlock() for _ in range(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        mask = create_block_mask(self.mod, None, None, x.shape[1], x.shape[1], device="cpu",
+                                 BLOCK_SIZE=self.block)
+        for layer in self.layers:
+            x = layer(x, mask)
+        return x
+
+
+@pytest.mark.slow
+@settings(max_examples=8, deadline=None)
+@given(kind=st.sampled_from(["causal", "window", "document"]), size=st.integers(16, 200),
+       t=st.integers(100, 300), block=st.sampled_from([(128, 128), (64, 128)]))
+def test_the_training_step_counts_the_computed_blocks_both_ways(
+        kind: str, size: int, t: int, block: tuple[int, int]) -> None:
+    from fxlens.analyzer.core.loaded import LoadedModel
+    from fxlens.api import AnalysisOptions, analyze_loaded
+
+    mod = mask_mod(kind, size)
+    step = analyze_loaded(LoadedModel(MaskedBlocks(mod, block), (torch.randn(2, t, 64),),
+                                      "flex", "flex"), AnalysisOptions(strict=True, train=True))
+    scores = computed_scores(mod, 2, 4, t, t, block)
+    forward = [n.flops for n in step.nodes if n.target == "higher_order.flex_attention"]
+    backward = [n.flops for n in step.nodes
+                if n.target == "higher_order.flex_attention_backward"]
+    assert forward == [scores * (4 * 16 + SOFTMAX)] * 2
+    assert backward == [scores * (2 * (3 * 16 + 2 * 16) + 7) + 2 * 2 * 4 * t * 16] * 2
