@@ -411,8 +411,8 @@ class CpuFakeTensorMode(FakeTensorMode):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        for hop in list(torch._ops._higher_order_ops.values()):
-            table = hop.python_key_table
+        for hop in list(getattr(torch._ops, "_higher_order_ops", {}).values()):
+            table = getattr(hop, "python_key_table", {})
             if FakeTensorMode in table and CpuFakeTensorMode not in table:
                 table[CpuFakeTensorMode] = table[FakeTensorMode]
 
