@@ -28,7 +28,7 @@ import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
@@ -74,12 +74,7 @@ from fxlens.analyzer.memory.measure import EagerAlongside, MeasuredMemory, simul
 from fxlens.analyzer.memory.training_state import parse_bytes
 from fxlens.analyzer.memory.training_step import StepSettings, training_section
 from fxlens.analyzer.memory.types import KVLayout
-from fxlens.analyzer.time.roofline import (
-    dtype_key,
-    node_dtype,
-    roofline_section,
-    throughput_basis,
-)
+from fxlens.analyzer.time.roofline import compute_seconds, roofline_section, throughput_basis
 from fxlens.plan_pass import PlanPass
 from fxlens.rules import load_rules
 from fxlens.rules.autocast import cpu_autocast, cuda_autocast
@@ -88,9 +83,6 @@ from fxlens.rules.fusion import fusion_rules, kinds_of
 from fxlens.rules.hardware import DeviceSpec
 from fxlens.rules.kv_layouts import TOKEN_MAJOR_KERNELS, has_config, layers_from_config
 from fxlens.rules.training import CASTABLE_DTYPES, Optimizer, Precision
-
-if TYPE_CHECKING:   # quantization and planning are imported where a run asks for them
-    pass
 
 log = logging.getLogger(__name__)
 
@@ -291,20 +283,11 @@ def fusion_analysis(ctx: Context, report: Report) -> FusionAnalysis:
     so the costed report gives what the report after the memory passes gives."""
     graph = ctx.analysed()
     spec = ctx.device_spec()
-    if spec is None:
-        return analyze_fusion(report, graph, kinds_of(list(graph.nodes), ctx.registry),
-                              fusion_rules(ctx.registry), ctx.registry.lookup)
-    kernels = {n.id: n.kernel for n in report.nodes}
-    device = spec
-
-    def compute_s(node_id: int, flops: int) -> float:
-        key = dtype_key(node_dtype(graph.nodes[node_id], graph), ctx.options.tf32)
-        rate = device.achievable_flops(key, kernels.get(node_id, ""))
-        return flops / rate if rate > 0 else 0.0
-
     return analyze_fusion(report, graph, kinds_of(list(graph.nodes), ctx.registry),
                           fusion_rules(ctx.registry), ctx.registry.lookup,
-                          spec.achievable_bandwidth, compute_s)
+                          spec.achievable_bandwidth if spec is not None else None,
+                          compute_seconds(report, graph, spec, ctx.options.tf32)
+                          if spec is not None else None)
 
 
 class QuantPass:

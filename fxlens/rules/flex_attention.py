@@ -51,7 +51,7 @@ from fxlens.rules.mask_values import constant_value
 
 FLEX = "higher_order.flex_attention"
 FLEX_BACKWARD = "higher_order.flex_attention_backward"
-Q_LEN, KV_LEN, KV_NUM, KV_INDICES, FULL_NUM, FULL_INDICES = 0, 1, 2, 3, 4, 5
+KV_NUM, KV_INDICES, FULL_NUM, FULL_INDICES = 2, 3, 4, 5    # after Q_LEN, KV_LEN
 Q_BLOCK, KV_BLOCK = -3, -2
 
 

@@ -34,7 +34,7 @@ device's achievable factor (e.g. 0.7).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -144,10 +144,26 @@ def node_times(report: Report, graph: Graph, device: Device, tf32: bool = False,
     timeline while the host issues the kernels (`fxlens.analyzer.time.host`). `keys`: the
     `DTYPE_KEYS` figure some nodes compute at instead of their dtype's (fp8 GEMMs)."""
     keys = keys or {}
-    times = [node_time(n, keys.get(n.id) or dtype_key(node_dtype(graph.nodes[n.id], graph),
-                                                       tf32), device)
+    times = [node_time(n, keys.get(n.id) or _key(graph, n.id, tf32), device)
              for n in report.nodes]
     return on_gpu_timeline(report, times, device) if device.kind == "gpu" else times
+
+
+def compute_seconds(report: Report, graph: Graph, device: Device, tf32: bool = False
+                    ) -> Callable[[int, int], float]:
+    """Seconds of some FLOPs at a node's rate on `device` (its dtype, its kernel class):
+    what work a fix skips there is worth (`fxlens.analyzer.fusion.kernels.run_rules`)."""
+    kernels = {n.id: n.kernel for n in report.nodes}
+
+    def seconds(node_id: int, flops: int) -> float:
+        rate = device.achievable_flops(_key(graph, node_id, tf32), kernels.get(node_id, ""))
+        return flops / rate if rate > 0 else 0.0
+
+    return seconds
+
+
+def _key(graph: Graph, node_id: int, tf32: bool) -> str:
+    return dtype_key(node_dtype(graph.nodes[node_id], graph), tf32)
 
 
 def on_gpu_timeline(report: Report, times: list[NodeTime], device: Device) -> list[NodeTime]:
