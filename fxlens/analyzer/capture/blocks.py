@@ -59,8 +59,8 @@ import torch.utils._pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
+from fxlens.analyzer.capture.fake_runs import CpuFakeTensorMode, fake_cpu, module_state
 from fxlens.analyzer.capture.fx_convert import innermost_user_frame
-from fxlens.analyzer.capture.recorder import CpuFakeTensorMode, fake_cpu, module_state
 from fxlens.analyzer.core.aten import dtype_name
 from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef, TensorSpec, map_refs
 

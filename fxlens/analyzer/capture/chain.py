@@ -45,6 +45,7 @@ from torch.export.graph_signature import InputKind
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
+from fxlens.analyzer.capture.as_eager import libraries_as_eager
 from fxlens.analyzer.capture.blocks import (
     Alongside,
     Group,
@@ -56,15 +57,9 @@ from fxlens.analyzer.capture.blocks import (
 )
 from fxlens.analyzer.capture.chatter import export_prints_logged, torch_chatter_to_debug_log
 from fxlens.analyzer.capture.decompose import decompose_unknown
-from fxlens.analyzer.capture.flex_masks import broadcast_block_masks
+from fxlens.analyzer.capture.fake_runs import CpuFakeTensorMode, fake_then_real
 from fxlens.analyzer.capture.fx_convert import FxConverter, type_name, user_frame
-from fxlens.analyzer.capture.hf_masks import eager_mask_decisions
-from fxlens.analyzer.capture.recorder import (
-    CpuFakeTensorMode,
-    Recorder,
-    fake_then_real,
-    module_tracking,
-)
+from fxlens.analyzer.capture.recorder import Recorder, module_tracking
 from fxlens.analyzer.core.aten import spec_of
 from fxlens.analyzer.core.beside import Beside, beside, can_fork, result_or_none
 from fxlens.analyzer.core.costs import CostRegistry
@@ -98,7 +93,7 @@ def capture(
     for method in methods:
         on_step(f"capturing with {method}")
         try:
-            with torch_chatter_to_debug_log(), eager_mask_decisions(), broadcast_block_masks():
+            with torch_chatter_to_debug_log(), libraries_as_eager():
                 nodes, outputs, label = capturers[method](module, args, kwargs, registry)
         except CaptureError:
             raise

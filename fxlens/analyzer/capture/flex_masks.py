@@ -97,3 +97,12 @@ def traced_score_mod(function: Callable[..., torch.Tensor]) -> torch.fx.GraphMod
             return make_fx(function)(*examples)
     except Exception:   # a score_mod reading other buffers, or untraceable: no ops counted
         return None
+
+
+def as_exported(op: str, args: tuple[Any, ...]) -> tuple[Any, ...]:
+    """A higher-order op's arguments as torch.export records them: FlexAttention's score_mod,
+    when a call passes it as a Python function, traced to its graph (`traced_score_mod`)."""
+    if op == "flex_attention" and len(args) > 3 and callable(args[3]) \
+            and not isinstance(args[3], torch.fx.GraphModule):
+        return (*args[:3], traced_score_mod(args[3]), *args[4:])
+    return args

@@ -165,9 +165,8 @@ class FxConverter:
         if name in INLINED_WRAPPERS:
             return self._inline(args)
         if isinstance(target, torch._ops.HigherOrderOperator):
-            named = {f"arg{i}": subgraphs(a) for i, a in enumerate(args)
-                     if not callable(a) or isinstance(a, torch.fx.GraphModule)}
-            return self._add(NodeKind.CALL, f"higher_order.{name}", named, fx_node)
+            return self._add(NodeKind.CALL, f"higher_order.{name}", hop_arguments(args),
+                             fx_node)
         # Python-level calls on symbolic sizes (operator.mul on SymInts...): plain values.
         return concrete(fx_node.meta.get("val"))
 
@@ -193,6 +192,13 @@ class FxConverter:
         return torch.fx.node.map_aggregate(
             value, lambda v: env[v] if isinstance(v, torch.fx.Node) else concrete(v)
         )
+
+
+def hop_arguments(args: tuple[Any, ...]) -> dict[str, Any]:
+    """A higher-order op's positional arguments as plain node arguments, ``arg0``…: graph
+    modules as `Subgraph`s, Python functions left out (inside a tuple, None)."""
+    return {f"arg{i}": subgraphs(a) for i, a in enumerate(args)
+            if not callable(a) or isinstance(a, torch.fx.GraphModule)}
 
 
 def subgraphs(value: Any) -> Any:

@@ -50,13 +50,13 @@ from torch._subclasses.fake_tensor import (
     FakeTensorMode,
 )
 
+from fxlens.analyzer.capture.as_eager import libraries_as_eager
 from fxlens.analyzer.capture.autocast import autocast_forward, autocast_kernels
 from fxlens.analyzer.capture.chain import Inputs, param_infos, plain_outputs, tied_names
-from fxlens.analyzer.capture.flex_masks import broadcast_block_masks
+from fxlens.analyzer.capture.fake_runs import fake_then_real
 from fxlens.analyzer.capture.fused_attention import fused_attention_kernels
 from fxlens.analyzer.capture.fx_convert import type_name, user_frame
-from fxlens.analyzer.capture.hf_masks import eager_mask_decisions
-from fxlens.analyzer.capture.recorder import Recorder, fake_then_real, module_tracking
+from fxlens.analyzer.capture.recorder import Recorder, module_tracking
 from fxlens.analyzer.capture.step_blocks import StandIns
 from fxlens.analyzer.capture.types import Autocast
 from fxlens.analyzer.core.costs import CostRegistry
@@ -176,8 +176,7 @@ def _record_once(
     # the forward alone (`fxlens.analyzer.capture.autocast`).
     with (module_tracking(module, recorder.module_stack), tensors, recorder, installed,
           fused_attention_kernels(settings.fused_attention),
-          autocast_kernels(settings.autocast), eager_mask_decisions(),
-          broadcast_block_masks()):
+          autocast_kernels(settings.autocast), libraries_as_eager()):
         with (torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
               autocast_forward(settings.autocast)):
             out = torch.func.functional_call(module, state, args, kwargs)

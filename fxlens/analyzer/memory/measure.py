@@ -36,8 +36,8 @@ import torch.utils._pytree as pytree
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fxlens.analyzer.capture.hf_masks import eager_mask_decisions
-from fxlens.analyzer.capture.recorder import fake_then_real
+from fxlens.analyzer.capture.as_eager import libraries_as_eager
+from fxlens.analyzer.capture.fake_runs import fake_then_real
 
 OptimizerFactory = Callable[[Iterable[torch.nn.Parameter]], torch.optim.Optimizer]
 
@@ -194,7 +194,7 @@ def simulate_eager_memory(module: torch.nn.Module, inputs: Any) -> MeasuredMemor
     Fake tensors are freed when Python drops them, exactly as real ones, so this follows
     eager PyTorch's lifetimes, Python's own references included — what graph liveness cannot
     see. Falls back to a small real run where fake tensors cannot go (see
-    `fxlens.analyzer.capture.recorder.fake_then_real`).
+    `fxlens.analyzer.capture.fake_runs.fake_then_real`).
     """
     args, kwargs = _split(inputs)
 
@@ -203,7 +203,7 @@ def simulate_eager_memory(module: torch.nn.Module, inputs: Any) -> MeasuredMemor
             fake_mode: FakeTensorMode | None) -> MeasuredMemory:
         tracker = _forward_tracker(state, run_args, run_kwargs)
         tensors = fake_mode if fake_mode is not None else contextlib.nullcontext()
-        with tensors, torch.no_grad(), tracker, eager_mask_decisions():
+        with tensors, torch.no_grad(), tracker, libraries_as_eager():
             out = torch.func.functional_call(real_or_fake, state, run_args, run_kwargs)
         result = tracker.result()
         del out

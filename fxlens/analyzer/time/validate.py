@@ -37,7 +37,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from fxlens.analyzer.capture.chain import plain_outputs
-from fxlens.analyzer.capture.recorder import on_meta, random_weights, real_like
+from fxlens.analyzer.capture.fake_runs import on_meta, random_weights, real_like
 from fxlens.analyzer.core.aten import resolve_op
 from fxlens.analyzer.core.graph import (
     Graph,
