@@ -18,8 +18,11 @@ the attention output and the logsumexp (and max scores), written once, as SDPA's
 The block counts are values, which fake tensors do not hold: when ``create_block_mask`` runs
 inside the model from positions alone (causal, sliding-window, prefix masks; document masks
 whose ids are built from positions) the graph builds them from factories, and they are
-computed on CPU as an attention mask is (`fxlens.rules.masks.constant_value`). A block mask
-read from the inputs or buffers cannot be, and is counted dense (every block), the note says.
+computed on CPU as an attention mask is (`fxlens.rules.mask_values.constant_value`). A block
+mask made before the forward (torchtitan's pattern: held by the model or handed to it) is
+read from the values the capture kept of its tensors (`Node.value`; real, small integers).
+One whose values nobody holds (made on fake or meta tensors, or from the inputs) is counted
+dense (every block), the note says.
 The node's note gives the block sparsity the count assumes.
 
 The backward, ``flex_attention_backward(query, key, value, out, logsumexp, grad_out,

@@ -2,9 +2,11 @@
 (`fxlens.rules.masks`) and FlexAttention block counts (`fxlens.rules.flex_attention`).
 
 A tensor is such a graph constant when every op that builds it starts from factories
-(``arange``, ``ones``, ``full``…) and reaches no parameter, buffer or lifted constant. An
-integer graph input of at most two dims it reads (a padding ``attention_mask``) is taken as all
-ones: the unpadded batch a tokenizer gives. The ops run on real CPU tensors, only its own.
+(``arange``, ``ones``, ``full``…) or from graph inputs whose values the capture kept
+(`Node.value`: small integer tensors it saw real, such as a BlockMask made before the forward),
+and reaches no other parameter, buffer or input. An integer graph input of at most two dims it
+reads (a padding ``attention_mask``) is taken as all ones: the unpadded batch a tokenizer
+gives. The ops run on real CPU tensors, only its own.
 
 Large values are never materialised: a tensor that builds a mask is held whole only up to
 ``MAX_MASK_ELEMENTS`` elements (64 Mi: one 8192 × 8192 square, whatever the batch, since
@@ -37,10 +39,10 @@ MAX_MASK_NODES = 400        # a positions-only mask takes tens of ops; more mean
 def constant_value(graph: Graph, ref: TensorRef) -> torch.Tensor | str:
     """The values of `ref` when the graph builds it from positions alone (a FlexAttention
     block mask's block counts), computed on CPU as a mask is; else why not."""
-    nodes, padding, reason = constant_subgraph(graph, ref)
+    nodes, leaves, reason = constant_subgraph(graph, ref)
     if reason:
         return reason
-    value = evaluate(graph, nodes, ref, padding)
+    value = evaluate(graph, nodes, ref, leaves)
     return value if isinstance(value, str) else _whole(value)
 
 
@@ -51,17 +53,18 @@ def mask_builders(graph: Graph, ref: TensorRef) -> list[Node]:
 
 
 def constant_subgraph(graph: Graph, ref: TensorRef) -> tuple[list[Node], list[Node], str]:
-    """The call nodes that build `ref`, in graph order, and the padding masks among the graph
-    inputs they read (taken as all ones); or why it is not a graph constant."""
+    """The call nodes that build `ref`, in graph order, and the graph inputs they read whose
+    values are known (`Node.value`) or assumed (padding masks, all ones: `is_padding`); or
+    why it is not a graph constant."""
     seen: set[int] = set()
-    padding: dict[int, Node] = {}
+    leaves: dict[int, Node] = {}
     todo = [ref.node]
     while todo:
         node = graph.nodes[todo.pop()]
-        if node.id in seen or node.id in padding:
+        if node.id in seen or node.id in leaves:
             continue
-        if node.kind is NodeKind.INPUT and _is_padding_mask(node):
-            padding[node.id] = node
+        if node.kind is not NodeKind.CALL and (node.value is not None or is_padding(node)):
+            leaves[node.id] = node
             continue
         if node.kind is not NodeKind.CALL:
             what = {NodeKind.INPUT: "an input", NodeKind.PARAM: "a parameter",
@@ -73,15 +76,17 @@ def constant_subgraph(graph: Graph, ref: TensorRef) -> tuple[list[Node], list[No
         if len(seen) > MAX_MASK_NODES:
             return [], [], f"is built by more than {MAX_MASK_NODES} ops"
         todo.extend(r.node for r in node.input_refs())
-    return [graph.nodes[i] for i in sorted(seen)], [padding[i] for i in sorted(padding)], ""
+    return [graph.nodes[i] for i in sorted(seen)], [leaves[i] for i in sorted(leaves)], ""
 
 
-def _is_padding_mask(node: Node) -> bool:
-    """An integer input of at most two dims: a tokenizer's (B, T) ``attention_mask``, 1 where
-    a token is real. NB: a bool or float input, or one of more dims, is an explicit attention
-    mask whose values cannot be guessed."""
+def is_padding(node: Node) -> bool:
+    """Taken as all ones: an integer input of at most two dims whose values were not kept, a
+    tokenizer's (B, T) ``attention_mask``, 1 where a token is real. NB: a bool or float
+    input, or one of more dims, is an explicit attention mask whose values cannot be
+    guessed."""
     spec = node.outputs[0] if len(node.outputs) == 1 else None
-    return spec is not None and len(spec.shape) <= 2 and spec.dtype.startswith(("int", "uint"))
+    return (node.kind is NodeKind.INPUT and node.value is None and spec is not None
+            and len(spec.shape) <= 2 and spec.dtype.startswith(("int", "uint")))
 
 
 # Ops whose output element depends only on the inputs' elements at the same (broadcast)
@@ -150,18 +155,16 @@ def _lazy(node: Node, op: Any, args: dict[str, Any], broadcast: bool, held: int
     return None
 
 
-def evaluate(graph: Graph, nodes: list[Node], ref: TensorRef, padding: list[Node]
+def evaluate(graph: Graph, nodes: list[Node], ref: TensorRef, leaves: list[Node]
               ) -> torch.Tensor | Recipe | str:
-    """Run `nodes` on CPU, the `padding` inputs all ones; the value of `ref` (a recipe when
-    too large to hold), or why it could not be computed.
+    """Run `nodes` on CPU from the `leaves`' known values (padding inputs all ones); the
+    value of `ref` (a recipe when too large to hold), or why it could not be computed.
 
     NB: values are kept small: a pointwise op runs on its inputs' bases and its result is
     expanded (a view), and a result that repeats along a leading (batch, head) dim is kept
     as one slice expanded — so a batch of B copies of one T × T mask costs one T × T.
     """
-    values: dict[TensorRef, Any] = {
-        TensorRef(n.id, 0): torch.ones(n.outputs[0].shape, dtype=getattr(torch, n.outputs[0].dtype))
-        for n in padding if n.outputs[0] is not None}
+    values: dict[TensorRef, Any] = {TensorRef(n.id, 0): _leaf_value(n) for n in leaves}
     last_use = {r: n.id for n in nodes for r in n.input_refs()}
 
     for node in nodes:
@@ -199,6 +202,14 @@ def evaluate(graph: Graph, nodes: list[Node], ref: TensorRef, padding: list[Node
         for used in [r for r in node.input_refs() if last_use.get(r) == node.id and r != ref]:
             values.pop(used, None)
     return values[ref]
+
+
+def _leaf_value(node: Node) -> torch.Tensor:
+    if node.value is not None:
+        return node.value
+    spec = node.outputs[0]
+    assert spec is not None    # `is_padding`
+    return torch.ones(spec.shape, dtype=getattr(torch, spec.dtype))
 
 
 def _real(value: Any, values: dict[TensorRef, torch.Tensor], broadcast: bool, mutable: bool

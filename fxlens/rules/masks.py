@@ -15,8 +15,10 @@ so a graph holds an explicit mask only where the eager run has one too (Falcon, 
 
 What an explicit mask allows (`MaskVerdict.mask`, read by the "pass is_causal" finding) is
 judged by its values, where the graph can compute them: when every op that builds it starts
-from factories (``arange``, ``ones``, ``full``…) and reaches no parameter, buffer or lifted
-constant — the positions-only masks of causal LMs. An integer graph input of at most two dims
+from factories (``arange``, ``ones``, ``full``…) or from inputs whose values the capture kept
+(small integer or bool buffers and constants it saw real: a causal-mask buffer) and reaches no
+other parameter, buffer or input — the positions-only masks of causal LMs. An integer graph
+input of at most two dims
 it reads (a padding ``attention_mask``) is taken as all ones: the unpadded batch a tokenizer
 gives. Such a mask is evaluated on CPU (real tensors, only its own ops) and compared with the
 top-left causal pattern (query i sees keys j ≤ i, SDPA's ``is_causal``) and, when T_q ≠ T_k,
@@ -25,8 +27,9 @@ the bottom-right one (query i sees keys j ≤ i + T_k − T_q: new tokens after 
 allows its True entries; a float mask allows the entries above the dtype's lowest finite value
 (``-inf`` and ``finfo.min`` both block), and is causal only when every allowed entry is
 exactly 0 (a bias such as ALiBi is not). Anything else — sliding windows, packed sequences,
-prefixes, an explicit mask read from the inputs, buffers or constants whose values fake tensors
-do not hold, or a mask that cannot be evaluated — is `MaskPattern.OTHER`.
+prefixes, an explicit mask read from the inputs, or from buffers or constants whose values
+were not kept (float, fake, meta or large ones), or a mask that cannot be evaluated — is
+`MaskPattern.OTHER`.
 
 Every verdict carries a note (`MaskVerdict.note`) saying which convention was applied and why.
 
@@ -59,7 +62,14 @@ import torch
 
 from fxlens.analyzer.core.costs import OpCall
 from fxlens.analyzer.core.graph import Graph, Node, TensorRef
-from fxlens.rules.mask_values import Recipe, base_of, constant_subgraph, evaluate, has_rows
+from fxlens.rules.mask_values import (
+    Recipe,
+    base_of,
+    constant_subgraph,
+    evaluate,
+    has_rows,
+    is_padding,
+)
 
 MAX_LAZY_ELEMENTS = 2**30   # 32 k × 32 k scores read whole: seconds; beyond, rows sampled
 BLOCK_ELEMENTS = 2**22      # per block of query rows of a mask too large to hold
@@ -131,9 +141,10 @@ def judged(graph: Graph, ref: TensorRef, t_q: int, t_k: int) -> MaskVerdict:
 
 def _recipe(built: tuple[list[Node], list[Node], str], ref: TensorRef) -> tuple[Any, ...]:
     """What `classify` reads of a mask, with node ids replaced by positions in the recipe:
-    each op's target, arguments and output specs, the padding inputs' names and specs."""
-    nodes, padding, _ = built
-    local = {n.id: i for i, n in enumerate([*padding, *nodes])}
+    each op's target, arguments and output specs, the padding inputs' names and specs (an
+    input of known values by its node: its values are not compared)."""
+    nodes, leaves, _ = built
+    local = {n.id: i for i, n in enumerate([*leaves, *nodes])}
 
     def relative(value: Any) -> Any:
         if isinstance(value, TensorRef):
@@ -144,22 +155,25 @@ def _recipe(built: tuple[list[Node], list[Node], str], ref: TensorRef) -> tuple[
 
     ops = tuple((n.target, tuple((k, relative(v)) for k, v in n.args.items()), n.outputs)
                 for n in nodes)
-    return (tuple((n.target, n.outputs) for n in padding), ops, relative(ref))
+    inputs = tuple((n.target, n.outputs, n.id if n.value is not None else None)
+                   for n in leaves)
+    return (inputs, ops, relative(ref))
 
 
 def classify(graph: Graph, ref: TensorRef, t_q: int, t_k: int) -> MaskVerdict:
     """The verdict for the mask `ref` of `graph` on `t_q` queries and `t_k` keys (see the
     module docstring)."""
-    nodes, padding, reason = constant_subgraph(graph, ref)
+    nodes, leaves, reason = constant_subgraph(graph, ref)
     if reason:
         return MaskVerdict(False, f"dense: the mask {reason}")
-    value = evaluate(graph, nodes, ref, padding)
+    value = evaluate(graph, nodes, ref, leaves)
     if isinstance(value, str):
         return MaskVerdict(False, f"dense: the mask {value}")
     try:
         verdict = _judge(value, t_q, t_k)
     except RuntimeError as error:  # a mask that does not broadcast to (T_q, T_k): say so
         return MaskVerdict(False, f"dense: the mask could not be compared ({error})"[:200])
+    padding = [n for n in leaves if is_padding(n)]
     if not padding:
         return verdict
     names = ", ".join(n.target for n in padding)

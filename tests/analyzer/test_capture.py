@@ -233,3 +233,24 @@ def test_ops_with_cost_rules_stay_whole() -> None:
     module, inputs = tiny_gpt.build()
     targets = {n.target for n in capture(module, inputs, load_rules()).calls()}
     assert KEPT_WHOLE[version] <= targets
+
+
+def test_only_real_small_integer_tensors_keep_their_values() -> None:
+    """`known_value`: what a capture may keep on a graph input (a BlockMask's block table),
+    copied; weights, data, fake and meta tensors and large tables are not."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from fxlens.analyzer.core.aten import KNOWN_VALUE_ELEMENTS, known_value
+
+    table = torch.arange(12, dtype=torch.int32).view(3, 4)
+    kept = known_value(table)
+    assert kept is not None and torch.equal(kept, table)
+    table[0, 0] = 99
+    assert kept[0, 0] == 0                                  # a copy, not the user's tensor
+    assert known_value(torch.ones(3, dtype=torch.bool)) is not None
+    assert known_value(torch.randn(3)) is None               # floats: weights or data
+    assert known_value(torch.zeros(3, dtype=torch.int64, device="meta")) is None
+    assert known_value(torch.zeros(KNOWN_VALUE_ELEMENTS + 1, dtype=torch.int8)) is None
+    with FakeTensorMode() as mode:
+        assert known_value(mode.from_tensor(table)) is None
+    assert known_value(torch.nn.Parameter(torch.ones(2), requires_grad=False)) is None

@@ -97,3 +97,34 @@ def test_explicit_masks_count_dense_and_is_causal_the_triangle(
     window = not torch.equal(allowed, causal_mask("bool tril", t_q, t_k))
     assert ("window_size" in finding.fix) is window
     assert ("causal_lower_right" in finding.fix) is (t_q != t_k and not window)
+
+
+class BufferMask(torch.nn.Module):
+    """nanoGPT's and GPT-2's pattern: a causal mask registered as a bool buffer, sliced to
+    the sequence and handed to SDPA."""
+
+    def __init__(self, t_max: int) -> None:
+        super().__init__()
+        self.register_buffer("bias", torch.tril(torch.ones(t_max, t_max, dtype=torch.bool))
+                             .view(1, 1, t_max, t_max))
+
+    def forward(self, q: torch.Tensor) -> torch.Tensor:
+        t = q.shape[-2]
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=self.bias[:, :, :t, :t])
+
+
+@pytest.mark.parametrize("method", ["export", "make_fx", "record"])
+def test_a_causal_mask_held_in_a_buffer_is_judged_by_its_values(method: str) -> None:
+    """The buffer's values are kept on the graph (`Node.value`), so every capture method
+    judges the mask exactly causal: dense count, and FUS009 saving the masked scores."""
+    q = torch.randn(2, 3, 20, 8)
+    registry = load_rules()
+    graph = capture(BufferMask(32), (q,), registry, methods=(method,))
+    report = analyze(graph, registry, strict=True)
+    (node,) = [n for n in report.nodes if "scaled_dot_product" in n.target]
+    assert node.flops == 2 * 3 * 20 * 20 * per_score(8, 8)
+    assert "exactly causal" in node.note, node.note
+    fusion = analyze_fusion(report, graph, kinds_of(list(graph.nodes), registry),
+                            fusion_rules(registry), registry.lookup, 1e12, lambda _n, f: f / 1e15)
+    (finding,) = [f for f in fusion.findings if f.code == "FUS009"]
+    assert finding.saved_flops == 2 * 3 * (20 * 20 - causal_scores(20, 20)) * per_score(8, 8)

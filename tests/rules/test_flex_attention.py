@@ -227,3 +227,78 @@ def test_the_training_step_counts_the_computed_blocks_both_ways(
                 if n.target == "higher_order.flex_attention_backward"]
     assert forward == [scores * (4 * 16 + SOFTMAX)] * 2
     assert backward == [scores * (2 * (3 * 16 + 2 * 16) + 7) + 2 * 2 * 4 * t * 16] * 2
+
+
+class GivenMask(torch.nn.Module):
+    """Layers of FlexBlock under a block mask made before the forward (torchtitan's pattern):
+    held by the model, or handed to the forward as an argument."""
+
+    def __init__(self, mask: object = None) -> None:
+        super().__init__()
+        self.layers = torch.nn.ModuleList(FlexBlock() for _ in range(2))
+        self.mask = mask
+
+    def forward(self, x: torch.Tensor, mask: object = None) -> torch.Tensor:
+        for layer in self.layers:
+            x = layer(x, self.mask if mask is None else mask)
+        return x
+
+
+def _given(kind: str, size: int, t: int) -> object:
+    return create_block_mask(mask_mod(kind, size), None, None, t, t, device="cpu")
+
+
+@pytest.mark.parametrize("method", ["export", "record"])
+@pytest.mark.parametrize("kind", ["causal", "window", "document"])
+def test_a_block_mask_made_before_the_forward_counts_its_computed_blocks(
+        method: str, kind: str) -> None:
+    """Its block counts are tensors the capture saw real: kept on the graph (`Node.value`)
+    and read as a mask built inside the forward is computed."""
+    registry = load_rules()
+    graph = capture(GivenMask(_given(kind, 90, 300)), (torch.randn(2, 300, 64),), registry,
+                    methods=(method,))
+    flex = [n for n in analyze(graph, registry, strict=True).nodes
+            if n.target == "higher_order.flex_attention"]
+    scores = computed_scores(mask_mod(kind, 90), 2, 4, 300, 300, (128, 128))
+    assert [n.flops for n in flex] == [scores * (4 * 16 + SOFTMAX)] * 2, flex[0].note
+    assert scores < 2 * 4 * 300 * 300
+
+
+def test_a_block_mask_given_as_an_argument_is_counted_and_not_listed_as_an_input() -> None:
+    """torch.export refuses a BlockMask argument; the recording reaches its tensors, which
+    are no example input: the summary lists `x` alone."""
+    from fxlens.analyzer.core.loaded import LoadedModel
+    from fxlens.api import AnalysisOptions, analyze_loaded
+
+    mask = _given("window", 90, 300)
+    inputs = {"x": torch.randn(2, 300, 64), "mask": mask}
+    scores = computed_scores(mask_mod("window", 90), 2, 4, 300, 300, (128, 128))
+    for train in (False, True):
+        report = analyze_loaded(LoadedModel(GivenMask(), inputs, "flex", "flex"),
+                                AnalysisOptions(strict=True, train=train))
+        flex = [n.flops for n in report.nodes if n.target == "higher_order.flex_attention"]
+        assert flex == [scores * (4 * 16 + SOFTMAX)] * 2
+        assert [i.name for i in report.model.inputs] == ["x"]
+
+
+def test_the_eager_memory_simulation_runs_flex_attention_as_one_kernel() -> None:
+    """The storage tracker passes the higher-order op through: its output (and logsumexp)
+    are new storages, its inner score tensors are not."""
+    from fxlens.analyzer.memory.measure import simulate_eager_memory
+
+    measured = simulate_eager_memory(GivenMask(), (torch.randn(1, 256, 64),
+                                                   _given("causal", 0, 256)))
+    scores_bytes = 4 * 256 * 256 * 4    # one layer's float32 scores, 4 heads
+    assert 0 < measured.peak_bytes < scores_bytes
+    assert measured.ops.count("flex_attention") == 2
+
+
+def test_validate_says_it_cannot_run_flex_attention() -> None:
+    from fxlens.analyzer.core.errors import ValidationError
+    from fxlens.analyzer.time.validate import run_graph
+
+    registry = load_rules()
+    model, x = GivenMask(_given("causal", 0, 128)), torch.randn(1, 128, 64)
+    graph = capture(model, (x,), registry, methods=("export",))
+    with pytest.raises(ValidationError, match="higher_order.flex_attention"):
+        run_graph(graph, model, (x,))

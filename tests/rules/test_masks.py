@@ -8,6 +8,7 @@ Expected FLOPs are the derivation: B·H·scores·(4·d + 8).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -72,9 +73,14 @@ class FromInput(torch.nn.Module):
 
 
 class FromBuffer(torch.nn.Module):
-    def __init__(self) -> None:
+    """A causal mask held in a buffer: bool values are kept by the capture (`Node.value`),
+    a float (additive) buffer's are not — floats are weights or data."""
+
+    def __init__(self, dtype: torch.dtype = torch.bool) -> None:
         super().__init__()
-        self.register_buffer("mask", torch.ones(T, T, dtype=torch.bool).tril())
+        causal = torch.ones(T, T, dtype=torch.bool).tril()
+        self.register_buffer("mask", causal if dtype == torch.bool else
+                             torch.zeros(T, T, dtype=dtype).masked_fill(~causal, -math.inf))
 
     def forward(self, q: torch.Tensor) -> torch.Tensor:
         return F.scaled_dot_product_attention(q, q, q, attn_mask=self.mask)
@@ -113,7 +119,9 @@ CASES: list[tuple[str, torch.nn.Module, int, str]] = [
     ("ALiBi bias + causal", Masked(alibi_causal), DENSE, "dense: the mask adds a bias"),
     ("anti-causal", Masked(lambda q: torch.ones(T, T, dtype=torch.bool).triu()), DENSE,
      "dense: the mask is not causal"),
-    ("from a buffer", FromBuffer(), DENSE, "dense: the mask depends on a buffer"),
+    ("from a bool buffer", FromBuffer(), DENSE, EXACT),
+    ("from a float buffer", FromBuffer(torch.float32), DENSE,
+     "dense: the mask depends on a buffer"),
 ]
 
 

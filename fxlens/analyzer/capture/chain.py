@@ -33,7 +33,8 @@ import contextlib
 import functools
 import logging
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -60,7 +61,7 @@ from fxlens.analyzer.capture.decompose import decompose_unknown
 from fxlens.analyzer.capture.fake_runs import CpuFakeTensorMode, fake_then_real
 from fxlens.analyzer.capture.fx_convert import FxConverter, type_name, user_frame
 from fxlens.analyzer.capture.recorder import Recorder, module_tracking
-from fxlens.analyzer.core.aten import spec_of
+from fxlens.analyzer.core.aten import known_value, spec_of
 from fxlens.analyzer.core.beside import Beside, beside, can_fork, result_or_none
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.errors import CaptureError
@@ -105,7 +106,8 @@ def capture(
         on_step("decomposing ops without a cost rule")
         nodes, outputs = decompose_unknown(nodes, registry.knows, outputs)
         return Graph(
-            nodes=tuple(nodes), capture_method=label, params=param_infos(module),
+            nodes=with_buffer_values(nodes, module), capture_method=label,
+            params=param_infos(module),
             module_types={p: type_name(type(m)) for p, m in module.named_modules()},
             outputs=outputs, notes=tuple(notes), tied=tied_names(module),
         )
@@ -174,7 +176,15 @@ def _trace(module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any
         kind = NodeKind.PARAM if spec.kind is InputKind.PARAMETER else NodeKind.BUFFER
         return kind, str(spec.target)
 
-    converter = FxConverter(input_kind)
+    def input_value(fx_node: torch.fx.Node) -> Any:
+        """A lifted constant's values, kept where small integers (a BlockMask made before
+        the forward: `known_value`); buffers' are read from the module (`with_buffer_values`)."""
+        spec = kinds.get(fx_node.name)
+        if spec is None or spec.kind is not InputKind.CONSTANT_TENSOR:
+            return None
+        return known_value(program.constants.get(str(spec.target)))
+
+    converter = FxConverter(input_kind, input_value)
     converter.convert(program.graph_module.graph, program.graph_module)
     return converter.nodes, _tensor_refs(converter.outputs), tuple(groups)
 
@@ -291,6 +301,17 @@ def param_infos(module: torch.nn.Module) -> tuple[ParamInfo, ...]:
               for n, p in module.named_parameters()]
     buffers = [ParamInfo(n, spec_of(b), True, False) for n, b in module.named_buffers()]
     return tuple(params + buffers)
+
+
+def with_buffer_values(nodes: Iterable[Node], module: torch.nn.Module) -> tuple[Node, ...]:
+    """`nodes` with each buffer input holding its values where `known_value` keeps them (a
+    causal-mask buffer, position ids), read from the module, whichever tensors the capture
+    ran on."""
+    buffers = dict(module.named_buffers(remove_duplicate=False))
+    return tuple(
+        replace(n, value=known_value(buffers[n.target]))
+        if n.kind is NodeKind.BUFFER and n.value is None and n.target in buffers else n
+        for n in nodes)
 
 
 def tied_names(module: torch.nn.Module) -> dict[str, str]:

@@ -132,6 +132,8 @@ class FxConverter:
     """Accumulates nodes while walking one fx graph (and the subgraphs it inlines)."""
 
     input_kind: Callable[[torch.fx.Node], tuple[NodeKind, str]]
+    # The values an input keeps (`Node.value`), None for most
+    input_value: Callable[[torch.fx.Node], Any] = lambda _: None
     nodes: list[Node] = field(default_factory=list)
     outputs: tuple[TensorRef, ...] = ()
 
@@ -143,7 +145,7 @@ class FxConverter:
         for fx_node in graph.nodes:
             if fx_node.op == "placeholder" and fx_node not in env:
                 kind, name = self.input_kind(fx_node)
-                env[fx_node] = self._add(kind, name, {}, fx_node)
+                env[fx_node] = self._add(kind, name, {}, fx_node, self.input_value(fx_node))
             elif fx_node.op == "output":
                 result = self._map(env, fx_node.args[0])
                 self.outputs = tuple(result) if isinstance(result, (list, tuple)) else (result,)
@@ -174,16 +176,17 @@ class FxConverter:
         position = next(i for i, a in enumerate(args) if isinstance(a, torch.fx.GraphModule))
         sub, operands = args[position], iter(args[position + 1:])
         given = {n: next(operands) for n in sub.graph.nodes if n.op == "placeholder"}
-        inner = FxConverter(input_kind=self.input_kind, nodes=self.nodes)
+        inner = FxConverter(self.input_kind, self.input_value, self.nodes)
         inner.convert(sub.graph, sub, given)
         return inner.outputs if len(inner.outputs) != 1 else inner.outputs[0]
 
-    def _add(self, kind: NodeKind, target: str, args: dict, fx_node: torch.fx.Node) -> TensorRef:
+    def _add(self, kind: NodeKind, target: str, args: dict, fx_node: torch.fx.Node,
+             value: Any = None) -> TensorRef:
         module, module_type = module_of(fx_node.meta)
         node = Node(
             id=len(self.nodes), kind=kind, target=target, args=args,
             outputs=specs_of(fx_node.meta.get("val")), module=module, module_type=module_type,
-            source=source_of(fx_node.meta.get("stack_trace")),
+            source=source_of(fx_node.meta.get("stack_trace")), value=value,
         )
         self.nodes.append(node)
         return TensorRef(node.id)

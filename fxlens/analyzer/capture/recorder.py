@@ -31,9 +31,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from fxlens.analyzer.capture.decompose import decomposition_table
 from fxlens.analyzer.capture.flex_masks import as_exported
 from fxlens.analyzer.capture.fx_convert import hop_arguments, innermost_user_frame, type_name
-from fxlens.analyzer.core.aten import bind_args, spec_of
+from fxlens.analyzer.core.aten import bind_args, known_value, spec_of
 from fxlens.analyzer.core.errors import CaptureError
-from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef
+from fxlens.analyzer.core.graph import CONSTANT_INPUT, Node, NodeKind, TensorRef
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -150,11 +150,12 @@ class Recorder(TorchDispatchMode):
 
     def ref(self, value: Any) -> Any:
         """The TensorRef of a tensor seen before (by identity, else by the same view of the
-        same storage); unseen tensors become inputs named "constant"."""
+        same storage); unseen tensors become inputs named ``CONSTANT_INPUT``
+        (their values kept where `known_value` keeps them)."""
         if isinstance(value, torch.Tensor):
             ref = self._refs.get(id(value)) or self._views.get(_view_key(value))
             if ref is None:
-                self._add_input(NodeKind.INPUT, "constant", value)
+                self._add_input(NodeKind.INPUT, CONSTANT_INPUT, value, known_value(value))
                 ref = self._refs[id(value)]
             return ref
         if isinstance(value, (list, tuple)):
@@ -275,8 +276,9 @@ class Recorder(TorchDispatchMode):
         self._last_sequence_nr = max(self._last_sequence_nr, newest)
         self._last_where = where
 
-    def _add_input(self, kind: NodeKind, name: str, tensor: torch.Tensor) -> None:
-        node = Node(len(self.nodes), kind, name, {}, (spec_of(tensor),))
+    def _add_input(self, kind: NodeKind, name: str, tensor: torch.Tensor,
+                   value: torch.Tensor | None = None) -> None:
+        node = Node(len(self.nodes), kind, name, {}, (spec_of(tensor),), value=value)
         self.nodes.append(node)
         self._remember(tensor, TensorRef(node.id))
 

@@ -525,7 +525,7 @@ def _renumbered(node: Node, id: int, ref: Callable[[TensorRef], TensorRef], modu
             value = map_refs(value, ref)
         args[name] = value
     return Node(id, node.kind, node.target, args, node.outputs, module, node.module_type,
-                node.source, node.phase)
+                node.source, node.phase, node.value)
 
 
 def _backward_hooks(module: torch.nn.Module) -> bool:

@@ -52,7 +52,13 @@ from torch._subclasses.fake_tensor import (
 
 from fxlens.analyzer.capture.as_eager import libraries_as_eager
 from fxlens.analyzer.capture.autocast import autocast_forward, autocast_kernels
-from fxlens.analyzer.capture.chain import Inputs, param_infos, plain_outputs, tied_names
+from fxlens.analyzer.capture.chain import (
+    Inputs,
+    param_infos,
+    plain_outputs,
+    tied_names,
+    with_buffer_values,
+)
 from fxlens.analyzer.capture.fake_runs import fake_then_real
 from fxlens.analyzer.capture.fused_attention import fused_attention_kernels
 from fxlens.analyzer.capture.fx_convert import type_name, user_frame
@@ -118,7 +124,8 @@ def capture_training(
     assert recorded is not None
     # NB: the recorder decomposed unknown ops as they ran; nothing is left to splice in.
     graph = Graph(
-        nodes=tuple(recorded.nodes), params=param_infos(module), tied=tied_names(module),
+        nodes=with_buffer_values(recorded.nodes, module), params=param_infos(module),
+        tied=tied_names(module),
         capture_method="joint forward+backward recorded at dispatch level",
         module_types={p: type_name(type(m)) for p, m in module.named_modules()},
         roles=recorded.roles, notes=(f"recorded on {tensors}", *_autocast_note(autocast)),

@@ -29,6 +29,21 @@ def spec_of(t: torch.Tensor) -> TensorSpec:
     )
 
 
+KNOWN_VALUE_ELEMENTS = 2**20    # a BlockMask's block table at 128 Ki tokens: 1 Mi entries
+
+
+def known_value(t: Any) -> torch.Tensor | None:
+    """A copy of `t`'s values when a capture may keep them on the graph input it becomes
+    (`Node.value`): a real CPU tensor of integers or bools, at most ``KNOWN_VALUE_ELEMENTS``
+    elements. Else None: floats are weights or data, fake and meta tensors hold no values."""
+    if (not isinstance(t, torch.Tensor) or type(t) is not torch.Tensor
+            or t.device.type != "cpu" or t.numel() > KNOWN_VALUE_ELEMENTS
+            or t.dtype.is_floating_point or t.dtype.is_complex):
+        return None
+    with torch.utils._python_dispatch._disable_current_modes():    # not a fake copy
+        return t.detach().clone()
+
+
 def meta_tensor(spec: TensorSpec) -> torch.Tensor:
     """An uninitialised meta tensor with the spec's shape, strides and dtype."""
     dtype = getattr(torch, spec.dtype)

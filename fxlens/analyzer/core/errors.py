@@ -31,3 +31,7 @@ class DuplicateRuleError(RuleError, ValueError):
 
 class ReportError(FxlensError):
     """A report could not be read, written, rendered or compared."""
+
+
+class ValidationError(FxlensError):
+    """A captured graph could not be run for real (`analyze validate`)."""

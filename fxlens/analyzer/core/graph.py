@@ -114,6 +114,9 @@ def packet(target: str) -> str:
     return ".".join(parts[:2]) if len(parts) >= 3 else target
 
 
+CONSTANT_INPUT = "constant"   # the name of a recorded input that was no given input
+
+
 @dataclass(frozen=True)
 class Node:
     """One op call (or one graph input) in the captured graph."""
@@ -127,6 +130,10 @@ class Node:
     module_type: str = ""            # qualified class name of that module
     source: str = ""                 # "path/to/file.py:123" of the user's line
     phase: str = "forward"           # "forward" or "backward" (joint graphs)
+    # An input's values where the capture saw them real and they are small integers: a
+    # BlockMask made before the forward, an index table (`fxlens.analyzer.core.aten.
+    # known_value`). Rules that need values read them (`fxlens.rules.mask_values`).
+    value: Any = field(default=None, compare=False, repr=False)
 
     @property
     def packet(self) -> str:
@@ -192,6 +199,13 @@ class Graph:
 
     def calls(self) -> Iterator[Node]:
         return (n for n in self.nodes if n.kind is NodeKind.CALL)
+
+    def example_inputs(self) -> list[tuple[str, TensorSpec]]:
+        """The inputs the model was given, by name, in order: not the tensors a recorded
+        forward reached that were no input, parameter or buffer (``CONSTANT_INPUT``)."""
+        return [(n.target, spec) for n in self.nodes
+                if n.kind is NodeKind.INPUT and n.target != CONSTANT_INPUT and n.outputs
+                and (spec := n.outputs[0]) is not None]
 
 
 def repeated_blocks(module_types: Mapping[str, str]) -> tuple[str, ...]:

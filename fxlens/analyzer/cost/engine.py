@@ -20,7 +20,7 @@ import torch
 import fxlens
 from fxlens.analyzer.core.costs import Cost, CostRegistry, OpCall
 from fxlens.analyzer.core.errors import RuleError
-from fxlens.analyzer.core.graph import Graph, Node, NodeKind, ancestors
+from fxlens.analyzer.core.graph import Graph, Node, ancestors
 from fxlens.analyzer.core.report import (
     Coverage,
     InputSpec,
@@ -120,9 +120,8 @@ def _model_info(graph: Graph, name: str, source: str) -> ModelInfo:
         trainable_params=sum(p.spec.numel for p in params if p.requires_grad),
         buffers=sum(p.spec.numel for p in buffers),
         buffer_bytes=sum(p.spec.nbytes for p in buffers),
-        inputs=tuple(InputSpec(n.target, n.outputs[0].shape, n.outputs[0].dtype)
-                     for n in graph.nodes
-                     if n.kind is NodeKind.INPUT and n.outputs and n.outputs[0] is not None),
+        inputs=tuple(InputSpec(name, spec.shape, spec.dtype)
+                     for name, spec in graph.example_inputs()),
     )
 
 

@@ -56,7 +56,10 @@ class MeasuredMemory:
 
 
 class StorageTracker(TorchDispatchMode):
-    """Counts each new storage an op returns until the storage is released."""
+    """Counts each new storage an op returns until the storage is released. A higher-order
+    op (FlexAttention) is one fused kernel: its outputs are counted, not its inner ops."""
+
+    supports_higher_order_operators = True
 
     def __init__(self, existing: Iterable[torch.Tensor] = ()) -> None:
         super().__init__()

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorSpec, ancestors
+from fxlens.analyzer.core.graph import Graph, Node, TensorSpec, ancestors
 from fxlens.analyzer.core.report import NodeReport, Report
 from fxlens.analyzer.core.sections import (
     DeviceFigures,
@@ -262,8 +262,7 @@ class Basis:
 def throughput_basis(graph: Graph) -> Basis:
     """Samples: the leading dimension of the first graph input. Tokens: the elements of the
     first 2-D integer input (batch × sequence), when there is one."""
-    inputs = [n.outputs[0] for n in graph.nodes
-              if n.kind is NodeKind.INPUT and n.outputs and n.outputs[0] is not None]
+    inputs = [spec for _, spec in graph.example_inputs()]
     samples = inputs[0].shape[0] if inputs and inputs[0].shape else 1
     tokens = next((s.numel for s in inputs
                    if len(s.shape) == 2 and s.dtype.startswith(("int", "uint"))), 0)

@@ -14,7 +14,8 @@ time of a whole pass (interpreter overhead included) and of the module's own eag
 kept beside it. Peak memory comes from the eager forward: the storage tracker of
 `fxlens.analyzer.memory.measure` on CPU, ``torch.cuda.max_memory_allocated`` on a GPU.
 
-Known limitations: inference graphs only (no joint training graph); random ops draw other
+Known limitations: inference graphs only (no joint training graph); no higher-order ops
+(FlexAttention: a `ValidationError` says so); random ops draw other
 numbers than the eager run did; an in-place op on a graph input or buffer repeats on every
 pass (eval-mode graphs have none in the test zoo); an input the example inputs cannot fill
 (a lifted constant whose value capture did not keep) is made up (zeros or normal noise) and
@@ -39,6 +40,7 @@ import torch.utils._pytree as pytree
 from fxlens.analyzer.capture.chain import plain_outputs
 from fxlens.analyzer.capture.fake_runs import on_meta, random_weights, real_like
 from fxlens.analyzer.core.aten import resolve_op
+from fxlens.analyzer.core.errors import ValidationError
 from fxlens.analyzer.core.graph import (
     Graph,
     Node,
@@ -114,9 +116,10 @@ def bind_inputs(graph: Graph, module: torch.nn.Module, inputs: Any,
     for node in graph.nodes:
         if node.kind is NodeKind.CALL:
             continue
-        tensor = state.get(node.target) if node.kind is not NodeKind.INPUT else None
+        tensor = node.value.to(device) if node.value is not None else None   # kept by capture
         if tensor is None and node.kind is not NodeKind.INPUT:
-            tensor = _attribute(module, node.target)
+            tensor = state.get(node.target)
+            tensor = _attribute(module, node.target) if tensor is None else tensor
         if tensor is None and node.kind is NodeKind.INPUT:
             tensor = _take_input(node, named, unused)
         if tensor is None:
@@ -277,6 +280,7 @@ def run_graph(graph: Graph, module: torch.nn.Module, inputs: Any,
     device = torch.device(settings.device)
     cuda = device.type == "cuda"
     clock: Clock = _cuda_clock if cuda else _cpu_clock
+    _check_runnable(graph)
     with torch.no_grad():
         bound, made_up = bind_inputs(graph, module, inputs, device)
         samples: dict[int, list[float]] = defaultdict(list)
@@ -298,6 +302,17 @@ def run_graph(graph: Graph, module: torch.nn.Module, inputs: Any,
         peak_bytes=peak_memory(module, inputs, cuda),
         outputs=outputs, made_up=made_up,
     )
+
+
+def _check_runnable(graph: Graph) -> None:
+    """Every call node is an op overload; a higher-order op (FlexAttention) is not: its
+    functions are kept in the graph as the ops they run, not as code to call."""
+    node = next((n for n in graph.calls() if n.target.startswith("higher_order.")), None)
+    if node is not None:
+        raise ValidationError(
+            f"cannot run {node.target} (node {node.id}, module {node.module or '<root>'}) "
+            "node by node: the graph keeps which ops its functions run, not the functions; "
+            "validate runs graphs of aten ops only")
 
 
 def _sync(cuda: bool) -> None:
