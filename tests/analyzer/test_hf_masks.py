@@ -24,7 +24,7 @@ from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.sections import Findings
 from fxlens.api import AnalysisOptions, analyze_loaded
 from fxlens.rules.conventions import SOFTMAX_FLOPS_PER_ELEMENT as SOFTMAX
-from tests.models.hf_zoo import BATCH, SEQ_LEN, _instantiate, _tokens
+from tests.models.hf_build import BATCH, SEQ_LEN, instantiate, tokens
 
 LAYERS, HEADS = 2, 4
 
@@ -54,8 +54,8 @@ def config(name: str) -> tuple[type, Any, int, int]:
 
 def analysed(name: str, attention: str) -> Any:
     cls, cfg, _, _ = config(name)
-    module = _instantiate(cls, cfg, attention)
-    return analyze_loaded(LoadedModel(module, {"input_ids": _tokens()}, name, name),
+    module = instantiate(cls, cfg, attention)
+    return analyze_loaded(LoadedModel(module, {"input_ids": tokens()}, name, name),
                           AnalysisOptions(device="h100"))
 
 

@@ -26,41 +26,12 @@ sizes; the presets in `fxlens.analyzer.capture.hf` cover those (on meta, without
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import torch
 import transformers
 
-SEED = 0
-BATCH = 2
-SEQ_LEN = 12
-VOCAB = 128
-
-Built = tuple[torch.nn.Module, dict[str, torch.Tensor]]
-
-
-def _instantiate(model_cls: type, config: Any, attention: str | None = "sdpa"
-                 ) -> torch.nn.Module:
-    """`model_cls(config)` with seeded weights, `attention` (None: the architecture has none),
-    no cache (sub-configs included), in eval mode."""
-    if attention is not None:
-        config._attn_implementation = attention
-    for part in (config, *(getattr(config, k, None) for k in ("text_config", "vision_config"))):
-        if part is not None and hasattr(part, "use_cache"):
-            part.use_cache = False
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(SEED)
-        model = model_cls(config)
-    return model.eval()
-
-
-def _tokens(vocab: int = VOCAB, length: int = SEQ_LEN, seed: int = SEED + 1) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab, (BATCH, length), generator=generator)
-
-
-def _floats(*shape: int, seed: int = SEED + 2) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+from tests.models.hf_build import BATCH, SEQ_LEN, VOCAB, Built, floats, instantiate, tokens
+from tests.models.hf_zoo_hybrid import ZOO as HYBRID_ZOO
 
 
 def build_gpt2() -> Built:
@@ -68,8 +39,8 @@ def build_gpt2() -> Built:
         vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4,
         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=0, eos_token_id=0,
     )
-    model = _instantiate(transformers.GPT2LMHeadModel, config)
-    return model, {"input_ids": _tokens()}
+    model = instantiate(transformers.GPT2LMHeadModel, config)
+    return model, {"input_ids": tokens()}
 
 
 def build_bert() -> Built:
@@ -77,10 +48,10 @@ def build_bert() -> Built:
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=64, max_position_embeddings=32,
     )
-    model = _instantiate(transformers.BertForMaskedLM, config)
+    model = instantiate(transformers.BertForMaskedLM, config)
     mask = torch.ones(BATCH, SEQ_LEN, dtype=torch.int64)
     mask[1, -3:] = 0  # a padded second sequence, so the attention mask is real
-    return model, {"input_ids": _tokens(), "attention_mask": mask}
+    return model, {"input_ids": tokens(), "attention_mask": mask}
 
 
 def build_t5() -> Built:
@@ -89,8 +60,8 @@ def build_t5() -> Built:
         num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=16,
         dropout_rate=0.0, feed_forward_proj="relu", decoder_start_token_id=0,
     )
-    model = _instantiate(transformers.T5ForConditionalGeneration, config)
-    return model, {"input_ids": _tokens(), "decoder_input_ids": _tokens(length=8, seed=3)}
+    model = instantiate(transformers.T5ForConditionalGeneration, config)
+    return model, {"input_ids": tokens(), "decoder_input_ids": tokens(length=8, seed=3)}
 
 
 def build_llama() -> Built:
@@ -100,8 +71,8 @@ def build_llama() -> Built:
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         rope_theta=10000.0,
     )
-    model = _instantiate(transformers.LlamaForCausalLM, config)
-    return model, {"input_ids": _tokens()}
+    model = instantiate(transformers.LlamaForCausalLM, config)
+    return model, {"input_ids": tokens()}
 
 
 def build_mixtral() -> Built:
@@ -111,8 +82,8 @@ def build_mixtral() -> Built:
         num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
         num_experts_per_tok=2, max_position_embeddings=64, sliding_window=None,
     )
-    model = _instantiate(transformers.MixtralForCausalLM, config)
-    return model, {"input_ids": _tokens()}
+    model = instantiate(transformers.MixtralForCausalLM, config)
+    return model, {"input_ids": tokens()}
 
 
 def build_whisper() -> Built:
@@ -124,9 +95,9 @@ def build_whisper() -> Built:
         pad_token_id=0, bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
         suppress_tokens=None, begin_suppress_tokens=None,
     )
-    model = _instantiate(transformers.WhisperForConditionalGeneration, config)
-    features = _floats(BATCH, config.num_mel_bins, 2 * config.max_source_positions)
-    return model, {"input_features": features, "decoder_input_ids": _tokens(length=8)}
+    model = instantiate(transformers.WhisperForConditionalGeneration, config)
+    features = floats(BATCH, config.num_mel_bins, 2 * config.max_source_positions)
+    return model, {"input_features": features, "decoder_input_ids": tokens(length=8)}
 
 
 def build_vit() -> Built:
@@ -134,8 +105,8 @@ def build_vit() -> Built:
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
         image_size=32, patch_size=8, num_channels=3, num_labels=10,
     )
-    model = _instantiate(transformers.ViTForImageClassification, config)
-    return model, {"pixel_values": _floats(BATCH, 3, 32, 32)}
+    model = instantiate(transformers.ViTForImageClassification, config)
+    return model, {"pixel_values": floats(BATCH, 3, 32, 32)}
 
 
 def build_wav2vec2() -> Built:
@@ -147,8 +118,8 @@ def build_wav2vec2() -> Built:
         hidden_dropout=0.0, attention_dropout=0.0, feat_proj_dropout=0.0, final_dropout=0.0,
         layerdrop=0.0,
     )
-    model = _instantiate(transformers.Wav2Vec2ForCTC, config)
-    return model, {"input_values": _floats(BATCH, 400)}
+    model = instantiate(transformers.Wav2Vec2ForCTC, config)
+    return model, {"input_values": floats(BATCH, 400)}
 
 
 def build_qwen2() -> Built:
@@ -157,7 +128,7 @@ def build_qwen2() -> Built:
         vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
     )
-    return _instantiate(transformers.Qwen2ForCausalLM, config), {"input_ids": _tokens()}
+    return instantiate(transformers.Qwen2ForCausalLM, config), {"input_ids": tokens()}
 
 
 def build_phi3() -> Built:
@@ -168,7 +139,7 @@ def build_phi3() -> Built:
         original_max_position_embeddings=64, pad_token_id=0, bos_token_id=1, eos_token_id=2,
         sliding_window=None,
     )
-    return _instantiate(transformers.Phi3ForCausalLM, config), {"input_ids": _tokens()}
+    return instantiate(transformers.Phi3ForCausalLM, config), {"input_ids": tokens()}
 
 
 def build_gpt_neox() -> Built:
@@ -177,7 +148,7 @@ def build_gpt_neox() -> Built:
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         intermediate_size=64, max_position_embeddings=64, rotary_pct=0.25,
     )
-    return _instantiate(transformers.GPTNeoXForCausalLM, config), {"input_ids": _tokens()}
+    return instantiate(transformers.GPTNeoXForCausalLM, config), {"input_ids": tokens()}
 
 
 def build_opt() -> Built:
@@ -187,7 +158,7 @@ def build_opt() -> Built:
         num_attention_heads=4, max_position_embeddings=64, word_embed_proj_dim=32,
         dropout=0.0, pad_token_id=1,
     )
-    return _instantiate(transformers.OPTForCausalLM, config), {"input_ids": _tokens()}
+    return instantiate(transformers.OPTForCausalLM, config), {"input_ids": tokens()}
 
 
 def build_falcon() -> Built:
@@ -196,7 +167,7 @@ def build_falcon() -> Built:
         vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
         num_kv_heads=2, new_decoder_architecture=True, max_position_embeddings=64,
     )
-    return _instantiate(transformers.FalconForCausalLM, config), {"input_ids": _tokens()}
+    return instantiate(transformers.FalconForCausalLM, config), {"input_ids": tokens()}
 
 
 def build_qwen3_moe() -> Built:
@@ -206,7 +177,7 @@ def build_qwen3_moe() -> Built:
         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
         num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1, max_position_embeddings=64,
     )
-    return _instantiate(transformers.Qwen3MoeForCausalLM, config), {"input_ids": _tokens()}
+    return instantiate(transformers.Qwen3MoeForCausalLM, config), {"input_ids": tokens()}
 
 
 def build_deepseek_v3() -> Built:
@@ -219,7 +190,7 @@ def build_deepseek_v3() -> Built:
         first_k_dense_replace=1, q_lora_rank=16, kv_lora_rank=16, qk_rope_head_dim=4,
         qk_nope_head_dim=8, v_head_dim=8, max_position_embeddings=64, rope_scaling=None,
     )
-    return _instantiate(transformers.DeepseekV3ForCausalLM, config), {"input_ids": _tokens()}
+    return instantiate(transformers.DeepseekV3ForCausalLM, config), {"input_ids": tokens()}
 
 
 def build_jamba() -> Built:
@@ -231,7 +202,7 @@ def build_jamba() -> Built:
         mamba_d_state=8, mamba_d_conv=4, mamba_expand=2, mamba_dt_rank=4,
         max_position_embeddings=64,
     )
-    return _instantiate(transformers.JambaForCausalLM, config), {"input_ids": _tokens()}
+    return instantiate(transformers.JambaForCausalLM, config), {"input_ids": tokens()}
 
 
 def build_mamba() -> Built:
@@ -240,8 +211,8 @@ def build_mamba() -> Built:
         vocab_size=VOCAB, hidden_size=32, state_size=8, num_hidden_layers=2, expand=2,
         conv_kernel=4, time_step_rank=4, use_mambapy=False,
     )
-    model = _instantiate(transformers.MambaForCausalLM, config, attention=None)
-    return model, {"input_ids": _tokens()}
+    model = instantiate(transformers.MambaForCausalLM, config, attention=None)
+    return model, {"input_ids": tokens()}
 
 
 def build_resnet() -> Built:
@@ -250,8 +221,8 @@ def build_resnet() -> Built:
         num_channels=3, embedding_size=16, hidden_sizes=[16, 32], depths=[1, 1],
         layer_type="basic", num_labels=10,
     )
-    model = _instantiate(transformers.ResNetForImageClassification, config, attention=None)
-    return model, {"pixel_values": _floats(BATCH, 3, 32, 32)}
+    model = instantiate(transformers.ResNetForImageClassification, config, attention=None)
+    return model, {"pixel_values": floats(BATCH, 3, 32, 32)}
 
 
 LLAVA_IMAGE = 32
@@ -274,11 +245,11 @@ def build_llava() -> Built:
         projector_hidden_act="gelu", vision_feature_layer=-2,
         vision_feature_select_strategy="default",
     )
-    model = _instantiate(transformers.LlavaForConditionalGeneration, config)
+    model = instantiate(transformers.LlavaForConditionalGeneration, config)
     patches = (LLAVA_IMAGE // LLAVA_PATCH) ** 2
-    ids = _tokens(vocab=VOCAB - 1, length=SEQ_LEN + patches)
+    ids = tokens(vocab=VOCAB - 1, length=SEQ_LEN + patches)
     ids[:, 1:1 + patches] = VOCAB - 1
-    return model, {"input_ids": ids, "pixel_values": _floats(BATCH, 3, LLAVA_IMAGE, LLAVA_IMAGE)}
+    return model, {"input_ids": ids, "pixel_values": floats(BATCH, 3, LLAVA_IMAGE, LLAVA_IMAGE)}
 
 
 def build_distilbert() -> Built:
@@ -287,8 +258,8 @@ def build_distilbert() -> Built:
         vocab_size=VOCAB, dim=32, n_layers=2, n_heads=4, hidden_dim=64,
         max_position_embeddings=32, dropout=0.0, attention_dropout=0.0,
     )
-    model = _instantiate(transformers.DistilBertForMaskedLM, config)
-    return model, {"input_ids": _tokens()}
+    model = instantiate(transformers.DistilBertForMaskedLM, config)
+    return model, {"input_ids": tokens()}
 
 
 def build_modernbert() -> Built:
@@ -300,8 +271,8 @@ def build_modernbert() -> Built:
         local_attention=4, pad_token_id=0, bos_token_id=1, eos_token_id=2, sep_token_id=2,
         cls_token_id=1,
     )
-    model = _instantiate(transformers.ModernBertForMaskedLM, config)
-    return model, {"input_ids": _tokens()}
+    model = instantiate(transformers.ModernBertForMaskedLM, config)
+    return model, {"input_ids": tokens()}
 
 
 def build_mistral() -> Built:
@@ -311,7 +282,7 @@ def build_mistral() -> Built:
         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
         sliding_window=8,
     )
-    return _instantiate(transformers.MistralForCausalLM, config), {"input_ids": _tokens()}
+    return instantiate(transformers.MistralForCausalLM, config), {"input_ids": tokens()}
 
 
 def build_gemma3() -> Built:
@@ -323,7 +294,7 @@ def build_gemma3() -> Built:
         sliding_window=4, layer_types=["sliding_attention", "full_attention"],
         max_position_embeddings=64,
     )
-    return _instantiate(transformers.Gemma3ForCausalLM, config), {"input_ids": _tokens()}
+    return instantiate(transformers.Gemma3ForCausalLM, config), {"input_ids": tokens()}
 
 
 def build_bloom() -> Built:
@@ -332,8 +303,8 @@ def build_bloom() -> Built:
         vocab_size=VOCAB, hidden_size=32, n_layer=2, n_head=4, hidden_dropout=0.0,
         attention_dropout=0.0,
     )
-    model = _instantiate(transformers.BloomForCausalLM, config, attention="eager")
-    return model, {"input_ids": _tokens()}
+    model = instantiate(transformers.BloomForCausalLM, config, attention="eager")
+    return model, {"input_ids": tokens()}
 
 
 def build_rwkv() -> Built:
@@ -342,8 +313,8 @@ def build_rwkv() -> Built:
         vocab_size=VOCAB, context_length=32, hidden_size=32, num_hidden_layers=2,
         attention_hidden_size=32, intermediate_size=64, rescale_every=0,
     )
-    model = _instantiate(transformers.RwkvForCausalLM, config, attention=None)
-    return model, {"input_ids": _tokens()}
+    model = instantiate(transformers.RwkvForCausalLM, config, attention=None)
+    return model, {"input_ids": tokens()}
 
 
 def build_ast() -> Built:
@@ -354,8 +325,8 @@ def build_ast() -> Built:
         patch_size=16, frequency_stride=10, time_stride=10, max_length=32, num_mel_bins=16,
         num_labels=5, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
     )
-    model = _instantiate(transformers.ASTForAudioClassification, config)
-    return model, {"input_values": _floats(BATCH, config.max_length, config.num_mel_bins)}
+    model = instantiate(transformers.ASTForAudioClassification, config)
+    return model, {"input_values": floats(BATCH, config.max_length, config.num_mel_bins)}
 
 
 def build_convnext() -> Built:
@@ -364,8 +335,8 @@ def build_convnext() -> Built:
         num_channels=3, hidden_sizes=[16, 32], depths=[1, 1], patch_size=4, num_stages=2,
         num_labels=10, drop_path_rate=0.0,
     )
-    model = _instantiate(transformers.ConvNextForImageClassification, config, attention=None)
-    return model, {"pixel_values": _floats(BATCH, 3, 32, 32)}
+    model = instantiate(transformers.ConvNextForImageClassification, config, attention=None)
+    return model, {"pixel_values": floats(BATCH, 3, 32, 32)}
 
 
 def build_mobilenet_v2() -> Built:
@@ -374,9 +345,9 @@ def build_mobilenet_v2() -> Built:
         num_channels=3, image_size=32, depth_multiplier=0.25, num_labels=10,
         classifier_dropout_prob=0.0,
     )
-    model = _instantiate(transformers.MobileNetV2ForImageClassification, config,
+    model = instantiate(transformers.MobileNetV2ForImageClassification, config,
                          attention=None)
-    return model, {"pixel_values": _floats(BATCH, 3, 32, 32)}
+    return model, {"pixel_values": floats(BATCH, 3, 32, 32)}
 
 
 def build_detr() -> Built:
@@ -393,8 +364,8 @@ def build_detr() -> Built:
         num_labels=5, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
     )
     config._attn_implementation = {"": "sdpa", "backbone_config": "eager"}  # ResNet: no SDPA
-    model = _instantiate(transformers.DetrForObjectDetection, config, attention=None)
-    return model, {"pixel_values": _floats(BATCH, 3, 64, 64),
+    model = instantiate(transformers.DetrForObjectDetection, config, attention=None)
+    return model, {"pixel_values": floats(BATCH, 3, 64, 64),
                    "pixel_mask": torch.ones(BATCH, 64, 64, dtype=torch.int64)}
 
 
@@ -407,8 +378,8 @@ def build_segformer() -> Built:
         mlp_ratios=[2, 2], decoder_hidden_size=32, num_labels=5, hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0, drop_path_rate=0.0,
     )
-    model = _instantiate(transformers.SegformerForSemanticSegmentation, config)
-    return model, {"pixel_values": _floats(BATCH, 3, 32, 32)}
+    model = instantiate(transformers.SegformerForSemanticSegmentation, config)
+    return model, {"pixel_values": floats(BATCH, 3, 32, 32)}
 
 
 ZOO: dict[str, Callable[[], Built]] = {
@@ -442,4 +413,5 @@ ZOO: dict[str, Callable[[], Built]] = {
     "mobilenet_v2": build_mobilenet_v2,
     "detr": build_detr,
     "segformer": build_segformer,
+    **HYBRID_ZOO,
 }

@@ -1,8 +1,8 @@
 """`libraries_as_eager()`: every library decision the capture makes as a GPU's eager run does,
 in one context for every place that runs a model on fake tensors (the capture methods, the
 training step, the eager memory simulation): `transformers`' mask decisions
-(`fxlens.analyzer.capture.hf_masks`) and FlexAttention's block masks and eager call
-(`fxlens.analyzer.capture.flex_masks`).
+(`fxlens.analyzer.capture.hf_masks`) and code paths (`fxlens.analyzer.capture.hf_paths`), and
+FlexAttention's block masks and eager call (`fxlens.analyzer.capture.flex_masks`).
 """
 
 from __future__ import annotations
@@ -12,9 +12,10 @@ from collections.abc import Iterator
 
 from fxlens.analyzer.capture.flex_masks import broadcast_block_masks
 from fxlens.analyzer.capture.hf_masks import eager_mask_decisions
+from fxlens.analyzer.capture.hf_paths import eager_code_paths
 
 
 @contextlib.contextmanager
 def libraries_as_eager() -> Iterator[None]:
-    with eager_mask_decisions(), broadcast_block_masks():
+    with eager_mask_decisions(), eager_code_paths(), broadcast_block_masks():
         yield
