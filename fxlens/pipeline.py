@@ -63,6 +63,7 @@ from fxlens.analyzer.fusion.kernels import (
     analyze_fusion,
     fused_report,
 )
+from fxlens.analyzer.memory.cache_layers import layers_from_cache, token_ids_in
 from fxlens.analyzer.memory.kv_cache import (
     cache_dtype_bytes,
     decode_step,
@@ -238,7 +239,7 @@ class KVCachePass:
     def run(self, ctx: Context, report: Report) -> Sequence[Section]:
         ctx.on_step("sizing the KV cache and one decode step")
         graph = ctx.forward()
-        layout = kv_layout(ctx.loaded.module, graph)
+        layout = kv_layout(ctx.loaded.module, graph, token_ids_in(ctx.loaded.inputs))
         if not layout.layers:
             raise LoadError("--kv-cache: no attention layers found (no transformers config "
                             "and no attention op in the graph)")
@@ -431,9 +432,16 @@ def one_token_inputs(inputs: tuple[Any, ...] | dict[str, Any], seq_len: int
     return tuple(cut(v) for v in inputs)
 
 
-def kv_layout(module: torch.nn.Module, graph: Graph | None = None) -> KVLayout:
-    """The KV layout from `module`'s transformers config when it has one, else from `graph`."""
-    if has_config(module):
+def kv_layout(module: torch.nn.Module, graph: Graph | None = None,
+              token_ids: torch.Tensor | None = None) -> KVLayout:
+    """The KV layout of a transformers model: from the cache the library builds for one
+    token of `token_ids` when given (state layers of hybrids included), else its config;
+    without a config, from `graph`'s attention nodes."""
+    cached = (layers_from_cache(module, token_ids)
+              if has_config(module) and token_ids is not None else None)
+    if cached is not None:
+        layers, source = cached, "model cache"
+    elif has_config(module):
         layers, source = layers_from_config(module.config), "config"
     elif graph is not None:
         layers, source = layers_from_graph(graph, TOKEN_MAJOR_KERNELS), "graph"

@@ -33,7 +33,9 @@ def layers_from_config(config: Any) -> list[KVLayer]:
     count = _first(text, ("decoder_layers", "num_decoder_layers") if seq2seq else ()) or (
         text.num_hidden_layers)
     heads = _first(text, ("decoder_attention_heads",) if seq2seq else ()) or (
-        text.num_attention_heads)
+        getattr(text, "num_attention_heads", None))
+    if not heads:      # no attention (a pure state-space model): no layer caches K and V
+        return []
     kv_heads = heads if seq2seq else (_first(text, ("num_key_value_heads",)) or heads)
     head_dim = _first(text, ("head_dim",)) or text.hidden_size // heads
     k_dim = _first(text, ("qk_head_dim",)) or head_dim

@@ -51,10 +51,17 @@ PUBLISHED_PARAMS = {
     "qwen3-30b-a3b": 30_532_122_624,
     "phi-3-mini": 3_821_079_552,
     "gemma-3-1b": 999_885_952,         # tied embeddings
+    # the main models, derived by hand from their config.json (the published 81.3 B of
+    # Qwen3-Next adds its MTP layer); GPT-OSS's model card gives 116.83 B
+    "qwen3-next-80b-a3b": 79_674_391_296,
+    "gpt-oss-120b": 116_829_156_672,
 }
 
 # SDPA calls per forward: one per attention module (encoder-decoders add cross-attention).
-SDPA_CALLS = {"t5-small": 3 * 6, "whisper-tiny": 3 * 4}
+# Qwen3-Next: one softmax-attention layer in four (the others gated DeltaNet); GPT-OSS runs
+# transformers' eager attention (its sinks have no SDPA path): none.
+SDPA_CALLS = {"t5-small": 3 * 6, "whisper-tiny": 3 * 4, "qwen3-next-80b-a3b": 1,
+              "gpt-oss-120b": 0}
 
 
 def n_params(module: torch.nn.Module) -> int:
@@ -97,7 +104,7 @@ def test_preset_file_is_well_formed(name: str) -> None:
     family = preset.config_class.removesuffix("Config").removesuffix("Text")
     assert preset.model_class.startswith(family)
     assert set(raw) <= {"source", "config_class", "model_class", "input_kind", "dtype",
-                        "inputs", "config"}
+                        "attention", "inputs", "config"}
     if preset.input_kind is not InputKind.IMAGE:
         assert raw["config"]["use_cache"] is False
 
@@ -216,7 +223,9 @@ def test_errors_share_one_base() -> None:
 SHALLOW = {"llama-3.1-405b": {"num_hidden_layers": "4"},
            "deepseek-v3": {"num_hidden_layers": "5"},
            "qwen3-30b-a3b": {"num_hidden_layers": "4"},
-           "gemma-3-1b": {"num_hidden_layers": "6"}}   # five sliding layers, one global
+           "gemma-3-1b": {"num_hidden_layers": "6"},   # five sliding layers, one global
+           "qwen3-next-80b-a3b": {"num_hidden_layers": "4"},   # three DeltaNet, one attention
+           "gpt-oss-120b": {"num_hidden_layers": "2"}}   # one sliding layer, one full
 
 
 @pytest.mark.slow
@@ -357,6 +366,8 @@ def narrowed(name: str) -> dict[str, str]:
         out["hidden_size"] = str(config["num_attention_heads"] * 16)
     if name == "gemma-3-1b":
         out["num_hidden_layers"] = "6"     # five sliding layers, one global
+    if name == "qwen3-next-80b-a3b":
+        out["num_hidden_layers"] = "4"     # three DeltaNet layers, one attention
     return out
 
 
@@ -386,6 +397,9 @@ def test_preset_attention_counts_what_its_eager_run_computes(case: str) -> None:
     registry = load_rules()
     report = analyze(capture(module, inputs, registry), registry, strict=True)
     ours = [n.flops for n in report.nodes if n.target.startswith("aten.scaled_dot_product")]
+    if read_preset(name).attention != "sdpa":      # GPT-OSS: matmuls and a softmax, no SDPA
+        assert calls.flops == ours == []
+        return
     assert calls.flops and ours == calls.flops
     if case in WINDOWS:
         assert not all(calls.causal)      # the banded layers ran with a mask, counted dense

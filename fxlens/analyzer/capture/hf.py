@@ -7,7 +7,9 @@ downloaded: configs are built from those dicts, modules are built under
 ``torch.device("meta")`` (no weights allocated, so a 70B config builds in a fraction of a
 second), and example inputs are meta tensors.
 
-Choices made for capture: attention is forced to ``sdpa`` (one op per attention), decoders
+Choices made for capture: attention is forced to ``sdpa`` (one op per attention) unless the
+preset names another (``"attention": "eager"`` for GPT-OSS, whose attention sinks
+transformers runs only in its eager implementation: matmuls and a softmax), decoders
 run with ``use_cache=False``, MoE experts keep transformers' default implementation, and the
 module is in eval mode. A causal language model's training step is given ``labels`` (the
 input tokens), so it is recorded with the model's own loss: transformers upcasts the logits to
@@ -74,6 +76,7 @@ class Preset:
     batch: int = 1
     seq_len: int | None = None
     image_size: int | None = None
+    attention: str = "sdpa"          # transformers' attention implementation to capture
 
 
 # A family name → the shipped preset it builds: Qwen3's MoE and Gemma-3 as text-only
@@ -113,6 +116,7 @@ def read_preset(name: str) -> Preset:
         batch=inputs.get("batch", 1),
         seq_len=inputs.get("seq_len"),
         image_size=inputs.get("image_size"),
+        attention=raw.get("attention", "sdpa"),
     )
 
 
@@ -259,7 +263,7 @@ def _build_config(
         )
     if getattr(config, "use_cache", None) is not None:
         config.use_cache = False
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = preset.attention
     return config
 
 

@@ -180,6 +180,8 @@ class KVLayerBytes:
     v_head_dim: int
     tokens: int
     bytes: int
+    kind: str = "attention"      # "state": a fixed state per sequence; "none": shares K, V
+    state_bytes: int = 0         # of `bytes`, the fixed state of every sequence in the batch
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,16 @@
 """KV cache of a decoder: bytes per layer and in total, and the memory of one decode step.
 
-A layer caches K and V for every context token: ``batch × tokens × kv_heads × (d_k + d_v)``
-elements, ``2 × batch × tokens × kv_heads × head_dim`` when ``d_k = d_v``; ``tokens`` is the
-context, capped by the layer's sliding window when it has one. Grouped-query attention shows
-in ``kv_heads`` (fewer than the query heads).
+An attention layer caches K and V for every context token: ``batch × tokens × kv_heads ×
+(d_k + d_v)`` elements, ``2 × batch × tokens × kv_heads × head_dim`` when ``d_k = d_v``;
+``tokens`` is the context, capped by the layer's sliding window (or attention chunk) when it
+has one. Grouped-query attention shows in ``kv_heads`` (fewer than the query heads). A state
+layer (linear attention, a scan, a short convolution) keeps ``batch × state_bytes`` whatever
+the context; a layer reusing another's K and V keeps nothing.
 
 Where a layer's layout comes from (`fxlens.pipeline.kv_layout`):
-(a) a `transformers` config on the module, read by `fxlens.rules.kv_layouts`;
+(a) a `transformers` model: the cache the library builds for one decode token, layer by
+    layer (`fxlens.analyzer.memory.cache_layers`), else its config
+    (`fxlens.rules.kv_layouts`);
 (b) otherwise the graph: each forward attention node (an op with ``query``/``key``/``value``
     tensor arguments, laid out ``(B, H, T, d)``; the token-major kernels the caller names,
     `fxlens.rules.kv_layouts.TOKEN_MAJOR_KERNELS`, take ``(B, T, H, d)``) is one layer, with
@@ -23,7 +27,8 @@ fused SDPA kernels never materialise them), and those are not included.
 Known limitations: cross-attention caches of encoder-decoder models (``encoder tokens ×
 layers``) are left out; from a graph, keys repeated for grouped-query attention before the
 attention op count the query heads, and attention written as matmul → softmax → matmul is not
-found. Compressed caches (MLA latents, quantized caches) are not modelled.
+found. From a config (not the model's cache), compressed caches (MLA latents, quantized
+caches) and state layers are not modelled.
 """
 
 from __future__ import annotations
@@ -61,10 +66,12 @@ def kv_cache(
         raise ValueError(f"batch and context must be positive, got {batch} and {context}")
     rows = []
     for layer in layers:
-        tokens = min(context, layer.window) if layer.window else context
+        tokens = 0 if layer.kind != "attention" else (
+            min(context, layer.window) if layer.window else context)
         elements = batch * tokens * layer.kv_heads * (layer.k_head_dim + layer.v_head_dim)
         rows.append(KVLayerBytes(layer.name, layer.kv_heads, layer.k_head_dim, layer.v_head_dim,
-                                 tokens, int(elements * dtype_bytes)))
+                                 tokens, int(elements * dtype_bytes) + batch * layer.state_bytes,
+                                 kind=layer.kind, state_bytes=batch * layer.state_bytes))
     return KVCacheBytes(batch, context, dtype_bytes, tuple(rows),
                          sum(r.bytes for r in rows), source)
 

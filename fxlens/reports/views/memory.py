@@ -6,7 +6,7 @@ from collections import defaultdict
 
 from fxlens.analyzer.core.graph import ancestors
 from fxlens.analyzer.core.report import Report
-from fxlens.analyzer.core.sections import KVCache, Memory, Training
+from fxlens.analyzer.core.sections import KVCache, KVLayerBytes, Memory, Training
 from fxlens.reports.units import binary_bytes, percent, si
 from fxlens.reports.view import Cell, Column, Detail, Table, Tone, View, columns
 from fxlens.reports.views.tree import Node as TreeNode
@@ -103,17 +103,30 @@ def state_by_module(training: Training, depth: int) -> Table:
                                           "saved act.")), rows)
 
 
+def _kept(layer: KVLayerBytes) -> str:
+    """What a layer keeps between decode steps: K and V heads, a fixed state, or nothing."""
+    if layer.kind == "none":
+        return "nothing (reuses another layer's K, V)"
+    if layer.kind == "state":
+        return "fixed state per sequence"
+    dims = (f"{layer.k_head_dim}" if layer.k_head_dim == layer.v_head_dim
+            else f"{layer.k_head_dim}+{layer.v_head_dim}")
+    kv = f"K, V: {layer.kv_heads} heads × {dims}"
+    return kv + (f" + state {binary_bytes(layer.state_bytes)}" if layer.state_bytes else "")
+
+
 def kv_cache_view(report: Report, detail: Detail) -> View | None:
     cache = report.get(KVCache)
     if cache is None:
         return None
-    groups: dict[tuple[int, int, int, int], list[str]] = defaultdict(list)
+    groups: dict[tuple[str, str, int], list[str]] = defaultdict(list)
     for layer in cache.layers:
-        groups[(layer.kv_heads, layer.k_head_dim, layer.tokens, layer.bytes)].append(layer.name)
+        groups[(_kept(layer), str(layer.tokens) if layer.kind == "attention" else "—",
+                layer.bytes)].append(layer.name)
     rows: list[tuple[str | Cell, ...]] = [
         (names[0] if len(names) == 1 else f"{len(names)} layers ({names[0]} …)",
-         f"{heads} × {dim}", str(tokens), binary_bytes(size))
-        for (heads, dim, tokens, size), names in groups.items()]
+         kept, tokens, binary_bytes(size))
+        for (kept, tokens, size), names in groups.items()]
     rows.append((Cell("total", Tone.STRONG), "", "",
                  Cell(binary_bytes(cache.total_bytes), Tone.STRONG)))
     step = cache.decode_step
@@ -122,6 +135,6 @@ def kv_cache_view(report: Report, detail: Detail) -> View | None:
                f"{binary_bytes(step.activation_bytes)} = {binary_bytes(step.total_bytes)}")
     table = Table.of(f"KV cache · batch {cache.batch} · context {cache.context} "
                      f"· {cache.dtype_bytes} B/element (layout from {cache.source})",
-                     columns(("layers",), ("kv heads × head dim", "tokens", "bytes per layer")),
+                     columns(("layers",), ("keeps", "tokens", "bytes per layer")),
                      rows, caption=caption)
     return View("kv-cache", "KV cache", (table,))
