@@ -18,13 +18,16 @@ with ``--gpus``, GPU counts, micro-batches, batch and tokens at least 1, a price
 from __future__ import annotations
 
 from enum import Enum
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.memory.training_state import parse_bytes
 from fxlens.analyzer.plan.strategy import parse as parse_strategy
 from fxlens.rules.hardware import DeviceSpec, device, device_spec
 from fxlens.rules.training import Optimizer, Precision
+
+if TYPE_CHECKING:   # the fix finder imports torch; this module is read before torch loads
+    from fxlens.analyzer.fixes.training import Alternatives
 
 
 def check_options(options: Any) -> None:
@@ -158,3 +161,18 @@ def _plan(quant_plan: str | None, budget_text: str | None, group_size: int) -> N
             plan_request(quant_plan, budget, group_size)
     except ValueError as error:
         raise LoadError(f"--quant-plan/--budget: {error}") from None
+
+
+def fix_alternatives(precision_name: str, optimizer_name: str) -> Alternatives:
+    """What a training fix may switch to from this precision and optimizer, keeping the step
+    as recorded (`fxlens.analyzer.fixes.training`): Adam(W) → its 8-bit form; amp-bf16 → pure
+    bf16 (the same bf16 weights and activations)."""
+    from fxlens.analyzer.fixes.training import Alternatives
+
+    eight_bit = Optimizer.ADAM8BIT
+    pure = Precision.BF16
+    return Alternatives(
+        eight_bit_optimizer=((eight_bit.value, eight_bit.spec) if optimizer_name in (
+            Optimizer.ADAM.value, Optimizer.ADAMW.value) else None),
+        pure_half_precision=((pure.value, pure.spec)
+                             if precision_name == Precision.AMP_BF16.value else None))

@@ -24,6 +24,7 @@ one-token forward), each captured once on first use.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -58,6 +59,7 @@ from fxlens.analyzer.core.sections import (
     Training,
 )
 from fxlens.analyzer.cost.engine import analyze
+from fxlens.analyzer.fixes.training import training_fixes
 from fxlens.analyzer.fusion.kernels import (
     FusionAnalysis,
     analyze_fusion,
@@ -222,6 +224,14 @@ class TrainingStep:
             foreach=ctx.targets_gpu(),   # torch.optim's default on a GPU, not on a CPU
         )
         training = training_section(ctx.step, report, memory, ctx.registry, settings)
+        if training.fit is not None and not training.fit.fits:
+            ctx.on_step("re-estimating the changes that would make the step fit")
+            alternatives = checks.fix_alternatives(settings.precision_name,
+                                                   settings.optimizer_name)
+            fixes = training_fixes(ctx.step, report, memory, ctx.registry, settings,
+                                   alternatives, resizable="batch" in ctx.loaded.resizable)
+            training = dataclasses.replace(
+                training, fit=dataclasses.replace(training.fit, fixes=fixes))
         return memory.to_section(), training
 
 

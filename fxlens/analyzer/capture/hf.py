@@ -181,8 +181,9 @@ def load_preset(
         # what transformers falls back to for a class it cannot name (GPT2LMHeadModel), said
         # here so it does not warn on the user's terminal
         module.loss_type = "ForCausalLM"
+    resizable = {"batch", "image_size" if preset.input_kind is InputKind.IMAGE else "seq_len"}
     return LoadedModel(module=module, inputs=inputs, name=preset.name, source=source,
-                       training_inputs=training_inputs)
+                       training_inputs=training_inputs, resizable=frozenset(resizable))
 
 
 def _training_inputs(preset: Preset, inputs: dict[str, torch.Tensor]

@@ -24,6 +24,7 @@ Loading leaves the process as it found it: a model file is in `sys.modules` (as
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.util
 import inspect
@@ -148,14 +149,18 @@ def _from_factory(code: Any, name: str, sizes: Mapping[str, int], where: str) ->
         raise LoadError(f"{where}: {name}() must return (module, example_inputs)")
     module, inputs = result
     stem = Path(where).stem if where.endswith(".py") else where.rsplit(".", 1)[-1]
-    return _loaded(module, inputs, f"{stem}:{name}" if name != DEFAULT_ENTRY else stem, where,
-                   _calibration(code))
+    loaded = _loaded(module, inputs, f"{stem}:{name}" if name != DEFAULT_ENTRY else stem,
+                     where, _calibration(code))
+    return dataclasses.replace(loaded, resizable=frozenset(_accepted(factory, SIZE_PROBE)))
 
 
 def _calibration(code: Any) -> Callable[[], Any] | None:
     """The model file's ``calibration()`` generator of input batches (for --calibrate)."""
     found = getattr(code, "calibration", None)
     return found if callable(found) else None
+
+
+SIZE_PROBE = {"batch": 1, "seq_len": 1, "image_size": 1}    # the sizes a factory may take
 
 
 def _accepted(factory: Callable[..., Any], sizes: Mapping[str, int]) -> dict[str, int]:

@@ -29,6 +29,9 @@ class LoadedModel:
     source: str
     calibration: Callable[[], Iterable[Any]] | None = None
     training_inputs: tuple[Any, ...] | dict[str, Any] | None = None
+    # The sizes (``batch``, ``seq_len``, ``image_size``) the loader builds the model at when
+    # the command line gives them: a factory's parameters of those names, a preset's inputs.
+    resizable: frozenset[str] = frozenset()
 
     @property
     def step_inputs(self) -> tuple[Any, ...] | dict[str, Any]:

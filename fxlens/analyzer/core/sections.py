@@ -133,9 +133,22 @@ class Checkpointing:
 
 
 @dataclass(frozen=True)
+class FixOption:
+    """A change of the run's options that makes a step fit, re-estimated on the same step
+    (`fxlens.analyzer.fixes`): the flags to add, the step peak they give, the recompute they
+    cost (a share of the step's FLOPs) and what changes."""
+
+    flags: str
+    needed_bytes: int
+    recompute_overhead: float
+    change: str
+
+
+@dataclass(frozen=True)
 class Fit:
     """Whether one step fits the device: `needed_bytes` (the step peak, checkpointed when
-    `with_checkpointing`) against `device_bytes`; `largest_batch` 0 when none fits."""
+    `with_checkpointing`) against `device_bytes`; `largest_batch` 0 when none fits. When it
+    does not fit, `fixes`: the cheapest changes that do, each re-estimated."""
 
     device: str
     device_bytes: int
@@ -145,6 +158,7 @@ class Fit:
     largest_batch: int
     needed_bytes: int = 0
     with_checkpointing: bool = False
+    fixes: tuple[FixOption, ...] = ()
 
 
 @section("training")
@@ -167,6 +181,16 @@ class Training(Section):
     checkpointing: Checkpointing | None = optional()
     fit: Fit | None = optional()
     optimizer_step_bytes: int = 0       # what one optimizer step reads and writes
+
+    @property
+    def checkpointed_peak_bytes(self) -> int | None:
+        """The steady step's peak with every repeated block checkpointed (the what-if's saved
+        activations off the forward/backward peak), None without ``--checkpoint``."""
+        if self.checkpointing is None:
+            return None
+        peak = self.peak_breakdown
+        fwd_bwd = max(peak.fwd_bwd_peak_bytes - self.checkpointing.memory_saved_bytes, 0)
+        return peak.persistent_bytes + max(fwd_bwd, peak.optimizer_phase_bytes)
 
 
 # --- KV cache ----------------------------------------------------------------------------------

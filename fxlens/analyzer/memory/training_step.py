@@ -103,15 +103,17 @@ def training_section(
         # own temporaries, one block at a time, are not added).
         relieved = checkpointing.memory_saved_bytes if checkpointing is not None else 0
         fwd_bwd = max(memory.peak_activation_bytes - relieved, 0)
-        needed = persistent + max(fwd_bwd, optimizer_phase)
+        needed = persistent + max(fwd_bwd, optimizer_phase)     # = checkpointed_peak_bytes
         activations = max(fwd_bwd - gradients, 0)
         per_sample = LinearActivation.proportional(settings.batch, activations)
         verdict = fits(needed, settings.device_bytes)
+        # the optimizer step's gradients and temporaries do not shrink with the batch
+        batch_fits = persistent + optimizer_phase <= settings.device_bytes
         fit = Fit(device=settings.device_name, device_bytes=settings.device_bytes,
                   fits=verdict.fits, headroom_bytes=verdict.headroom_bytes,
                   utilisation=verdict.utilisation,
                   largest_batch=largest_batch(persistent + gradients, per_sample,
-                                              settings.device_bytes),
+                                              settings.device_bytes) if batch_fits else 0,
                   needed_bytes=needed, with_checkpointing=checkpointing is not None)
     return Training(
         precision=settings.precision_name,

@@ -76,6 +76,11 @@ def _memory_figures(report: Report) -> list[Figure]:
     training, memory, cache = report.get(Training), report.get(Memory), report.get(KVCache)
     weights = report.model.param_bytes + report.model.buffer_bytes
     if training is not None:
+        checkpointed = training.checkpointed_peak_bytes
+        if checkpointed is not None:     # the configuration the verdict is about
+            return [Figure("training step peak", binary_bytes(checkpointed),
+                           f"{training.precision} · {training.optimizer}, with checkpointing "
+                           f"(without: {binary_bytes(training.step_peak_bytes)})")]
         what, size = training.peak_breakdown.on_top
         return [Figure("training step peak", binary_bytes(training.step_peak_bytes),
                        f"{training.precision} · {training.optimizer}: persistent "
@@ -109,7 +114,7 @@ def verdicts(report: Report) -> tuple[Figure, ...]:
                           f"totals undercount: {ops}", Tone.BAD))
     training = report.get(Training)
     if training is not None and training.fit is not None:
-        out.append(_training_fit(training))
+        out.append(training_fit(training))
     elif training is None:
         fit = _inference_fit(report)
         if fit is not None:
@@ -123,7 +128,7 @@ def verdicts(report: Report) -> tuple[Figure, ...]:
     return tuple(out)
 
 
-def _training_fit(training: Training) -> Figure:
+def training_fit(training: Training) -> Figure:
     fit = training.fit
     assert fit is not None
     where = f"{fit.device} ({binary_bytes(fit.device_bytes)})"
@@ -139,21 +144,25 @@ def _training_fit(training: Training) -> Figure:
 
 
 def _fix(training: Training) -> str:
-    """What would make the step fit, from the section's own figures."""
+    """The re-estimated changes that make the step fit (`fxlens.analyzer.fixes`); where no
+    change on one device does, what to shard."""
     fit, states = training.fit, training.states
     assert fit is not None
-    persistent = training.peak_breakdown.persistent_bytes
-    if persistent + states.grad_bytes >= fit.device_bytes:
-        gpus = math.ceil((persistent + states.grad_bytes) / (0.9 * fit.device_bytes))
-        return (f"weights, gradients and optimizer state alone take "
-                f"{binary_bytes(persistent + states.grad_bytes)}, so no batch fits: shard "
-                f"them over ≥ {max(gpus, 2)} GPUs (ZeRO-3/FSDP), or an 8-bit optimizer "
-                f"(optimizer state {binary_bytes(states.optimizer_bytes)} → "
-                f"{binary_bytes(states.optimizer_bytes // 4)})")
-    if not fit.with_checkpointing:
-        return "try activation checkpointing (--checkpoint) or a smaller batch"
-    return (f"a smaller batch (largest that fits: {fit.largest_batch})" if fit.largest_batch
-            else "shard the optimizer state (ZeRO-1) or use fewer trainable parameters")
+    if fit.fixes:
+        return "fits with " + " or ".join(
+            f"{fix.flags} ({binary_bytes(fix.needed_bytes)}"
+            + (f", +{fix.recompute_overhead:.0%} recompute" if fix.recompute_overhead else "")
+            + ")" for fix in fit.fixes)
+    state = training.peak_breakdown.persistent_bytes + states.grad_bytes
+    if state >= fit.device_bytes:
+        gpus = max(math.ceil(state / (0.9 * fit.device_bytes)), 2)
+        return (f"no change on one {fit.device} fits (weights, gradients and optimizer "
+                f"state take {binary_bytes(state)}): shard them over ≥ {gpus} GPUs, and "
+                f"check it with --plan --gpus {gpus}")
+    return ("neither an 8-bit optimizer, pure bf16 nor checkpointing, alone or together, "
+            "makes it fit: the activations need a smaller batch or sequence"
+            + (f" (batch {fit.largest_batch} by a linear estimate)" if fit.largest_batch
+               else ""))
 
 
 def _inference_fit(report: Report) -> Figure | None:

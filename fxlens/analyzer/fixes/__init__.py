@@ -1,0 +1,1 @@
+"""Fixes: when something does not fit, the changes that make it fit, each re-estimated."""

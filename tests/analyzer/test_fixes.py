@@ -1,0 +1,117 @@
+"""Every fix a "does not fit" verdict suggests, applied as printed, fits (issue 36).
+
+Cases: models of several kinds (a GPT with repeated blocks, an MLP, a dict-input model, a
+convnet, an LSTM, transformers architectures, a preset) under precision and optimizer policies,
+against devices sized below their step's peak (fractions of it, so each lands in another
+regime: one lever enough, two needed, only a smaller batch, nothing on one device). Each
+suggested fix's flags are applied to a new analysis, which must fit, with the step peak the
+suggestion printed (exactly, but for a smaller batch: estimated linearly, so only "fits").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from fxlens.analyzer.core.sections import Fit, Training
+from fxlens.api import analyze_target
+from fxlens.pipeline import AnalysisOptions
+
+GPT, MLP, DICT = "tests/models/tiny_gpt.py", "tests/models/mlp.py", "tests/models/dict_io.py"
+CONV, LSTM = "tests/models/convnet.py", "tests/models/lstm.py"
+LLAMA, QWEN3_NEXT = "tests.models.hf_zoo:build_llama", "tests.models.hf_zoo_hybrid:build_qwen3_next"
+GPT2 = "hf:gpt2"
+
+# (target, options, device memory as a fraction of the step's own peak)
+CASES: list[tuple[str, dict[str, Any], float]] = [
+    (GPT, {"precision": "amp-bf16"}, 0.9),
+    (GPT, {"precision": "amp-bf16"}, 0.6),
+    (GPT, {"precision": "amp-bf16"}, 0.45),
+    (GPT, {"precision": "fp32"}, 0.9),
+    (GPT, {"precision": "fp32"}, 0.7),
+    (GPT, {"precision": "amp-bf16", "sizes": {"batch": 8, "seq_len": 64}}, 0.8),
+    (GPT, {"precision": "amp-bf16", "sizes": {"batch": 8, "seq_len": 64}}, 0.5),
+    (GPT, {"precision": "amp-bf16", "sizes": {"batch": 8, "seq_len": 64}}, 0.3),
+    (GPT, {"precision": "fp32", "optimizer": "adam", "sizes": {"batch": 16}}, 0.6),
+    (MLP, {"precision": "amp-bf16"}, 0.8),
+    (MLP, {"precision": "fp32", "optimizer": "adam"}, 0.7),
+    (DICT, {"precision": "amp-bf16"}, 0.85),
+    (DICT, {"precision": "fp32", "sizes": {"batch": 32}}, 0.6),
+    (CONV, {"precision": "amp-bf16"}, 0.85),
+    (CONV, {"precision": "fp32"}, 0.75),
+    (LSTM, {"precision": "amp-bf16"}, 0.8),
+    (LLAMA, {"precision": "amp-bf16"}, 0.9),
+    (LLAMA, {"precision": "amp-bf16"}, 0.55),
+    (LLAMA, {"precision": "fp32"}, 0.8),
+    (QWEN3_NEXT, {"precision": "amp-bf16"}, 0.85),
+    (QWEN3_NEXT, {"precision": "amp-bf16"}, 0.55),
+    (GPT2, {"precision": "amp-bf16", "overrides": {"n_layer": "2"},
+            "sizes": {"batch": 4, "seq_len": 128}}, 0.9),
+    (GPT2, {"precision": "amp-bf16", "overrides": {"n_layer": "2"},
+            "sizes": {"batch": 4, "seq_len": 128}}, 0.7),
+    (GPT2, {"precision": "amp-bf16", "overrides": {"n_layer": "2"},
+            "sizes": {"batch": 8, "seq_len": 256}}, 0.5),
+]
+
+
+def _training(target: str, options: AnalysisOptions) -> Training:
+    training = analyze_target(target, options).get(Training)
+    assert training is not None
+    return training
+
+
+def _verdict(training: Training) -> str:
+    from fxlens.reports.views.headline import training_fit
+
+    return training_fit(training).detail
+
+
+def _applied(options: AnalysisOptions, flags: str) -> AnalysisOptions:
+    """`options` with a fix's flags as the command line would set them."""
+    words, changed = flags.split(), dataclasses.replace(options)
+    for flag, value in zip(words, [*words[1:], ""], strict=True):
+        if flag == "--optimizer":
+            changed = dataclasses.replace(changed, optimizer=value)
+        elif flag == "--precision":
+            changed = dataclasses.replace(changed, precision=value)
+        elif flag == "--checkpoint":
+            changed = dataclasses.replace(changed, checkpoint=True)
+        elif flag == "--batch":
+            changed = dataclasses.replace(changed, sizes={**changed.sizes, "batch": int(value)})
+    return changed
+
+
+@pytest.mark.slow
+def test_every_suggested_fix_fits_when_applied() -> None:
+    with_fixes = 0
+    for target, given, fraction in CASES:
+        base = AnalysisOptions(train=True, **given)
+        peak = _training(target, base).step_peak_bytes
+        options = dataclasses.replace(base, device_memory=f"{int(peak * fraction)}B")
+        training = _training(target, options)
+        fit = training.fit
+        assert fit is not None and not fit.fits, (target, given, fraction)
+        if not fit.fixes:
+            _check_no_fix_is_said_so(training, fit)
+            continue
+        with_fixes += 1
+        assert all(fix.flags in _verdict(training) for fix in fit.fixes)
+        for fix in fit.fixes:
+            after = _training(target, _applied(options, fix.flags)).fit
+            assert after is not None and after.fits, (target, given, fraction, fix)
+            if "--batch" not in fix.flags:
+                assert after.needed_bytes == fix.needed_bytes, fix
+    assert with_fixes >= 20
+
+
+def _check_no_fix_is_said_so(training: Training, fit: Fit) -> None:
+    """No lever fits alone or together: the persistent state is over the device (shard it),
+    or the activations are and no smaller batch can be offered."""
+    state = training.peak_breakdown.persistent_bytes + training.states.grad_bytes
+    verdict = _verdict(training)
+    if state >= fit.device_bytes:
+        assert "shard them over" in verdict and "--plan --gpus" in verdict
+    else:
+        assert "smaller batch or sequence" in verdict and "fits with" not in verdict
