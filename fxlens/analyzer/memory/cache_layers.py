@@ -31,7 +31,7 @@ from fxlens.analyzer.memory.types import KVLayer
 log = logging.getLogger(__name__)
 
 STATE_ATTRIBUTES = ("conv_states", "recurrent_states")
-CACHE_OUTPUTS = ("past_key_values", "cache", "cache_params")   # Mamba's: cache_params
+CACHE_OUTPUTS = ("cache", "past_key_values", "cache_params")   # new name first
 
 
 def layers_from_cache(module: torch.nn.Module, token_ids: torch.Tensor) -> list[KVLayer] | None:
