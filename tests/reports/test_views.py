@@ -53,12 +53,23 @@ def test_every_view_on_every_surface(full_report: Report) -> None:
 
 
 def test_training_headline_counts_the_step(full_report: Report) -> None:
-    labels = {f.label: f for f in headline(full_report)}
+    """Without a plan: the step on one device, its fit and time. With one, the plan's verdict
+    speaks alone: no one-GPU fit or step time beside it, the step peak said unsharded."""
+    import dataclasses
+
+    single = dataclasses.replace(full_report, sections={
+        k: v for k, v in full_report.sections.items() if k != "plan"})
+    labels = {f.label: f for f in headline(single)}
     assert "training step FLOPs" in labels and "forward FLOPs" not in labels
     assert labels["fits 80GiB"].value == "yes"
     assert labels["estimated step time"].detail.startswith("h100")
-    markdown = render_markdown(full_report)
+    assert labels["training step peak"].detail.endswith(")")      # checkpointed, and without
+    markdown = render_markdown(single)
     assert markdown.index("| training step peak |") < markdown.index("<details>")
+    planned = {f.label for f in headline(full_report)}
+    assert any(label.startswith("plan: ") for label in planned)
+    assert not planned & {"fits 80GiB", "estimated step time", "training step peak"}
+    assert "unsharded step peak" in planned
 
 
 def test_verdicts_carry_their_tone_on_the_page(full_report: Report) -> None:

@@ -57,7 +57,7 @@ def headline(report: Report) -> tuple[Figure, ...]:
                           f"{binary_bytes(totals.bytes_written)}"))
     figures += _memory_figures(report)
     roofline = report.get(Roofline)
-    if roofline is not None:
+    if roofline is not None and report.get(Plan) is None:   # a plan gives its own step time
         what = "step" if roofline.totals.step_time_s is not None else "forward"
         figures.append(Figure(f"estimated {what} time", seconds(roofline.totals.total_s),
                               f"{roofline.device.name}, MFU {roofline.mfu:.1%}"))
@@ -75,6 +75,10 @@ def headline(report: Report) -> tuple[Figure, ...]:
 def _memory_figures(report: Report) -> list[Figure]:
     training, memory, cache = report.get(Training), report.get(Memory), report.get(KVCache)
     weights = report.model.param_bytes + report.model.buffer_bytes
+    if training is not None and report.get(Plan) is not None:
+        return [Figure("unsharded step peak", binary_bytes(training.step_peak_bytes),
+                       f"{training.precision} · {training.optimizer} on one GPU; per GPU: "
+                       f"the plan's")]
     if training is not None:
         checkpointed = training.checkpointed_peak_bytes
         if checkpointed is not None:     # the configuration the verdict is about
@@ -113,8 +117,8 @@ def verdicts(report: Report) -> tuple[Figure, ...]:
         out.append(Figure("coverage", f"{missing} ops not costed",
                           f"totals undercount: {ops}", Tone.BAD))
     training = report.get(Training)
-    if training is not None and training.fit is not None:
-        out.append(training_fit(training))
+    if training is not None and training.fit is not None and report.get(Plan) is None:
+        out.append(training_fit(training))      # with a plan, the plan's verdict speaks
     elif training is None:
         fit = _inference_fit(report)
         if fit is not None:
