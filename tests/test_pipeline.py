@@ -22,7 +22,8 @@ from fxlens.analyzer.core.sections import (
 from fxlens.analyzer.time.validate import RunSettings
 from fxlens.api import AnalysisOptions, analyze_loaded
 from fxlens.devices import validate
-from fxlens.pipeline import Context, one_token_inputs, run_context
+from fxlens.kv_pass import one_token_inputs
+from fxlens.pipeline import Context, run_context
 from fxlens.rules.hardware import host_cpu
 from tests.models import mlp, tiny_gpt
 

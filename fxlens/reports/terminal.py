@@ -57,17 +57,19 @@ class _SideBySide:
 
 
 def render_table(table: Table) -> RenderableType:
-    """The title on its own line (never wrapped: cut with … when the terminal is narrower),
-    then the table; identifiers in cells are never split mid-word."""
+    """The title on its own line, then the table. Nothing is cut: text wraps at spaces, and a
+    word wider than its column (a strategy ``dp=8,tp=4,pp=2,zero=1,sp``, a dotted module
+    path) folds onto the next line, so two labels that differ only at the end never print
+    the same."""
     out = RichTable(show_header=table.show_header, caption_justify="left",
                     caption=plain(table.caption, "dim") if table.caption else None)
     for column in table.columns:
         out.add_column(plain(column.name), justify="right" if column.right else "left",
                        style="bold" if column.strong else None,
-                       overflow="ellipsis", no_wrap=column.no_wrap)
+                       overflow="fold", no_wrap=column.no_wrap)
     for row in table.rows:
         out.add_row(*(text(c) for c in row))
-    title = Text(terminal_escape(table.title), style="bold", no_wrap=True, overflow="ellipsis")
+    title = Text(terminal_escape(table.title), style="bold", overflow="fold")
     return Group(title, out)
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from fxlens.analyzer.memory.cache_layers import token_ids_in
 from fxlens.analyzer.memory.kv_cache import kv_cache
-from fxlens.pipeline import kv_layout
+from fxlens.kv_pass import kv_layout
 from tests.models.hf_zoo import ZOO
 
 F32 = 4

@@ -12,7 +12,7 @@ from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.memory.kv_cache import decode_step, kv_cache, layers_from_graph
 from fxlens.analyzer.memory.liveness import liveness
 from fxlens.analyzer.memory.types import KVLayer
-from fxlens.pipeline import kv_layout
+from fxlens.kv_pass import kv_layout
 from fxlens.rules import load_rules
 from fxlens.rules.kv_layouts import TOKEN_MAJOR_KERNELS
 from tests.models import tiny_gpt

@@ -7,7 +7,7 @@ has one. Grouped-query attention shows in ``kv_heads`` (fewer than the query hea
 layer (linear attention, a scan, a short convolution) keeps ``batch × state_bytes`` whatever
 the context; a layer reusing another's K and V keeps nothing.
 
-Where a layer's layout comes from (`fxlens.pipeline.kv_layout`):
+Where a layer's layout comes from (`fxlens.kv_pass.kv_layout`):
 (a) a `transformers` model: the cache the library builds for one decode token, layer by
     layer (`fxlens.analyzer.memory.cache_layers`), else its config
     (`fxlens.rules.kv_layouts`);
