@@ -7,7 +7,7 @@ from collections import defaultdict
 from fxlens.analyzer.core.graph import ancestors
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import KVCache, KVLayerBytes, Memory, Training
-from fxlens.reports.units import binary_bytes, percent, si
+from fxlens.reports.units import binary_bytes, percent, short_op, si
 from fxlens.reports.view import Cell, Column, Detail, Table, Tone, View, columns
 from fxlens.reports.views.tree import Node as TreeNode
 from fxlens.reports.views.tree import grouped_rows
@@ -24,15 +24,19 @@ def memory_view(report: Report, detail: Detail) -> View | None:
         ("parameters", binary_bytes(memory.param_bytes), ""),
         ("buffers", binary_bytes(memory.buffer_bytes), ""),
         ("inputs", binary_bytes(memory.input_bytes), ""),
-        (Cell("activation peak", Tone.STRONG),
-         Cell(binary_bytes(memory.peak_activation_bytes), Tone.STRONG),
-         f"node {memory.peak_node} in {memory.peak_module or '(root)'} (graph executor)"),
     ]
+    graph_peak = (binary_bytes(memory.peak_activation_bytes),
+                  f"node {memory.peak_node} in {memory.peak_module or '(root)'}")
     eager = memory.eager
-    if eager is not None and eager.peak_bytes is not None:
-        rows.append(("eager peak", binary_bytes(eager.peak_bytes),
-                     f"after {eager.peak_op} (eager, simulated)"))
-    rows += [(f"  live: {live.target}", binary_bytes(live.bytes),
+    if eager is not None and eager.peak_bytes is not None:     # the headline's figure first
+        rows += [(Cell("activation peak", Tone.STRONG),
+                  Cell(binary_bytes(eager.peak_bytes), Tone.STRONG),
+                  f"eager forward (simulated), after {short_op(eager.peak_op)}"),
+                 ("graph-executor peak", *graph_peak)]
+    else:
+        rows.append((Cell("activation peak", Tone.STRONG), Cell(graph_peak[0], Tone.STRONG),
+                     f"{graph_peak[1]} (graph executor)"))
+    rows += [(f"  live: {short_op(live.target)}", binary_bytes(live.bytes),
               f"{live.module or '(root)'} {tuple(live.shape)} {live.dtype}")
              for live in memory.live_at_peak[:top]]
     table = Table.of("memory (inference)",

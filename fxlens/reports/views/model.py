@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import Training
-from fxlens.reports.units import binary_bytes, percent, si
+from fxlens.reports.units import binary_bytes, percent, short_op, si
 from fxlens.reports.view import Cell, Column, Detail, Figure, Table, Tone, View, columns
 from fxlens.reports.views.headline import headline, inputs_text
 from fxlens.reports.views.tree import Node as TreeNode
@@ -59,7 +59,7 @@ def modules_view(report: Report, detail: Detail) -> View:
 def ops_view(report: Report, detail: Detail) -> View:
     top = detail.top
     total = report.totals.flops
-    rows = [(op.target, str(op.calls), si(op.flops), percent(op.flops, total),
+    rows = [(short_op(op.target), str(op.calls), si(op.flops), percent(op.flops, total),
              binary_bytes(op.bytes_moved)) for op in report.by_op() if op.flops][:top]
     table = Table.of(f"top {top} ops by FLOPs",
                      columns(("op",), ("calls", "FLOPs", "share", "bytes moved")), rows)
