@@ -97,6 +97,15 @@ def test_findings_of_repeated_blocks_are_grouped(full_report: Report) -> None:
     assert len(groups) < len(items)
     assert sum(g.saved_bytes for g in groups) == sum(f.saved_bytes for f in items)
     assert any("×2" in g.module for g in groups)
+    # ×N counts the blocks a group is in; a block holding the finding twice says so
+    for group in groups:
+        match = re.search(r" ×(\d+)(?: \((\d+) findings\))?$", group.module)
+        if match:
+            members = [f for f in items if f.code == group.code and f.message == group.message
+                       and re.sub(r"\.\d+(?=\.|$)", ".*", f.modules[0]) == group.module[
+                           :match.start()]]
+            assert len({f.modules[0] for f in members}) == int(match[1])
+            assert len(members) == int(match[2] or match[1])
 
 
 def test_the_first_screen_leaves_breakdowns_to_full(full_report: Report) -> None:

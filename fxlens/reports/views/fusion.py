@@ -74,12 +74,21 @@ def grouped_findings(items: Sequence[Finding]) -> list[FindingGroup]:
         module = members[0].modules[0] if len(members) == 1 and members[0].modules else generic
         times = [m.saved_s for m in members if m.saved_s is not None]
         out.append(FindingGroup(
-            code, (module or "(root)") + (f" ×{len(members)}" if len(members) > 1 else ""),
+            code, (module or "(root)") + _times(members),
             sum(m.saved_bytes for m in members), sum(times) if times else None, message,
             members[0].fix, sum(m.saved_flops for m in members)))
     if ranked_by(out) == "time":
         return sorted(out, key=lambda g: (-(g.saved_s or 0.0), -g.saved_bytes, g.code, g.module))
     return sorted(out, key=lambda g: (-g.saved_bytes, g.code, g.module))
+
+
+def _times(members: Sequence[Finding]) -> str:
+    """`` ×6`` for one finding in each of 6 blocks; `` ×6 (11 findings)`` where some blocks
+    hold it twice (a residual add before each of a block's two norms)."""
+    places = len({m.modules[0] if m.modules else "" for m in members})
+    if len(members) == 1:
+        return ""
+    return f" ×{places}" + (f" ({len(members)} findings)" if places != len(members) else "")
 
 
 def ranked_by(groups: Sequence[FindingGroup]) -> str:
