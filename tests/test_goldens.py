@@ -45,7 +45,7 @@ def test_json_report_matches_golden(name: str, update_goldens: bool) -> None:
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_terminal_tables_match_golden(name: str, width: int, update_goldens: bool) -> None:
     console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
-    console.print(render_terminal(report_of(name), depth=3, top=8))
+    console.print(render_terminal(report_of(name), depth=3, top=8, full=True))
     text = console.export_text()
     assert max(len(line) for line in text.splitlines()) <= width
     check(GOLDENS / f"{name}.{width}.txt", text, update_goldens)

@@ -26,8 +26,10 @@ def test_analyze_with_a_device_adds_the_roofline(tmp_path: Path,
                                                  capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "r.json"
     assert main([MLP, "--device", "h100", "--json", str(out), "--out", str(tmp_path)]) == 0
-    printed = capsys.readouterr().out
-    assert "roofline · h100" in printed and "top 10 ops by predicted time" in printed
+    printed = capsys.readouterr().out            # the first screen: the roofline's summary
+    assert "roofline · h100" in printed and "--show roofline for the rest" in printed
+    assert main([MLP, "--device", "h100", "--out", str(tmp_path), "--show", "roofline"]) == 0
+    assert "top 10 ops by predicted time" in capsys.readouterr().out
     roofline = json.loads(out.read_text())["roofline"]
     assert {"nodes", "modules", "totals", "throughput", "mfu", "hotspots"} <= set(roofline)
     assert set(roofline["nodes"][0]) == {"id", "time_s", "bound", "intensity", "dtype"}

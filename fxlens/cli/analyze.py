@@ -23,6 +23,7 @@ from fxlens.cli.args import (
     METHODS,
     OPTIMIZERS,
     PRECISIONS,
+    VIEWS,
     Parser,
     add_loading_options,
     count,
@@ -68,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="rows in the top-ops table")
     parser.add_argument("--full", action="store_true", help="every table: per-module "
                         "training memory and time, fix texts (default: the first screen)")
+    parser.add_argument("--show", choices=VIEWS, action="append", metavar="NAME",
+                        help="print this section instead of the first screen's (repeatable): "
+                             + ", ".join(VIEWS))
     parser.add_argument("--method", choices=METHODS, action="append",
                         help="capture method(s) to try, in order (default: all)")
     parser.add_argument("--strict", action="store_true", help="a failing cost rule is fatal")
@@ -244,7 +248,8 @@ def _finish(args: argparse.Namespace, options: Any, report: Any, written: list[P
 
     tables = err if args.json == STDOUT else out
     if not args.quiet:
-        tables.print(render_terminal(report, depth=args.depth, top=args.top, full=args.full))
+        tables.print(render_terminal(report, depth=args.depth, top=args.top, full=args.full,
+                                     show=tuple(args.show or ())))
         for path in written:
             say(f"wrote {path}")
     if review is not None:

@@ -1,8 +1,9 @@
 """Argument helpers shared by the subcommands: the parser class, choices, value types.
 
-The choices of ``--method``, ``--precision`` and ``--optimizer`` are repeated here rather than
-imported from the capture chain and the pipeline, so that building a parser (``--help``, a bad
-option) never imports torch; `tests/test_hostile.py` pins them to the engine's own.
+The choices of ``--method``, ``--precision``, ``--optimizer`` and ``--show`` are repeated here
+rather than imported from the capture chain, the pipeline and the views, so that building a
+parser (``--help``, a bad option) never imports torch; `tests/test_hostile.py` pins them to
+the engine's own.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ METHODS = ("export", "make_fx", "record")       # fxlens.analyzer.capture.chain.
 PRECISIONS = ("fp32", "bf16", "amp-bf16", "amp-fp16", "autocast-bf16", "autocast-fp16",
               "fp8")                                          # fxlens.pipeline.PRECISIONS
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adam8bit")  # …OPTIMIZERS
+VIEWS = ("summary", "modules", "top-ops", "memory", "training", "kv-cache", "roofline",
+         "validation", "fusion", "quant", "plan")          # fxlens.reports.views.VIEW_KEYS
 
 
 class Parser(argparse.ArgumentParser):

@@ -23,11 +23,43 @@ STYLES = {Tone.PLAIN: "", Tone.STRONG: "bold", Tone.GOOD: "bold green", Tone.BAD
           Tone.WARN: "yellow", Tone.MUTED: "dim"}
 
 
-def render_terminal(report: Report, depth: int = 2, top: int = 10, full: bool = False
-                    ) -> RenderableType:
-    """Every view of the report, in reading order; `full` adds the per-module breakdowns and
-    fix texts a first screen does without."""
-    return Group(*(render_view(view) for view in views(report, Detail(depth, top, full))))
+# The section a run asked about, in the order one is picked for the first screen: a plan,
+# quantization, the KV cache, a validation, the training step, the roofline; with none of
+# them, where the FLOPs are (modules and top ops).
+ASKED = ("plan", "quant", "kv-cache", "validation", "training", "roofline")
+PLAIN = ("modules", "top-ops")
+
+
+def render_terminal(report: Report, depth: int = 2, top: int = 10, full: bool = False,
+                    show: tuple[str, ...] = ()) -> RenderableType:
+    """The first screen: the summary and the one section the run asked about (`ASKED`), then
+    what else the report holds. `show` names the views to print instead; `full` prints every
+    view with the per-module breakdowns and fix texts a first screen does without."""
+    every = views(report, Detail(depth, top, full))
+    if full:
+        return Group(*(render_view(view) for view in every))
+    keys = [view.key for view in every]
+    wanted = set(show) or {"summary", *first_screen(keys)}
+    parts: list[RenderableType] = []
+    for view in every:
+        if view.key not in wanted:
+            continue
+        if show or view.key == "summary" or len(view.blocks) == 1:
+            parts.append(render_view(view))
+            continue
+        parts.append(render_block(view.blocks[0]))    # the section's answer; the rest named
+        parts.append(plain(f"--show {view.key} for the rest of this section", "dim"))
+    rest = [view.key for view in every if view.key not in wanted]
+    if rest:
+        parts.append(plain(f"also in this report: {', '.join(rest)} — --show NAME prints "
+                           "one, --full every table; report.html holds them all", "dim"))
+    return Group(*parts)
+
+
+def first_screen(keys: list[str]) -> tuple[str, ...]:
+    """The views a first screen shows beside the summary (see `ASKED`)."""
+    asked = next((key for key in ASKED if key in keys), None)
+    return (asked,) if asked else PLAIN
 
 
 def render_view(view: View) -> RenderableType:

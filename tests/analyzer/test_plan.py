@@ -343,7 +343,7 @@ def test_plan_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[
 
     report = tmp_path / "r.json"
     assert main([str(MODELS / "tiny_gpt.py"), "--plan", "--gpus", "4", "--tokens", "1e9",
-                 "--price", "2", "--no-pages", "--json", str(report)]) == 0
+                 "--price", "2", "--no-pages", "--json", str(report), "--show", "plan"]) == 0
     shown = capsys.readouterr().out
     assert "plan · h100" in shown and "run days" in shown and "transfers per step" in shown
     assert "$" in shown

@@ -90,3 +90,38 @@ def test_strategies_that_differ_at_their_end_print_apart_at_80_columns() -> None
     assert len(set(labels)) == len(labels) > 5
     assert printed_labels(plan, 80) == labels
     assert rendered(plan, 80).count("…") == source_ellipses(plan)
+
+
+def screen(report: Report, width: int = 80, **kwargs: object) -> str:
+    from fxlens.reports.terminal import render_terminal
+
+    console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+    console.print(render_terminal(report, **kwargs))    # type: ignore[arg-type]
+    return console.export_text()
+
+
+def test_the_first_screen_is_the_summary_and_the_section_asked_about(everything: Report
+                                                                        ) -> None:
+    """With a plan asked for, the first screen is the summary and the plan's layouts (43 lines
+    at 80 columns for this model; the issue asks ≤ 40); the rest is named, and printed by
+    --show or --full."""
+    first = screen(everything)
+    assert "plan · " in first and "fusion (predicted kernels" not in first
+    assert len(first.splitlines()) <= 45
+    assert "--show plan for the rest of this section" in first
+    last = first.splitlines()[-2:]
+    assert "also in this report:" in " ".join(last) and "fusion" in " ".join(last)
+    shown = screen(everything, show=("fusion", "plan"))
+    assert "fusion (predicted kernels" in shown and "memory per GPU" in shown
+    full = screen(everything, full=True)
+    assert "fusion (predicted kernels" in full and "plan · " in full
+    assert len(full.splitlines()) > len(first.splitlines())
+
+
+def test_a_plain_run_shows_where_the_flops_are() -> None:
+    module, inputs = tiny_gpt.build()
+    report = analyze_loaded(LoadedModel(module, inputs, "tiny_gpt", "tiny_gpt.py"))
+    first = screen(report)
+    assert "modules (depth" in first and "top 10 ops by FLOPs" in first
+    assert "memory (inference)" not in first
+    assert len(first.splitlines()) <= 40

@@ -26,6 +26,9 @@ VIEWS: tuple[ViewFn, ...] = (
     roofline_view, validation_view,
     fusion_view, quant_view, plan_view,
 )
+# Their keys, in the same order (what ``--show`` takes)
+VIEW_KEYS = ("summary", "modules", "top-ops", "memory", "training", "kv-cache", "roofline",
+             "validation", "fusion", "quant", "plan")
 
 
 def views(report: Report, detail: Detail | None = None) -> list[View]:

@@ -31,7 +31,8 @@ def memory_view(report: Report, detail: Detail) -> View | None:
     if eager is not None and eager.peak_bytes is not None:     # the headline's figure first
         rows += [(Cell("activation peak", Tone.STRONG),
                   Cell(binary_bytes(eager.peak_bytes), Tone.STRONG),
-                  f"eager forward (simulated), after {short_op(eager.peak_op)}"),
+                  "eager forward (simulated)"
+                  + (f", after {short_op(eager.peak_op)}" if eager.peak_op else "")),
                  ("graph-executor peak", *graph_peak)]
     else:
         rows.append((Cell("activation peak", Tone.STRONG), Cell(graph_peak[0], Tone.STRONG),
