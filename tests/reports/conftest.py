@@ -17,6 +17,16 @@ def analyzed(build: object, name: str, path: str) -> Report:
 
 
 @pytest.fixture(scope="session")
+def full_report() -> Report:
+    """tiny_gpt with every section: training with checkpointing and a device, KV cache,
+    quantization, roofline, fusion and a plan."""
+    module, inputs = tiny_gpt.build()
+    options = AnalysisOptions(train=True, quant=True, kv_cache=True, device="h100",
+                              device_memory="80GiB", checkpoint=True, plan=True, gpus=4)
+    return analyze_loaded(LoadedModel(module, inputs, "tiny_gpt", "tiny_gpt.py"), options)
+
+
+@pytest.fixture(scope="session")
 def gpt_report() -> Report:
     return analyzed(tiny_gpt.build, "tiny_gpt", "tests/models/tiny_gpt.py")
 

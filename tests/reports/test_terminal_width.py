@@ -1,9 +1,9 @@
 """Every view's tables at 80 and 200 columns: no line wider than the terminal, nothing cut.
 
-A report with every section (training with checkpointing and a device, plan, quantization, KV
-cache, roofline, fusion) on tiny_gpt, and the plan of a 70B preset whose strategy labels
-differ only at their ends. Rendering adds no "…" of its own: each table prints as many as its
-cells, titles and captions hold; and two distinct labels of a table never print the same.
+The report with every section on tiny_gpt (`full_report`), and the plan of a 70B preset whose
+strategy labels differ only at their ends. Rendering adds no "…" of its own: each table prints
+as many as its cells, titles and captions hold; and two distinct labels of a table never print
+the same. The first screen: the summary and the section the run asked about.
 """
 
 from __future__ import annotations
@@ -23,14 +23,6 @@ from fxlens.reports.views import views
 from tests.models import tiny_gpt
 
 BOX = re.compile(r"[─-╿]")
-
-
-@pytest.fixture(scope="module")
-def everything() -> Report:
-    module, inputs = tiny_gpt.build()
-    options = AnalysisOptions(train=True, quant=True, kv_cache=True, device="h100",
-                              device_memory="1MiB", checkpoint=True, plan=True, gpus=8)
-    return analyze_loaded(LoadedModel(module, inputs, "tiny_gpt", "tiny_gpt.py"), options)
 
 
 def tables(report: Report) -> list[Table]:
@@ -54,9 +46,9 @@ def source_ellipses(table: Table) -> int:
 
 
 @pytest.mark.parametrize("width", [80, 200])
-def test_every_table_fits_the_terminal_and_loses_nothing(everything: Report, width: int
+def test_every_table_fits_the_terminal_and_loses_nothing(full_report: Report, width: int
                                                          ) -> None:
-    found = tables(everything)
+    found = tables(full_report)
     assert len(found) >= 10
     for table in found:
         out = rendered(table, width)
@@ -100,20 +92,20 @@ def screen(report: Report, width: int = 80, **kwargs: object) -> str:
     return console.export_text()
 
 
-def test_the_first_screen_is_the_summary_and_the_section_asked_about(everything: Report
+def test_the_first_screen_is_the_summary_and_the_section_asked_about(full_report: Report
                                                                         ) -> None:
     """With a plan asked for, the first screen is the summary and the plan's layouts (43 lines
     at 80 columns for this model; the issue asks ≤ 40); the rest is named, and printed by
     --show or --full."""
-    first = screen(everything)
+    first = screen(full_report)
     assert "plan · " in first and "fusion (predicted kernels" not in first
     assert len(first.splitlines()) <= 45
     assert "--show plan for the rest of this section" in first
     last = first.splitlines()[-2:]
     assert "also in this report:" in " ".join(last) and "fusion" in " ".join(last)
-    shown = screen(everything, show=("fusion", "plan"))
+    shown = screen(full_report, show=("fusion", "plan"))
     assert "fusion (predicted kernels" in shown and "memory per GPU" in shown
-    full = screen(everything, full=True)
+    full = screen(full_report, full=True)
     assert "fusion (predicted kernels" in full and "plan · " in full
     assert len(full.splitlines()) > len(first.splitlines())
 

@@ -6,12 +6,9 @@ from __future__ import annotations
 import io
 import re
 
-import pytest
 from rich.console import Console
 
-from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.report import Report
-from fxlens.api import AnalysisOptions, analyze_loaded
 from fxlens.reports.escape import markdown_escape
 from fxlens.reports.html import render_html
 from fxlens.reports.markdown import render_markdown
@@ -20,15 +17,6 @@ from fxlens.reports.units import si
 from fxlens.reports.view import Detail
 from fxlens.reports.views import views
 from fxlens.reports.views.headline import headline
-from tests.models import tiny_gpt
-
-
-@pytest.fixture(scope="module")
-def full_report() -> Report:
-    module, inputs = tiny_gpt.build()
-    options = AnalysisOptions(train=True, quant=True, kv_cache=True, device="h100",
-                              device_memory="80GiB", checkpoint=True, plan=True, gpus=4)
-    return analyze_loaded(LoadedModel(module, inputs, "tiny_gpt", "tiny_gpt.py"), options)
 
 
 def terminal_text(report: Report) -> str:
