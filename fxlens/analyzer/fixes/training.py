@@ -92,7 +92,8 @@ def training_fixes(step: TrainingGraph, report: Report, memory: MemoryProfile,
             changed = lever.apply(changed)
         return training_section(step, report, memory, registry, changed)
 
-    found = levers(settings, alternatives)
+    found = [lever for lever in levers(settings, alternatives)
+             if lever.flags != "--checkpoint" or _relieves(estimate((lever,)))]
     candidates = [combo for size in range(1, len(found) + 1)
                   for combo in itertools.combinations(found, size)]
     fitting: list[FixOption] = []
@@ -109,6 +110,12 @@ def training_fixes(step: TrainingGraph, report: Report, memory: MemoryProfile,
                    if (option := _smaller_batch(combo, estimate(combo), settings)) is not None]
     fitting.sort(key=lambda o: (o.flags.count("--"), o.recompute_overhead, o.needed_bytes))
     return tuple(fitting[:OFFERED])
+
+
+def _relieves(training: Training) -> bool:
+    """Whether checkpointing takes anything off this step (a model without repeated blocks
+    has nothing to checkpoint: the lever would only add a flag)."""
+    return training.checkpointing is not None and training.checkpointing.memory_saved_bytes > 0
 
 
 def _option(combo: Sequence[Lever], training: Training) -> FixOption:
