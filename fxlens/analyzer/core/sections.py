@@ -119,6 +119,17 @@ class PeakBreakdown:
             return "optimizer step (gradients + temporaries)", self.optimizer_phase_bytes
         return "activations and gradients", self.fwd_bwd_peak_bytes
 
+    def fwd_bwd_bytes(self, relieved: int = 0) -> int:
+        """The forward/backward's peak with `relieved` bytes of saved activations dropped
+        (checkpointing's)."""
+        return max(self.fwd_bwd_peak_bytes - relieved, 0)
+
+    def step_bytes(self, relieved: int = 0) -> int:
+        """The steady step's peak: the persistent state plus the larger of the
+        forward/backward (less `relieved`) and the optimizer step."""
+        return self.persistent_bytes + max(self.fwd_bwd_bytes(relieved),
+                                           self.optimizer_phase_bytes)
+
 
 @dataclass(frozen=True)
 class Checkpointing:
@@ -188,9 +199,7 @@ class Training(Section):
         activations off the forward/backward peak), None without ``--checkpoint``."""
         if self.checkpointing is None:
             return None
-        peak = self.peak_breakdown
-        fwd_bwd = max(peak.fwd_bwd_peak_bytes - self.checkpointing.memory_saved_bytes, 0)
-        return peak.persistent_bytes + max(fwd_bwd, peak.optimizer_phase_bytes)
+        return self.peak_breakdown.step_bytes(self.checkpointing.memory_saved_bytes)
 
 
 # --- KV cache ----------------------------------------------------------------------------------

@@ -135,7 +135,7 @@ def _smaller_batch(combo: Sequence[Lever], training: Training, settings: StepSet
         return None
     batch, peak = fit.largest_batch, training.peak_breakdown
     relieved = training.checkpointing.memory_saved_bytes if training.checkpointing else 0
-    activations = max(peak.fwd_bwd_peak_bytes - relieved - peak.gradients_at_peak_bytes, 0)
+    activations = max(peak.fwd_bwd_bytes(relieved) - peak.gradients_at_peak_bytes, 0)
     scaled = peak.persistent_bytes + max(
         peak.gradients_at_peak_bytes + activations * batch // settings.batch,
         peak.optimizer_phase_bytes)

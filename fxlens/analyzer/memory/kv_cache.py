@@ -69,9 +69,10 @@ def kv_cache(
         tokens = 0 if layer.kind != "attention" else (
             min(context, layer.window) if layer.window else context)
         elements = batch * tokens * layer.kv_heads * (layer.k_head_dim + layer.v_head_dim)
+        state = batch * layer.state_bytes
         rows.append(KVLayerBytes(layer.name, layer.kv_heads, layer.k_head_dim, layer.v_head_dim,
-                                 tokens, int(elements * dtype_bytes) + batch * layer.state_bytes,
-                                 kind=layer.kind, state_bytes=batch * layer.state_bytes))
+                                 tokens, int(elements * dtype_bytes) + state,
+                                 kind=layer.kind, state_bytes=state))
     return KVCacheBytes(batch, context, dtype_bytes, tuple(rows),
                          sum(r.bytes for r in rows), source)
 

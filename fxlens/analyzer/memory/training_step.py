@@ -87,7 +87,10 @@ def training_section(
     temporaries = _optimizer_temporaries(graph, settings.precision, settings.optimizer,
                                          settings.foreach)
     optimizer_phase = all_gradients + temporaries
-    peak = persistent + max(memory.peak_activation_bytes, optimizer_phase)
+    breakdown = PeakBreakdown(persistent_bytes=persistent,
+                              fwd_bwd_peak_bytes=memory.peak_activation_bytes,
+                              gradients_at_peak_bytes=gradients,
+                              optimizer_phase_bytes=optimizer_phase)
     before_first_step = persistent - states.optimizer_bytes
     first_step_peak = before_first_step + max(memory.peak_activation_bytes,
                                               optimizer_phase + states.optimizer_bytes)
@@ -102,9 +105,8 @@ def training_section(
         # activations checkpointing drops come off the forward/backward peak (the recompute's
         # own temporaries, one block at a time, are not added).
         relieved = checkpointing.memory_saved_bytes if checkpointing is not None else 0
-        fwd_bwd = max(memory.peak_activation_bytes - relieved, 0)
-        needed = persistent + max(fwd_bwd, optimizer_phase)     # = checkpointed_peak_bytes
-        activations = max(fwd_bwd - gradients, 0)
+        needed = breakdown.step_bytes(relieved)
+        activations = max(breakdown.fwd_bwd_bytes(relieved) - gradients, 0)
         per_sample = LinearActivation.proportional(settings.batch, activations)
         verdict = fits(needed, settings.device_bytes)
         # the optimizer step's gradients and temporaries do not shrink with the batch
@@ -127,14 +129,9 @@ def training_section(
         states=states.to_section(),
         saved_activation_bytes=sum(saved.values()),
         saved_by_module=tuple(ModuleBytes(m, b) for m, b in saved.most_common()),
-        step_peak_bytes=peak,
+        step_peak_bytes=breakdown.step_bytes(),
         first_step_peak_bytes=first_step_peak,
-        peak_breakdown=PeakBreakdown(
-            persistent_bytes=persistent,
-            fwd_bwd_peak_bytes=memory.peak_activation_bytes,
-            gradients_at_peak_bytes=gradients,
-            optimizer_phase_bytes=optimizer_phase,
-        ),
+        peak_breakdown=breakdown,
         checkpointing=checkpointing,
         fit=fit,
     )
