@@ -163,8 +163,9 @@ def _fix(training: Training) -> str:
         return (f"no change on one {fit.device} fits (weights, gradients and optimizer "
                 f"state take {binary_bytes(state)}): shard them over ≥ {gpus} GPUs, and "
                 f"check it with --plan --gpus {gpus}")
-    return ("neither an 8-bit optimizer, pure bf16 nor checkpointing, alone or together, "
-            "makes it fit: the activations need a smaller batch or sequence"
+    return ("none of the changes re-estimated (an 8-bit optimizer, pure bf16 and "
+            "checkpointing, where they apply; alone or together) makes it fit: the "
+            "activations need a smaller batch or sequence"
             + (f" (batch {fit.largest_batch} by a linear estimate)" if fit.largest_batch
                else ""))
 
