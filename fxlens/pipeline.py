@@ -360,6 +360,8 @@ def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
     settle()
     on_step("costing the step" if options.train else "costing ops")
     report = analyze(graph, ctx.registry, loaded.name, loaded.source, options.strict)
+    report = dataclasses.replace(report, model=dataclasses.replace(
+        report.model, resizable=tuple(sorted(loaded.resizable))))
     early = FusionPass().wanted(options) and len(graph.nodes) >= FUSION_BESIDE_MIN_NODES
     with beside(functools.partial(fusion_analysis, ctx, report) if early
                 else None) as ctx.fusion_beside:

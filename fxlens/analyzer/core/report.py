@@ -57,6 +57,9 @@ class ModelInfo:
     buffers: int
     buffer_bytes: int
     inputs: tuple[InputSpec, ...] = ()
+    # The sizes the command line can rebuild the model at (``batch``, ``seq_len``,
+    # ``image_size``; `fxlens.analyzer.core.loaded.LoadedModel.resizable`): what a fix may change
+    resizable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from fxlens.analyzer.core.sections import (
     Roofline,
     Training,
 )
+from fxlens.analyzer.fixes.inference import inference_fit
 from fxlens.reports.units import binary_bytes, seconds, si
 from fxlens.reports.view import Figure, Tone
 from fxlens.reports.views.plan import plan_verdict
@@ -77,8 +78,7 @@ def _memory_figures(report: Report) -> list[Figure]:
     weights = report.model.param_bytes + report.model.buffer_bytes
     if training is not None and report.get(Plan) is not None:
         return [Figure("unsharded step peak", binary_bytes(training.step_peak_bytes),
-                       f"{training.precision} · {training.optimizer} on one GPU; per GPU: "
-                       f"the plan's")]
+                       f"{training.precision} · {training.optimizer}; per GPU: the plan")]
     if training is not None:
         checkpointed = training.checkpointed_peak_bytes
         if checkpointed is not None:     # the configuration the verdict is about
@@ -171,16 +171,28 @@ def _fix(training: Training) -> str:
 
 
 def _inference_fit(report: Report) -> Figure | None:
-    """Weights + activation peak (+ KV cache) against the roofline device's memory."""
-    roofline, memory = report.get(Roofline), report.get(Memory)
-    if roofline is None or memory is None or roofline.device.memory_bytes <= 0:
+    """Weights + activation peak (+ KV cache) against the roofline device's memory, and the
+    change that makes it fit (`fxlens.analyzer.fixes.inference`)."""
+    fit = inference_fit(report)
+    if fit is None:
         return None
-    device = roofline.device
-    cache = report.get(KVCache)
-    needed = (report.model.param_bytes + report.model.buffer_bytes + activation_peak(memory)[0]
-              + (cache.total_bytes if cache is not None else 0))
-    ok = needed <= device.memory_bytes
-    detail = (f"needs {binary_bytes(needed)} of {binary_bytes(device.memory_bytes)}"
-              + ("" if ok else "; quantize the weights (--quant-plan) or shard them"))
-    return Figure(f"fits {device.name}", "yes" if ok else "no", detail,
-                  Tone.GOOD if ok else Tone.BAD)
+    label = f"fits {fit.device}"
+    needs = f"needs {binary_bytes(fit.needed_bytes)} of {binary_bytes(fit.device_bytes)}"
+    if fit.fits:
+        return Figure(label, "yes", needs, Tone.GOOD)
+    parts = [needs]
+    if fit.weights_bytes >= fit.device_bytes:
+        parts.append(f"the weights alone take {binary_bytes(fit.weights_bytes)}: no batch "
+                     f"fits one {fit.device}; weight-only int4 (check with --quant-plan "
+                     f"w4a16), a larger device or the weights sharded over GPUs")
+    elif fit.fixes:
+        parts.append("fits with " + " or ".join(
+            f"{fix.flags} ({binary_bytes(fix.needed_bytes)}: {fix.change})"
+            for fix in fit.fixes))
+    else:
+        parts.append("not even one sample's activations fit beside the weights")
+    if fit.decode_bytes is not None and fit.decode_bytes <= fit.device_bytes:
+        parts.append(f"decoding all {fit.batch} sequences needs "
+                     f"{binary_bytes(fit.decode_bytes)}: it is prefilling the whole batch at "
+                     f"once that does not fit")
+    return Figure(label, "no", "; ".join(parts), Tone.BAD)

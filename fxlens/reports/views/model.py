@@ -20,21 +20,25 @@ def summary_view(report: Report, detail: Detail) -> View:
     rows: list[tuple[str | Cell, ...]] = [
         (f.label, Cell(f.value, Tone.STRONG if f.tone is Tone.PLAIN else f.tone), f.detail)
         for f in (*headline(report), coverage_figure(report))]
-    rows.append(("inputs", "", inputs_text(report) or "none"))
-    rows.append(("capture", "", model.capture_method))
-    rows += [("", "", Cell(note, Tone.MUTED)) for note in model.capture_notes]
-    rows.append(("source", "", model.source))
     table = Table.of(f"fxlens · {model.name}",
                      (Column("", strong=True), Column("", right=True), Column("")), rows,
-                     caption=UNITS_NOTE, show_header=False)
+                     caption=f"{provenance(report)}\n{UNITS_NOTE}", show_header=False)
     return View("summary", "Summary", (table,))
+
+
+def provenance(report: Report) -> str:
+    """Where the numbers come from, in one line under the figures: the inputs the graph was
+    captured on, how, and from what."""
+    model = report.model
+    capture = "; ".join((model.capture_method, *model.capture_notes))
+    return f"inputs {inputs_text(report) or 'none'} · {capture} · source {model.source}"
 
 
 def coverage_figure(report: Report) -> Figure:
     coverage = report.coverage
     missing = sum(coverage.unsupported.values()) + len(coverage.failed)
     return Figure("coverage", f"{coverage.ratio:.1%}",
-                  f"of ops: {coverage.costed} costed, {coverage.free} free, {missing} missing",
+                  f"ops: {coverage.costed} costed, {coverage.free} free, {missing} missing",
                   Tone.BAD if missing else Tone.PLAIN)
 
 

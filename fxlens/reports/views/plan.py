@@ -23,25 +23,32 @@ def plan_view(report: Report, detail: Detail) -> View | None:
         tables.append(_dropped(plan, detail.top))
     if detail.full:
         tables.append(Table.of("plan assumptions", (Column("assumed"),),
-                               [(a,) for a in plan.assumptions]))
+                               [(a,) for a in plan.assumptions]
+                               + [(f"link bandwidths: {plan.link_source}",)]))
     return View("plan", "Plan (many GPUs)", tuple(tables))
 
 
 def _layouts(plan: Plan) -> Table:
     """One row per layout; a whole run (``--tokens``) trades throughput and MFU (both in the
-    headline) for days and cost, so the table stays readable at 80 columns."""
+    headline) for days and cost, so the table stays readable at 80 columns. A column every row
+    agrees on (the GPU count of a fixed ``--gpus``, "fits" when all fit) moves to the title."""
     run = plan.tokens is not None
     cost = plan.price_per_gpu_hour is not None
-    heads = ["GPUs", "fits", "peak / GPU", "step"]
+    counts = {layout.gpus for layout in plan.layouts}
+    all_fit = all(layout.fits for layout in plan.layouts)
+    heads = (["GPUs"] if len(counts) > 1 else []) + ([] if all_fit else ["fits"])
+    heads += ["peak/GPU", "step"]
     heads += (["run days", "cost" if cost else "GPU-hours"] if run else
               ["tokens/s" if plan.micro_batch_tokens else "samples/s", "MFU"])
     rows = []
     for layout in plan.layouts:
         t = layout.time
-        row: list[str | Cell] = [
-            layout.strategy, str(layout.gpus),
-            Cell("yes", Tone.GOOD) if layout.fits else Cell("no", Tone.BAD),
-            binary_bytes(layout.memory.peak_bytes), seconds(t.step_s)]
+        row: list[str | Cell] = [layout.strategy]
+        if len(counts) > 1:
+            row.append(str(layout.gpus))
+        if not all_fit:
+            row.append(Cell("yes", Tone.GOOD) if layout.fits else Cell("no", Tone.BAD))
+        row += [binary_bytes(layout.memory.peak_bytes), seconds(t.step_s)]
         if run:
             days = f"{layout.run.wall_s / DAY_S:.1f}" if layout.run else "-"
             money = (f"${si(layout.run.cost)}" if layout.run and layout.run.cost is not None
@@ -54,9 +61,12 @@ def _layouts(plan: Plan) -> Table:
         rows.append(tuple(row))
     what = ("requested layout" if plan.ranked_by == "requested"
             else f"best of {plan.considered} layouts by {plan.ranked_by}")
+    agreed = ([f"{counts.pop()} GPUs"] if len(counts) == 1 else []) + (
+        ["all fit"] if all_fit and plan.layouts else [])
+    what += "".join(f" · {part}" for part in agreed)
     caption = (f"{plan.gpus_per_node} GPUs per node; links per GPU "
                f"{si(plan.intra_node_bytes_per_s, 'B/s')} in a node, "
-               f"{si(plan.inter_node_bytes_per_s, 'B/s')} across ({plan.link_source}). "
+               f"{si(plan.inter_node_bytes_per_s, 'B/s')} across. "
                + (f"{plan.blocks} repeated blocks, {plan.tensor_parallel_pairs} tensor-"
                   f"parallel pairs per block found in the graph" if plan.blocks else
                   "no repeated blocks, so no pipeline stages")
@@ -152,14 +162,14 @@ def plan_verdict(plan: Plan) -> Figure:
     run = (f"; run {first.run.wall_s / DAY_S:.1f} days, {si(first.run.gpu_hours)} GPU-hours"
            + (f", ${si(first.run.cost)}" if first.run.cost is not None else "")
            if first.run is not None else "")
-    summary = (f"{binary_bytes(first.memory.peak_bytes)} per GPU of "
+    summary = (f"{first.strategy}: {binary_bytes(first.memory.peak_bytes)} per GPU of "
                f"{binary_bytes(plan.device_bytes)}; step {seconds(t.step_s)}, MFU "
                f"{t.mfu:.1%}{run}")
     label = f"plan: {first.gpus}× {plan.device}"
     if first.fits:
-        return Figure(label, first.strategy, summary, Tone.GOOD)
+        return Figure(label, "fits", summary, Tone.GOOD)
     better = next((layout for layout in plan.layouts[1:] if layout.fits), None)
     fix = (f"; fits as {better.strategy} ({binary_bytes(better.memory.peak_bytes)} per GPU, "
            f"step {seconds(better.time.step_s)})" if better is not None else
            f"; nothing fits on {first.gpus} GPUs: more GPUs (--search --max-gpus)")
-    return Figure(label, f"{first.strategy} does not fit", summary + fix, Tone.BAD)
+    return Figure(label, "does not fit", summary + fix, Tone.BAD)
