@@ -31,6 +31,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
+
 from fxlens import checks
 from fxlens.analyzer.capture.chain import METHODS, capture
 from fxlens.analyzer.capture.check import check_scale, mixed_dtypes
@@ -400,17 +402,34 @@ def _eager_peak(loaded: LoadedModel, simulated: MeasuredMemory | None) -> EagerP
 
 
 def _calibration_batches(loaded: LoadedModel) -> list[Any]:
-    """The model file's ``calibration()`` batches (user code, guarded), else the inputs."""
+    """The model file's ``calibration()`` batches (user code, guarded), else the inputs.
+    Each batch is what the forward takes, as the example inputs are: a tuple (or list) of
+    positional arguments, a dict of keyword arguments, or one tensor."""
     if loaded.calibration is None:
         return [loaded.inputs]
+    where = f"{loaded.source}: calibration()"
     try:
-        with user_code(f"{loaded.source}: calibration()"):
-            return list(loaded.calibration())
+        with user_code(where):
+            batches = list(loaded.calibration())
     except LoadError:
         raise
     except Exception as error:
-        raise LoadError(f"{loaded.source}: calibration() raised {type(error).__name__}: "
-                        f"{error}") from error
+        raise LoadError(f"{where} raised {type(error).__name__}: {error}") from error
+    if not batches:
+        raise LoadError(f"{where} yielded no batches: yield the forward's inputs, one batch "
+                        f"at a time")
+    return [_as_arguments(batch, where, i) for i, batch in enumerate(batches)]
+
+
+def _as_arguments(batch: Any, where: str, index: int) -> tuple[Any, ...] | dict[str, Any]:
+    if isinstance(batch, torch.Tensor):
+        return (batch,)
+    if isinstance(batch, (tuple, list)):
+        return tuple(batch)
+    if isinstance(batch, dict):
+        return batch
+    raise LoadError(f"{where}: batch {index} is of type {type(batch).__name__}; yield a tensor, a "
+                    f"tuple of the forward's positional inputs or a dict of its keyword inputs")
 
 
 def _autocast(precision: Precision, on_gpu: bool) -> Autocast | None:

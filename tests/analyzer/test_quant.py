@@ -13,6 +13,7 @@ from torch import nn
 
 from fxlens.analyzer.capture.chain import capture
 from fxlens.analyzer.core.codec import encode
+from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.quant.plan import PlanLayer, make_plan
 from fxlens.analyzer.quant.section import QuantSettings, quant_section
 from fxlens.api import AnalysisOptions, analyze_target
@@ -200,6 +201,29 @@ def test_calibration_generator_from_the_model_file(tmp_path: Path) -> None:
                                     "activations": False, "metric": "kl",
                                     "logit_leaves": 1}
     assert quant["plan"]["activations"] == "int8"
+
+
+@pytest.mark.parametrize("batch", ["torch.randn(8, 32)", "[torch.randn(8, 32)]",
+                                   "{'x': torch.randn(8, 32)}"])
+def test_calibration_batches_as_the_forward_takes_them(tmp_path: Path, batch: str) -> None:
+    """A bare tensor is one positional input (not its rows), a list a tuple, a dict keywords."""
+    path = tmp_path / "calibrated_mlp.py"
+    path.write_text((MODELS / "mlp.py").read_text() + (
+        f"\n\ndef calibration():\n    for i in range(2):\n        yield {batch}\n"))
+    quant = analyze_target(str(path), AnalysisOptions(calibrate=True)).to_dict()["quant"]
+    assert quant["calibration"]["batches"] == 2
+
+
+@pytest.mark.parametrize(("body", "said"), [
+    ("    return iter(())", "yielded no batches"),
+    ("    yield 3", "batch 0 is of type int"),
+])
+def test_calibration_that_yields_no_inputs_is_one_line(tmp_path: Path, body: str,
+                                                       said: str) -> None:
+    path = tmp_path / "calibrated_mlp.py"
+    path.write_text((MODELS / "mlp.py").read_text() + f"\n\ndef calibration():\n{body}\n")
+    with pytest.raises(LoadError, match=said):
+        analyze_target(str(path), AnalysisOptions(calibrate=True))
 
 
 def test_cli_flags_and_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -412,6 +436,9 @@ def test_the_first_screen_says_how_many_layers_can_go_to_int4_and_what_the_plan_
     keep = [row.layer for row in section.layers if row.verdicts["int4_g128"] == "keep higher"]
     assert {"0", "6"} <= set(keep)                       # first and last: QNT004, QNT005
     assert all(name in int4.detail for name in keep) and "by data-free" in int4.detail
+    kept = {row.layer: row.kept_by for row in section.layers}
+    assert "QNT004" in kept["0"] and "QNT005" in kept["6"]     # the rule, named beside it
+    assert "QNT004" in int4.detail and "QNT005" in int4.detail
     assert section.plan is not None
     assert plan.value == f"{section.plan.compression_ratio:.2f}× smaller"
     assert "int8_per_channel" in plan.detail and "predicted" in plan.detail
@@ -421,3 +448,22 @@ def test_the_first_screen_says_how_many_layers_can_go_to_int4_and_what_the_plan_
                              QuantSettings(example_inputs=(x,)))
     (figure,) = quant_verdicts(unscored)
     assert figure.value == "not scored" and "random initialisation" in figure.detail
+
+
+def test_top1_agreement_is_shown_as_the_share_kept_and_the_plan_in_flips() -> None:
+    """``--calibrate-metric agreement``: its column holds the share of rows whose top-1 class
+    survives (a layer without flips reads 100.0%, not blank), the plan's damage is in flips."""
+    from fxlens.reports.views.quant import layer_table, plan_table
+
+    model, x = _heavy_tailed_mlp(), torch.randn(64, 64)
+    graph = capture(model, (x[:4],), load_rules())
+    section = quant_section(model, graph, knowledge(), QuantSettings(
+        example_inputs=(x[:4],), calibration=[(x,)], metric="agreement",
+        plan=plan_request("w4a16", None)))
+    table = layer_table(section, top=10)
+    column = [c.name for c in table.columns].index("top-1 kept")
+    shown = [row[column].text for row in table.rows]
+    assert shown and all(text.endswith("%") for text in shown), shown
+    assert section.plan is not None
+    damage = dict((r[0].text, r[1].text) for r in plan_table(section.plan, "agreement").rows)
+    assert "predicted top-1 flips" in damage and "∞" not in damage["predicted top-1 flips"]

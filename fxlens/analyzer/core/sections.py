@@ -444,6 +444,9 @@ class QuantLayer:
     data_free_fisher: Mapping[str, float] | None = optional()
     calibrated_evidence: Mapping[str, str] | None = optional()
     folded_into: str | None = optional()
+    # the structural rules (risk codes) that keep this layer at 8 bits or more, whatever its
+    # score: its "keep higher" under 8 bits is theirs (`quant.section.verdicts`)
+    kept_by: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

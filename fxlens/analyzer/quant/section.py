@@ -98,7 +98,9 @@ def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
               else synthetic.metric if synthetic is not None and synthetic.fisher else "sqnr")
     rows = [_row(layer, free[layer.name], risks[layer.name], calibration, synthetic)
             for layer in layers]
-    rows = [replace(row, verdicts=verdicts(row, knowledge)) for row in rows]
+    rows = [replace(row, verdicts=verdicts(row, knowledge),
+                    kept_by=tuple(sorted(set(row.risks) & knowledge.keep_8_bits)))
+            for row in rows]
     plan = None
     if settings.plan is not None:
         plan = _plan(module, layers, rows, knowledge, settings.plan)

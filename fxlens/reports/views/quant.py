@@ -8,8 +8,10 @@ Reports written before issue 16 have neither, nor a `score_metric`: their scores
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping, Sequence
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fxlens.analyzer.core.report import Report
@@ -24,6 +26,10 @@ def quant_view(report: Report, detail: Detail) -> View | None:
     if section is None:
         return None
     blocks: list[Block] = [layer_table(section, top, detail.full)]
+    notes = _notes(section)
+    if notes:
+        blocks.append(Table.of("quantization scores: what each stands on", (Column("note"),),
+                               [(note,) for note in notes]))
     if section.plan is not None:
         blocks.append(plan_table(section.plan, section.score_metric or "sqnr"))
     if section.risks:
@@ -49,8 +55,24 @@ def _short(fmt: str) -> str:
     return fmt.split("_")[0]
 
 
-def _verdict(text: str) -> Cell:
-    return Cell(text, TONES.get(text, Tone.MUTED))
+def _bits(fmt: str) -> int:
+    """The bits of a format by its name (``int4_g128`` → 4, ``fp8_e4m3`` → 8)."""
+    found = re.search(r"\d+", fmt)
+    return int(found.group()) if found else 16
+
+
+def _kept_by(row: QuantLayer, fmt: str) -> tuple[str, ...]:
+    """The structural rules behind `row`'s verdict at `fmt`: they keep it at 8 bits or more."""
+    return row.kept_by if _bits(fmt) < 8 and row.verdicts.get(fmt) == "keep higher" else ()
+
+
+def _verdict(row: QuantLayer, fmt: str) -> Cell:
+    text = row.verdicts.get(fmt, "")
+    if text == "unscored":
+        return Cell("—", Tone.MUTED)
+    rules = _kept_by(row, fmt)
+    tail = ((f" ({', '.join(rules)})", Tone.MUTED),) if rules else ()
+    return Cell(text, TONES.get(text, Tone.MUTED), tail)
 
 
 def _rank_key(row: QuantLayer, fmt: str) -> float:
@@ -99,6 +121,10 @@ def quant_verdicts(section: Quant) -> tuple[Figure, ...]:
     else:
         parts = [f"{v}: {_names(by_verdict[v])}" for v in ("keep higher", "risky")
                  if by_verdict[v]]
+        kept = sorted({code for r in scored for code in _kept_by(r, fmt)})
+        if kept:
+            parts.append(f"kept at 8 bits by the structural rule{'s' * (len(kept) > 1)} "
+                         f"{', '.join(kept)} whatever their score")
         if len(scored) < len(section.layers):
             parts.append(f"{len(section.layers) - len(scored)} unscored")
         ok = len(by_verdict["ok"])
@@ -121,46 +147,71 @@ def quant_verdicts(section: Quant) -> tuple[Figure, ...]:
 
 
 def layer_table(section: Quant, top: int, full: bool = False) -> Table:
+    """Layers most sensitive first: the verdicts, the score that ranks them and the plan's
+    format; `full` adds every score behind them (weight statistics, data-free and measured
+    scores beside the ranking one, activation outliers, risk codes)."""
     fmt = section.score_format
     calibrated = section.calibration is not None
     metric = section.calibration.metric if section.calibration is not None else "sqnr"
     ranked = sorted(section.layers, key=lambda r: _rank_key(r, fmt))
-    by = _ranked_by(section)
     shown = [f for f in section.formats if f == fmt or f.startswith("int4")]
     verdict_formats = [f for f in section.formats if f.startswith(VERDICT_FORMATS)] or shown
-    names = ["layer", "params"] + [f"{_short(f)}?" for f in verdict_formats]
+    columns: list[tuple[Column, Callable[[QuantLayer], str | Cell]]] = [
+        (Column("layer"), lambda r: r.layer or "(root)"),
+        (Column("params", right=True), lambda r: si(r.params)),
+        *((Column(f"{_short(f)}?"), functools.partial(_verdict, fmt=f))
+          for f in verdict_formats)]
     if full:
-        names += ["max/std", "kurt."] + [f"w {f}" for f in shown]
-    measured = ["output"] + ([metric] if metric != "sqnr" else []) + ["act. outliers"]
-    names += ["data-free"] + (measured if calibrated else []) + ["risks"]
+        columns += [(Column("max/std", right=True), lambda r: _stat(r.stats, "max_over_std")),
+                    (Column("kurt.", right=True), lambda r: _stat(r.stats, "kurtosis")),
+                    *((Column(f"w {f}", right=True),
+                       functools.partial(lambda r, f: _db(r.weight_sqnr_db.get(f)), f=f))
+                      for f in shown)]
+    if full or not calibrated:
+        columns.append((Column("data-free", right=True), lambda r: _scored(
+            r, r.data_free_sqnr_db.get(fmt))))
+    if calibrated and (full or metric == "sqnr"):
+        columns.append((Column("output", right=True),
+                        lambda r: _db((r.output_sqnr_db or {}).get(fmt))))
+    if calibrated and metric == "agreement":
+        columns.append((Column("top-1 kept", right=True), lambda r: _percent(
+            (r.top1_agreement or {}).get(fmt))))
+    elif calibrated and metric == "kl":
+        columns.append((Column("kl", right=True),
+                        lambda r: _db((r.calibrated_score_db or {}).get(fmt))))
+    if full and calibrated:
+        columns.append((Column("act. outliers", right=True),
+                        lambda r: str((r.activation or {}).get("outlier_channels", ""))))
+    if full:
+        columns.append((Column("risks"), lambda r: ", ".join(r.risks)))
     if section.plan is not None:
-        names.append("plan")
-    heads = [Column(n, right=n not in ("layer", "risks", "plan") and not n.endswith("?"))
-             for n in names]
-    rows = []
-    for row in ranked[:top]:
-        cells: list[str | Cell] = [row.layer or "(root)", si(row.params)]
-        cells += [_verdict(row.verdicts.get(f, "")) for f in verdict_formats]
-        if full:
-            cells += [_stat(row.stats, "max_over_std"), _stat(row.stats, "kurtosis")]
-            cells += [_db(row.weight_sqnr_db.get(f)) for f in shown]
-        cells.append(_db(row.data_free_sqnr_db.get(fmt)) or row.status)
-        if calibrated:
-            cells.append(_db((row.output_sqnr_db or {}).get(fmt)))
-            if metric != "sqnr":
-                cells.append(_db((row.calibrated_score_db or {}).get(fmt)))
-            cells.append(str((row.activation or {}).get("outlier_channels", "")))
-        cells.append(", ".join(row.risks))
-        if section.plan is not None:
-            cells.append(row.precision or "")
-        rows.append(cells)
-    evidence = [f"data-free: {section.data_free_evidence}"] if section.data_free_evidence else []
+        columns.append((Column("plan"), lambda r: r.precision or ""))
+    rows = [[cell(row) for _, cell in columns] for row in ranked[:top]]
+    status = section.status.replace("_", " ")
+    caption = (f"{len(ranked)} layers ({status}); dB higher is safer; FORMAT? is the "
+               f"verdict: ok, risky, or keep higher (QNT00n: a structural rule keeps "
+               f"the layer at 8 bits); — not scored")
+    if calibrated and metric == "agreement":
+        caption += "; top-1 kept: rows whose top-1 class survives the format"
+    return Table.of(f"quantization sensitivity · most sensitive first (by "
+                    f"{_ranked_by(section)} at {fmt}, dB)",
+                    [column for column, _ in columns], rows, caption=caption)
+
+
+def _scored(row: QuantLayer, value: float | None) -> str | Cell:
+    return _db(value) if row.status == "scored" else Cell("—", Tone.MUTED)
+
+
+def _percent(value: float | None) -> str:
+    return "" if value is None else f"{value:.1%}"
+
+
+def _notes(section: Quant) -> list[str]:
+    """What each score stands on and what the scoring noticed, one note per line."""
+    notes = [f"data-free: {section.data_free_evidence}"] if section.data_free_evidence else []
     if section.calibrated_evidence:
-        evidence.append(f"calibrated: {section.calibrated_evidence}")
-    caption = " · ".join([f"{len(ranked)} layers; dB higher is safer; FORMAT? is the "
-                          "verdict: ok, risky, or keep higher", *evidence, *section.notes])
-    return Table.of(f"quantization sensitivity · {section.status} · most sensitive first "
-                    f"(by {by} at {fmt}, dB)", heads, rows, caption=caption)
+        notes.append(f"calibrated: {section.calibrated_evidence}")
+    return notes + list(section.notes)
 
 
 def _plan_layers(plan: QuantPlan) -> str:
@@ -171,13 +222,22 @@ def _plan_layers(plan: QuantPlan) -> str:
     return ", ".join(f"{n} × {f}" for f, n in sorted(counts.items()))
 
 
+METRIC_COLUMNS = {"kl": "kl", "agreement": "top-1 kept"}
+
+
 def _predicted(plan: QuantPlan, metric: str) -> tuple[str, str]:
-    """(what, value) of the plan's predicted damage, in the unit of the score that sized it."""
+    """(what, value) of the plan's predicted damage, in the unit of the score that sized it:
+    its figure is −10·log10 of the summed damage (None: no damage at all)."""
     predicted = plan.predicted_output_sqnr_db
-    if metric == "kl":      # the plan's figure is −10·log10 of the summed KL
-        kl = "0" if predicted is None else f"{10 ** (-predicted / 10):.2g}"
-        return "predicted KL", f"{kl} nats per row ({_db(predicted) or '∞'} dB, {plan.basis})"
-    return "predicted output SQNR", f"{_db(predicted) or '∞'} dB ({plan.basis})"
+    damage = None if predicted is None else 10 ** (-predicted / 10)
+    if metric == "kl":
+        kl = "0" if damage is None else f"{damage:.2g}"
+        return "predicted KL", f"{kl} nats per row ({plan.basis})"
+    if metric == "agreement":
+        flips = "none" if damage is None else f"{damage:.2%}"
+        return "predicted top-1 flips", f"{flips} of rows ({plan.basis})"
+    return "predicted output SQNR", (f"exact, no error ({plan.basis})" if predicted is None
+                                     else f"{_db(predicted)} dB ({plan.basis})")
 
 
 def plan_table(plan: QuantPlan, metric: str = "sqnr") -> Table:
