@@ -4,8 +4,14 @@ A `Point` is one target with its overrides, batch, sequence length, device and s
 options every point shares are a `SweepSpec`. `grid` takes the product of every axis. Each
 point runs `run_point` — the same pipeline as ``analyze`` — and becomes one flat row
 (`COLUMNS`): the figures a sweep compares (parameters, FLOPs, peak memory, fit, time, and the
-plan's first layout), or its error: a failing point is a row, never a lost sweep. Fusion
-findings are left out of every point (a sweep compares these figures; they cost time).
+plan's first layout), or its error: a failing point is a row, never a lost sweep. Each row says
+what its FLOPs and memory peak count (``flops_of``, ``peak_of``), the labels every page shows.
+Fusion findings are left out of every point (a sweep compares these figures; they cost time).
+
+Points known to be invalid are refused before any point runs (`past_context`): an ``hf:``
+preset at a ``seq_len`` past the context length its config sets. They become rows with status
+``refused`` and are never run. Known limitation: a model file's own limits are not known
+without running its code, so they surface as that point's error.
 
 Where points run: in this process (one worker), a local process pool (``spawn``: each worker
 imports torch once and runs many points), or an existing Ray cluster (`ray` is an optional
@@ -99,6 +105,52 @@ def grid(targets: Sequence[str], sets: Mapping[str, Sequence[str]] | None = None
             for device in devices for strategy in strategies]
 
 
+@dataclass(frozen=True)
+class PastContext:
+    """A point whose ``seq_len`` is past its model's context length: `limit` positions, set by
+    the config key `key`."""
+
+    point: Point
+    limit: int
+    key: str
+
+    def reason(self) -> str:
+        return (f"seq_len {self.point.seq_len} is past {self.point.target}'s context length "
+                f"{self.limit} ({self.key}); lower --seq-len or raise it with "
+                f"--set {self.key}=N")
+
+
+def past_context(points: Sequence[Point]) -> list[PastContext]:
+    """The points of ``hf:`` presets whose ``seq_len`` is past the context length the config,
+    with the point's overrides, sets: what loading each would refuse, found by building only
+    the configs (once per preset and overrides), before any point runs. A config that does not
+    build is left to its points, whose rows then say why."""
+    from fxlens.analyzer.capture.hf import context_limit
+    from fxlens.analyzer.core.errors import LoadError
+
+    limits: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, str] | None] = {}
+    found = []
+    for point in points:
+        if not point.target.startswith("hf:") or point.seq_len is None:
+            continue
+        model = (point.target, point.overrides)
+        if model not in limits:
+            try:
+                limits[model] = context_limit(point.target[3:], dict(point.overrides))
+            except LoadError:
+                limits[model] = None
+        limit = limits[model]
+        if limit is not None and point.seq_len > limit[0]:
+            found.append(PastContext(point, *limit))
+    return found
+
+
+def refused_row(point: Point, reason: str) -> dict[str, Any]:
+    """The row of a point refused before running."""
+    return {**point.axes(), **dict.fromkeys(FIGURES), "status": "refused", "error": reason,
+            "seconds": 0.0}
+
+
 def run_point(point: Point, spec: SweepSpec) -> dict[str, Any]:
     """One point's row; any failure is the row's error (the sweep goes on)."""
     started = time.perf_counter()
@@ -122,12 +174,15 @@ def figures(report: Any) -> dict[str, Any]:
     training, memory = report.get(Training), report.get(Memory)
     weights = report.model.param_bytes + report.model.buffer_bytes
     if training is not None:
+        checkpointed = training.checkpointed_peak_bytes   # with --checkpoint, as the headline
         out.update(flops=training.step_flops, flops_of="training step",
-                   peak_bytes=training.step_peak_bytes, peak_of="training step peak")
+                   peak_bytes=training.step_peak_bytes if checkpointed is None else checkpointed,
+                   peak_of="training step peak (one device"
+                           + (", checkpointed)" if checkpointed is not None else ")"))
     else:
         out.update(flops=report.totals.flops, flops_of="forward",
                    peak_bytes=weights + (memory.activation_peak_bytes if memory else 0),
-                   peak_of="weights + activation peak")
+                   peak_of=_forward_peak_of(memory))
     roofline = report.get(Roofline)
     if roofline is not None:
         out.update(time_s=roofline.totals.total_s, mfu=roofline.mfu,
@@ -143,6 +198,16 @@ def figures(report: Any) -> dict[str, Any]:
     elif plan is not None:
         out.update(plan_layout="none fits", plan_fits=False)
     return out
+
+
+def _forward_peak_of(memory: Any) -> str:
+    """What a forward row's peak counts (`Memory.activation_peak_bytes`: the simulated eager
+    peak when there is one, else the graph executor's)."""
+    if memory is None:
+        return "weights only"
+    if memory.eager is not None and memory.eager.peak_bytes is not None:
+        return "weights + activation peak (eager, simulated)"
+    return "weights + activation peak (graph executor)"
 
 
 def done_keys(rows: Iterable[Mapping[str, Any]]) -> set[str]:
@@ -167,8 +232,11 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 def run_sweep(points: Sequence[Point], spec: SweepSpec, out_dir: Path, workers: int = 1,
               ray_address: str | None = None, resume: bool = False,
-              on_row: Callable[[dict[str, Any]], None] = lambda _: None) -> list[dict[str, Any]]:
-    """Every point's row, in the order of `points`, streamed to ``out_dir/points.jsonl``."""
+              on_row: Callable[[dict[str, Any]], None] = lambda _: None,
+              refused: Mapping[Point, str] | None = None) -> list[dict[str, Any]]:
+    """Every point's row, in the order of `points`, streamed to ``out_dir/points.jsonl``;
+    the `refused` points (with why) become rows without running."""
+    refused = refused or {}
     out_dir.mkdir(parents=True, exist_ok=True)
     stream = out_dir / ROWS_FILE
     previous = read_rows(stream) if resume else []
@@ -176,12 +244,19 @@ def run_sweep(points: Sequence[Point], spec: SweepSpec, out_dir: Path, workers: 
     kept = {row["key"]: row for row in previous if row.get("key") in finished}
     todo = [p for p in points if p.key() not in finished]
     with stream.open("a" if resume else "w", encoding="utf-8") as sink:
-        for point, row in _execute(todo, spec, workers, ray_address):
+        def keep(point: Point, row: dict[str, Any]) -> None:
             row["key"] = point.key()
             kept[row["key"]] = row
             sink.write(json.dumps(row, sort_keys=True) + "\n")
             sink.flush()
             on_row(row)
+
+        for point in todo:
+            if point in refused:
+                keep(point, refused_row(point, refused[point]))
+        for point, row in _execute([p for p in todo if p not in refused], spec, workers,
+                                   ray_address):
+            keep(point, row)
     return [kept[p.key()] for p in points if p.key() in kept]
 
 

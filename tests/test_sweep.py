@@ -36,8 +36,23 @@ def test_every_point_is_a_row_and_a_failure_is_a_row(tmp_path: Path) -> None:
     ok = rows[:2]
     assert ok[1]["flops"] == 4 * ok[0]["flops"]          # FLOPs linear in batch
     assert ok[0]["flops_of"] == "forward" and ok[0]["peak_bytes"] > 0
+    assert ok[0]["peak_of"] == "weights + activation peak (eager, simulated)"
     streamed = sweep.read_rows(tmp_path / "out" / sweep.ROWS_FILE)
     assert len(streamed) == 4 and all(set(COLUMNS) <= set(r) for r in streamed)
+
+
+def test_a_training_row_says_which_step_peak_it_counts() -> None:
+    from fxlens.analyzer.core.sections import Training
+    from fxlens.api import analyze_target
+
+    spec = SweepSpec(train=True, checkpoint=True)
+    row = sweep.run_point(Point(GPT), spec)
+    report = analyze_target(GPT, spec.options(Point(GPT)))
+    assert row["flops_of"] == "training step"
+    assert row["peak_of"] == "training step peak (one device, checkpointed)"
+    assert row["peak_bytes"] == report.require(Training).checkpointed_peak_bytes
+    plain = sweep.run_point(Point(GPT), SweepSpec(train=True))
+    assert plain["peak_of"] == "training step peak (one device)"
 
 
 def test_resume_skips_the_points_that_succeeded(tmp_path: Path,
@@ -123,3 +138,64 @@ def test_a_local_ray_instance_runs_the_same_rows(tmp_path: Path) -> None:
     finally:
         ray.shutdown()
     assert [r["flops"] for r in on_ray] == [r["flops"] for r in local]
+
+
+def _fake_runs(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Points 'run' instantly (an ok row, no model); the list records runs and refusal notes
+    in the order they happen."""
+    import fxlens.cli.console as console
+
+    events: list[str] = []
+    real_note = console.note
+
+    def run(point: Point, spec: SweepSpec) -> dict[str, Any]:
+        events.append(f"run seq_len={point.seq_len}")
+        return {**point.axes(), **dict.fromkeys(sweep.FIGURES), "status": "ok", "flops": 1,
+                "flops_of": "forward", "peak_bytes": 1, "peak_of": "weights"}
+
+    def note(text: object) -> None:
+        events.append("note")
+        real_note(text)
+
+    monkeypatch.setattr(sweep, "run_point", run)
+    monkeypatch.setattr(console, "note", note)
+    return events
+
+
+def test_points_past_the_context_length_are_refused_before_any_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    events = _fake_runs(monkeypatch)
+    out = tmp_path / "out"
+    code = main(["sweep", "hf:gpt2", "--seq-len", "512,2048,1024", "--batch", "1,2",
+                 "--out", str(out), "--quiet"])
+    assert code == 1                                        # some points did not run
+    assert events[0] == "note" and events.count("note") == 1
+    assert sorted(events[1:]) == ["run seq_len=1024"] * 2 + ["run seq_len=512"] * 2
+    said = [line for line in capsys.readouterr().err.splitlines() if "refused 2 of 6" in line]
+    assert len(said) == 1 and "seq_len 2048" in said[0] and "1024 (n_positions" in said[0]
+    rows = sweep.read_rows(out / sweep.ROWS_FILE)
+    refused = [r for r in rows if r["status"] == "refused"]
+    assert [(r["batch"], r["seq_len"]) for r in refused] == [(1, 2048), (2, 2048)]
+    assert "context length 1024" in refused[0]["error"]
+    markdown = (out / "sweep.md").read_text()
+    assert "refused \\[1\\]" in markdown and "--set n\\_positions=N" in markdown
+
+
+def test_a_grid_with_no_valid_point_runs_nothing(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    events = _fake_runs(monkeypatch)
+    code = main(["sweep", "hf:gpt2", "--seq-len", "4096,2048", "--out", str(tmp_path / "o"),
+                 "--quiet"])
+    assert code == 2 and events == []
+    error = capsys.readouterr().err
+    assert "seq_len 2048, 4096 past its context length 1024" in error
+    assert not (tmp_path / "o").exists()
+
+
+def test_the_context_limit_follows_the_points_overrides() -> None:
+    points = grid(["hf:gpt2", MLP], {"n_positions": ["1024", "4096"]}, seq_lens=[2048])
+    found = sweep.past_context(points)
+    assert [(p.point.target, p.point.overrides, p.limit, p.key) for p in found] == [
+        ("hf:gpt2", (("n_positions", "1024"),), 1024, "n_positions")]   # model files: unknown

@@ -7,9 +7,15 @@
 Axes are comma lists (``--set`` once per key; ``--strategy`` once per layout, since a layout
 has commas of its own). Rows stream to ``OUT/points.jsonl``; ``--resume`` skips the points
 that already succeeded there. Pages: ``OUT/sweep.html`` (table and charts against the swept
-axis) and ``OUT/sweep.md``.
+axis with the most values) and ``OUT/sweep.md``.
 
-Exit codes: 0 every point ran, 1 some points failed (their rows say why), 2 bad input, 3 a bug.
+A partly invalid grid runs its valid points: the points an ``hf:`` preset cannot run (a
+``--seq-len`` past the context length its config sets) are refused before any point runs,
+in one line naming them and the limit, and are rows with status ``refused``; the others run,
+as a failing point never stops a sweep. A grid with no valid point runs nothing (exit 2).
+
+Exit codes: 0 every point ran, 1 some points failed or were refused (their rows say why),
+2 bad input, 3 a bug.
 """
 
 from __future__ import annotations
@@ -45,14 +51,21 @@ def comma_ints(text: str) -> list[int]:
 def build_parser() -> argparse.ArgumentParser:
     parser = Parser(prog="analyze sweep",
                     description="Analyze every point of a grid (or every model) into one "
-                                "table, CSV, JSON and page with charts.")
+                                "table, CSV, JSON and page with charts.",
+                    epilog="Points past an hf: preset's context length (its "
+                           "max_position_embeddings, n_positions, ...) are refused before any "
+                           "point runs, in one line naming them and the limit; the other "
+                           "points run. Exit codes: 0 every point ran, 1 some failed or were "
+                           "refused (their rows say why), 2 bad input or no valid point, "
+                           "3 a bug in fxlens.")
     parser.add_argument("targets", nargs="+", metavar="TARGET",
                         help="model files, hf: presets or module:attr, as for analyze")
     grid = parser.add_argument_group("axes (comma lists)")
     grid.add_argument("--set", dest="sets", action="append", type=key_value, default=[],
                       metavar="KEY=V1,V2", help="a config override swept over values")
     grid.add_argument("--batch", type=comma_ints, metavar="N,…")
-    grid.add_argument("--seq-len", type=comma_ints, metavar="N,…")
+    grid.add_argument("--seq-len", type=comma_ints, metavar="N,…",
+                      help="past an hf: preset's context length: refused up front (see below)")
     grid.add_argument("--device", metavar="NAME,…", help="roofline devices (h100,a100-80gb)")
     grid.add_argument("--strategy", action="append", metavar="TEXT",
                       help="a plan layout (repeat the flag per layout)")
@@ -120,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     from fxlens.sweep import axis_value, run_sweep, swept_axes, write_csv
 
     points, spec = points_and_spec(args)
+    refused = refuse_invalid(points)
     for path in (args.csv, None if args.json in (None, "-") else Path(args.json)):
         if path is not None:
             check_writable(path)
@@ -128,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
     with progress:
         task = progress.add_task("sweep", total=len(points))
         rows = run_sweep(points, spec, args.out, args.workers, args.ray, args.resume,
-                         on_row=lambda row: progress.advance(task))
+                         on_row=lambda row: progress.advance(task), refused=refused)
     axes = swept_axes(rows)
     written = [args.out / "points.jsonl"]
     if args.csv is not None:
@@ -148,11 +162,38 @@ def run(args: argparse.Namespace) -> int:
         tables.print(render_view(sweep_view(rows, axes, axis_value)))
         for path in written:
             say(f"wrote {path}")
-    failed = sum(1 for r in rows if r.get("status") != "ok")
-    if failed:
-        err.print(f"{failed} of {len(rows)} points failed; their rows say why")
+    failed = sum(1 for r in rows if r.get("status") == "error")
+    if failed or refused:
+        said = [f"{failed} failed"] if failed else []
+        said += [f"{len(refused)} refused"] if refused else []
+        say(f"{' and '.join(said)} of {len(rows)} points; their rows say why")
         return EXIT_GATE
     return EXIT_OK
+
+
+def refuse_invalid(points: list[Any]) -> dict[Any, str]:
+    """The points known not to run (`fxlens.sweep.past_context`), said in one line before any
+    point runs; `LoadError` when no point is left."""
+    from fxlens.analyzer.core.errors import LoadError
+    from fxlens.cli.console import note
+    from fxlens.sweep import past_context
+
+    found = past_context(points)
+    if not found:
+        return {}
+    groups: dict[tuple[str, int, str], set[int]] = {}
+    for item in found:
+        where = item.point.target + "".join(f" {k}={v}" for k, v in item.point.overrides)
+        groups.setdefault((where, item.limit, item.key), set()).add(
+            item.point.seq_len or 0)
+    why = "; ".join(f"{where}: seq_len {', '.join(map(str, sorted(lengths)))} past its "
+                    f"context length {limit} ({key}; raise it with --set {key}=N)"
+                    for (where, limit, key), lengths in groups.items())
+    line = f"refused {len(found)} of {len(points)} points before running: {why}"
+    if len(found) == len(points):
+        raise LoadError(line + "; no point is left to run")
+    note(line + f"; the other {len(points) - len(found)} run")
+    return {item.point: item.reason() for item in found}
 
 
 def _progress(total: int, quiet: bool) -> Any:

@@ -83,13 +83,15 @@ def _details(summary: str, rows: Sequence[Sequence[str]], header: Sequence[str])
             "</details>", ""]
 
 
-def render_view(view: View) -> list[str]:
-    """One view folded in a ``<details>`` block: each table under its title, then caption."""
-    lines = [f"<details><summary>{esc(view.title)}</summary>", ""]
+def render_view(view: View, folded: bool = True) -> list[str]:
+    """One view, each table under its title, then caption; folded in a ``<details>`` block
+    unless the view is the page's point (`folded` False: a sweep's table)."""
+    lines = [f"<details><summary>{esc(view.title)}</summary>", ""] if folded else []
     for table in view.tables():
         lines += [f"**{esc(table.title)}**", ""]
         header = ([c.name for c in table.columns] if table.show_header
                   else [""] * len(table.columns))
         lines += _table(header, [[c.plain for c in row] for row in table.rows])
-        lines += [f"<sub>{esc(table.caption)}</sub>", ""] if table.caption else [""]
-    return [*lines, "</details>", ""]
+        # the blank line ends the table: a caption right under it would be read as a row
+        lines += ["", f"<sub>{esc(table.caption)}</sub>", ""] if table.caption else [""]
+    return [*lines, "</details>", ""] if folded else lines

@@ -346,12 +346,34 @@ def _example_inputs(
     return {"input_features": features, "decoder_input_ids": tokens}
 
 
-def _check_length(preset: Preset, config: Any, length: int) -> None:
-    """Learned position tables index out of range silently on meta, so check up front."""
-    limit_key = "max_target_positions" if preset.input_kind is InputKind.AUDIO else (
+def context_limit(name: str, overrides: Mapping[str, str] | None = None
+                  ) -> tuple[int, str] | None:
+    """The longest ``seq_len`` preset `name` with `overrides` accepts, and the config key that
+    sets it as the preset spells it (``n_positions`` for GPT-2); None for image models and
+    configs without a limit. Builds the config only (imports transformers, builds no model)."""
+    preset = read_preset(name)
+    if preset.input_kind is InputKind.IMAGE:
+        return None
+    parsed = parse_overrides(overrides or {})
+    _check_override_values(preset, parsed)
+    config = _build_config(_import_transformers(), preset, parsed, None)
+    limit, key = _length_limit(preset, config)
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        return None
+    return limit, getattr(config, "attribute_map", {}).get(key, key)
+
+
+def _length_limit(preset: Preset, config: Any) -> tuple[Any, str]:
+    """The config's limit on ``seq_len`` (not always an int) and the key it is read by."""
+    key = "max_target_positions" if preset.input_kind is InputKind.AUDIO else (
         "max_position_embeddings"
     )
-    limit = getattr(config, limit_key, None)
+    return getattr(config, key, None), key
+
+
+def _check_length(preset: Preset, config: Any, length: int) -> None:
+    """Learned position tables index out of range silently on meta, so check up front."""
+    limit, limit_key = _length_limit(preset, config)
     if length < 1 or (isinstance(limit, int) and length > limit):
         raise LoadError(
             f"preset {preset.name!r}: seq_len {length} outside 1..{limit} ({limit_key}); "
