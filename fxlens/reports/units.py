@@ -41,5 +41,7 @@ def seconds(value: float) -> str:
 
 
 def short_op(target: str) -> str:
-    """``aten.addmm.default`` → ``addmm``; ``aten.add.Tensor`` → ``add.Tensor``."""
-    return target.removeprefix("aten.").removesuffix(".default")
+    """``aten.addmm.default`` → ``addmm``; ``aten.add.Tensor`` → ``add.Tensor``. A kernel the
+    capture took on the CPU by its CPU name (``_scaled_dot_product_flash_attention_for_cpu``)
+    is shown by the kernel it stands for, which is what a GPU estimate times."""
+    return target.removeprefix("aten.").removesuffix(".default").replace("_for_cpu", "")

@@ -58,6 +58,12 @@ def test_tf32_only_when_allowed_and_bf16_at_its_own_peak() -> None:
     assert tf32["settings"]["tf32"] is True
     bf16 = section("aten.mm.default", T(n, n, dtype="bfloat16"), T(n, n, dtype="bfloat16"))
     assert bf16["nodes"][0]["time_s"] == pytest.approx(flops / (0.5 * 8e12) + LAUNCH)
+    # the rule in words names the dtype the FLOPs ran at; float32 only where some op is
+    assert "most FLOPs at bf16" in bf16["settings"]["dtype_rule"]
+    assert "float32" not in bf16["settings"]["dtype_rule"]
+    assert "float32 at TF32" in tf32["settings"]["dtype_rule"]
+    fp32 = section("aten.mm.default", T(n, n), T(n, n))["settings"]["dtype_rule"]
+    assert "float32 at FP32 (--tf32 allows TF32)" in fp32
 
 
 def test_a_misaligned_gemm_runs_at_its_kernel_class_share() -> None:

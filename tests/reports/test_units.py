@@ -25,6 +25,8 @@ def test_seconds(value: float, text: str) -> None:
     ("aten.add.Tensor", "add.Tensor"),
     ("aten.layer_norm.default", "layer_norm"),
     ("prims.convert_element_type.default", "prims.convert_element_type"),
+    ("aten._scaled_dot_product_flash_attention_for_cpu_backward.default",
+     "_scaled_dot_product_flash_attention_backward"),
 ])
 def test_short_op(target: str, text: str) -> None:
     assert short_op(target) == text

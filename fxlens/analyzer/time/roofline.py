@@ -34,7 +34,7 @@ device's achievable factor (e.g. 0.7).
 from __future__ import annotations
 
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
@@ -213,9 +213,7 @@ def roofline_section(report: Report, graph: Graph, device: Device, tf32: bool = 
     peak = device.peak(mfu_key)[0]
     return Roofline(
         device=device.figures(),
-        settings=RooflineSettings(tf32=tf32, dtype_rule="first floating input's dtype; "
-                                  "float32 at " + ("tf32" if tf32 else "fp32")
-                                  + " (--tf32 to allow TF32)"),
+        settings=RooflineSettings(tf32=tf32, dtype_rule=_dtype_rule(times, mfu_key, tf32)),
         nodes=tuple(NodeTiming(t.id, t.time_s, t.bound, t.intensity, t.dtype_key)
                     for t in times),
         modules=module_times(report, by_id),
@@ -225,6 +223,16 @@ def roofline_section(report: Report, graph: Graph, device: Device, tf32: bool = 
         mfu_dtype=mfu_key,
         hotspots=hotspots(report, by_id, top),
     )
+
+
+def _dtype_rule(times: Sequence[NodeTime], mfu_key: str, tf32: bool) -> str:
+    """Which peak the ops ran at, in words: their inputs' dtype, most FLOPs at `mfu_key`;
+    float32 matmuls at FP32 unless TF32 is allowed, said only where some op is float32."""
+    rule = f"each op at its inputs' dtype's peak; most FLOPs at {mfu_key}"
+    if any(t.dtype_key in ("fp32", "tf32") for t in times):
+        rule += ("; float32 at TF32 (--tf32)" if tf32 else
+                 "; float32 at FP32 (--tf32 allows TF32)")
+    return rule
 
 
 def module_times(report: Report, by_id: Mapping[int, NodeTime]) -> tuple[ModuleTiming, ...]:
