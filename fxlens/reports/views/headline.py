@@ -9,6 +9,7 @@ import math
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import (
     Findings,
+    Fusion,
     KVCache,
     Memory,
     Plan,
@@ -19,6 +20,7 @@ from fxlens.analyzer.core.sections import (
 from fxlens.analyzer.fixes.inference import inference_fit
 from fxlens.reports.units import binary_bytes, seconds, si
 from fxlens.reports.view import Figure, Tone
+from fxlens.reports.views.fusion import default_saving, findings_saving
 from fxlens.reports.views.plan import plan_verdict
 from fxlens.reports.views.quant import quant_verdicts
 
@@ -62,14 +64,16 @@ def headline(report: Report) -> tuple[Figure, ...]:
         what = "step" if roofline.totals.step_time_s is not None else "forward"
         figures.append(Figure(f"estimated {what} time", seconds(roofline.totals.total_s),
                               f"{roofline.device.name}, MFU {roofline.mfu:.1%}"))
-    found = report.get(Findings)
+    found, fusion = report.get(Findings), report.get(Fusion)
     if found is not None and found.items:
-        saved = sum(f.saved_bytes for f in found.items)
         skipped = sum(f.saved_flops for f in found.items)
         figures.append(Figure("fusion findings", str(len(found.items)),
-                              f"{binary_bytes(saved)} of traffic saveable"
-                              + (f" · {si(skipped, 'FLOP')} of work skippable" if skipped
-                                 else "")))
+                              f"fixing them saves {binary_bytes(findings_saving(found))} of "
+                              f"traffic" + (f" · {si(skipped, 'FLOP')} of work" if skipped
+                                            else "")
+                              + (f" (a compiler's default fusion: "
+                                 f"{binary_bytes(default_saving(fusion))})"
+                                 if fusion is not None else "")))
     return tuple(figures) + verdicts(report)
 
 
