@@ -18,12 +18,13 @@ with ``--gpus``, GPU counts, micro-batches, batch and tokens at least 1, a price
 from __future__ import annotations
 
 from enum import Enum
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.memory.training_state import parse_bytes
 from fxlens.analyzer.plan.strategy import parse as parse_strategy
-from fxlens.rules.hardware import DeviceSpec, device, device_spec
+from fxlens.rules.hardware import DeviceSpec, device, device_spec, load_devices
 from fxlens.rules.training import Optimizer, Precision
 
 if TYPE_CHECKING:   # the fix finder imports torch; this module is read before torch loads
@@ -39,7 +40,7 @@ def check_options(options: Any) -> None:
     if options.precision is not None:
         precision(options.precision)
     optimizer(options.optimizer)
-    device_memory(options.device_memory)
+    device_memory(options.device_memory, options.devices_file)
     if options.budget is not None or options.quant_plan:
         _plan(options.quant_plan, options.budget, options.group_size)
     if options.device is not None:
@@ -121,8 +122,10 @@ def _member(kind: type[E], what: str, name: str) -> E:
         raise LoadError(f"unknown {what} {name!r}; known: {known}") from None
 
 
-def device_memory(text: str | None) -> tuple[str, int | None]:
-    """``"80GiB"`` → ("80GiB", bytes); ``"h100"`` → its memory; None → no fit check."""
+def device_memory(text: str | None, devices_file: str | None = None
+                  ) -> tuple[str, int | None]:
+    """``"80GiB"`` → ("80GiB", bytes); ``"h100"`` → its memory (a GPU of the registry or of
+    the user's `devices_file`); None → no fit check."""
     if text is None:
         return "", None
     try:
@@ -135,7 +138,7 @@ def device_memory(text: str | None) -> tuple[str, int | None]:
                             f"(80GiB) or a GPU name (h100)")
         return text, size
     try:
-        spec = device(text)
+        spec = device(text, load_devices(Path(devices_file)) if devices_file else None)
     except ValueError as error:
         raise LoadError(f"--device-mem: {error}") from None
     return spec.name, spec.memory_bytes

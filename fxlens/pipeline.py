@@ -69,8 +69,9 @@ from fxlens.analyzer.memory.measure import EagerAlongside, MeasuredMemory, simul
 from fxlens.analyzer.memory.training_state import parse_bytes
 from fxlens.analyzer.memory.training_step import StepSettings, training_section
 from fxlens.analyzer.time.roofline import compute_seconds, roofline_section, throughput_basis
+from fxlens.fit_pass import InferenceFitPass
 from fxlens.kv_pass import KVCachePass
-from fxlens.plan_pass import PlanPass
+from fxlens.plan_pass import PlanPass, sharded_fix
 from fxlens.rules import load_rules
 from fxlens.rules.autocast import cpu_autocast, cuda_autocast
 from fxlens.rules.eager import SAME_DTYPE_OPERANDS
@@ -203,7 +204,8 @@ class TrainingStep:
         options = ctx.options
         memory = liveness(ctx.step.graph, ctx.registry)
         precision = checks.precision_of(options.precision, ctx.loaded.module)
-        device_name, device_bytes = checks.device_memory(options.device_memory)
+        device_name, device_bytes = checks.device_memory(options.device_memory,
+                                                           options.devices_file)
         spec = ctx.device_spec()
         if device_bytes is None and spec is not None:     # --device h100 implies its memory
             device_name, device_bytes = spec.name, spec.memory_bytes
@@ -221,6 +223,9 @@ class TrainingStep:
                                                    settings.optimizer_name)
             fixes = training_fixes(ctx.step, report, memory, ctx.registry, settings,
                                    alternatives, resizable="batch" in ctx.loaded.resizable)
+            if not fixes and not ctx.options.plan:
+                sharded = sharded_fix(ctx, report, training, device_name)
+                fixes = (sharded,) if sharded is not None else ()
             training = dataclasses.replace(
                 training, fit=dataclasses.replace(training.fit, fixes=fixes))
         return memory.to_section(), training
@@ -311,7 +316,8 @@ class RooflinePass:
 
 
 PASSES: tuple[Pass[Context], ...] = (InferenceMemory(), TrainingStep(), KVCachePass(),
-                                     FusionPass(), QuantPass(), RooflinePass(), PlanPass())
+                                     FusionPass(), QuantPass(), RooflinePass(),
+                                     InferenceFitPass(), PlanPass())
 
 
 def run_pipeline(loaded: LoadedModel, options: AnalysisOptions,

@@ -9,6 +9,7 @@ hands both to the planner (`fxlens.analyzer.plan.search`).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -17,7 +18,7 @@ from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.core.graph import dtype_bytes
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.section import Section
-from fxlens.analyzer.core.sections import Plan, Training
+from fxlens.analyzer.core.sections import FixOption, Plan, Training
 from fxlens.analyzer.fusion.kernels import effective_kinds, fused_report
 from fxlens.analyzer.fusion.types import FUSABLE, OpKind
 from fxlens.analyzer.memory.training_state import param_state
@@ -161,3 +162,41 @@ def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFac
           "experts across nodes (DeepEP, dispatch=deepep)",) if facts.experts else ()) + (
         ("--tokens: the inputs hold no (batch, sequence) token tensor, so no run is "
          "estimated",) if options.tokens and not facts.tokens else ())
+
+
+FIX_GPUS_MAX = 1024     # the most GPUs a sharding fix looks at
+
+
+def sharded_fix(ctx: Context, report: Report, training: Training, device_name: str
+                ) -> FixOption | None:
+    """A step whose weights, gradients and optimizer state outgrow one `device_name`: the
+    fewest GPUs (a power of two, from the count the state alone needs) over which the planner
+    finds a layout that fits, as the flags that show it (``--plan --gpus N``, with
+    ``--device`` where the plan's device would otherwise differ). The planner's estimate is
+    the re-estimate; None when the device has no link figures to plan with or nothing fits."""
+    from fxlens.analyzer.plan.search import PlanRequest, plan_section
+
+    fit = training.fit
+    assert fit is not None
+    try:
+        spec = checks.resolve_device(device_name, ctx.options.devices_file, None)
+    except LoadError:
+        return None      # a size (--device-mem 80GiB), not a GPU: no links to plan with
+    if spec.inter_node_bytes_per_s <= 0 or spec.memory_bytes != fit.device_bytes:
+        return None
+    facts = plan_facts(ctx, report.with_(training), spec)
+    state = training.peak_breakdown.persistent_bytes + training.states.grad_bytes
+    gpus = 2 ** max(math.ceil(math.log2(max(state / fit.device_bytes, 2))), 1)
+    while gpus <= FIX_GPUS_MAX:
+        plan = plan_section(facts, PlanRequest(gpus=gpus), spec, (), LINK_EFFICIENCY,
+                            spec.link_source, spec.intra_node_bytes_per_s,
+                            spec.inter_node_bytes_per_s)
+        layout = next((layout for layout in plan.layouts if layout.fits), None)
+        if layout is not None:
+            planned = ctx.options.device or checks.PLAN_DEVICE   # what --plan lays out on
+            device = "" if planned.lower() == spec.name.lower() else f" --device {spec.name}"
+            return FixOption(flags=f"--plan --gpus {gpus}{device}",
+                             needed_bytes=layout.memory.peak_bytes, recompute_overhead=0.0,
+                             change=f"{layout.strategy} on {gpus}× {spec.name}")
+        gpus *= 2
+    return None

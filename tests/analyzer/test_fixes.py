@@ -11,6 +11,7 @@ suggestion printed (exactly, but for a smaller batch: estimated linearly, so onl
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -115,3 +116,35 @@ def _check_no_fix_is_said_so(training: Training, fit: Fit) -> None:
         assert "shard them over" in verdict and "--plan --gpus" in verdict
     else:
         assert "smaller batch or sequence" in verdict and "fits with" not in verdict
+
+
+@pytest.mark.slow
+def test_a_step_whose_state_outgrows_the_device_is_offered_a_planned_layout(
+        tmp_path: Path) -> None:
+    """Weights, gradients and optimizer state over one GPU: no lever on one device helps, so
+    the planner's smallest GPU count with a fitting layout is offered, and `--plan --gpus N`
+    applied as printed lays it out with the same peak per GPU."""
+    import json
+
+    from fxlens.analyzer.core.sections import Plan
+
+    base = AnalysisOptions(train=True, precision="amp-bf16", sizes={"batch": 2, "seq_len": 64})
+    training = _training(GPT, base)
+    state = training.peak_breakdown.persistent_bytes + training.states.grad_bytes
+    devices = tmp_path / "devices.json"
+    devices.write_text(json.dumps({"devices": {"tiny-gpu": {
+        "memory_bytes": int(state * 0.4), "bandwidth_bytes_per_s": 1e12,
+        "peak_flops": {"fp32": 1e14, "bf16": 4e14}, "source": "test", "gpus_per_node": 8,
+        "intra_node_bytes_per_s": 4.5e11, "inter_node_bytes_per_s": 5e10}}}))
+    options = dataclasses.replace(base, device_memory="tiny-gpu", devices_file=str(devices))
+    fit = _training(GPT, options).fit
+    assert fit is not None and not fit.fits and len(fit.fixes) == 1
+    (fix,) = fit.fixes
+    assert fix.flags.startswith("--plan --gpus ") and "--device tiny-gpu" in fix.flags
+    gpus = int(fix.flags.split()[2])
+    assert gpus >= 4                                  # the state alone needs 2.5 devices
+    planned = analyze_target(GPT, dataclasses.replace(
+        options, plan=True, gpus=gpus, device="tiny-gpu")).require(Plan)
+    fitting = [layout for layout in planned.layouts if layout.fits]
+    assert fitting and fitting[0].memory.peak_bytes == fix.needed_bytes
+    assert fitting[0].strategy in fix.change

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from fxlens.analyzer.core.report import Report
-from fxlens.analyzer.fixes.inference import InferenceFit, inference_fit
+from fxlens.analyzer.core.sections import InferenceFit
 from fxlens.api import analyze_target
 from fxlens.pipeline import AnalysisOptions
 from fxlens.reports.views.headline import headline
@@ -46,7 +46,7 @@ def _device(tmp_path: Path, memory_bytes: int) -> str:
 
 def _fit(target: str, options: AnalysisOptions) -> tuple[Report, InferenceFit]:
     report = analyze_target(target, options)
-    fit = inference_fit(report)
+    fit = report.get(InferenceFit)
     assert fit is not None
     return report, fit
 

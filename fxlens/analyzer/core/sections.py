@@ -239,6 +239,32 @@ class KVCache(Section):
     decode_step: DecodeStep
 
 
+@section("inference_fit")
+@dataclass(frozen=True)
+class InferenceFit(Section):
+    """Whether the inference forward fits the roofline device: weights + the activation peak
+    (+ the KV cache of the whole batch) against `device_bytes`; when it does not, `fixes`
+    that do (`fxlens.analyzer.fixes.inference`), and with a KV cache the decode step's total
+    (`decode_bytes`), which serving the batch holds once its prompts are in."""
+
+    device: str
+    device_bytes: int
+    needed_bytes: int
+    weights_bytes: int
+    batch: int | None = optional()
+    fixes: tuple[FixOption, ...] = ()
+    decode_bytes: int | None = optional()
+
+    @property
+    def judged(self) -> bool:
+        """Whether there is a verdict: the device has a memory figure."""
+        return self.device_bytes > 0
+
+    @property
+    def fits(self) -> bool:
+        return self.needed_bytes <= self.device_bytes
+
+
 # --- roofline ----------------------------------------------------------------------------------
 
 

@@ -20,45 +20,28 @@ such tensors are small beside a batch's activations, and the estimate says it is
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
 
 from fxlens.analyzer.core.report import Report
-from fxlens.analyzer.core.sections import FixOption, KVCache, Memory, Roofline
-
-
-@dataclass(frozen=True)
-class InferenceFit:
-    """The forward (+ KV cache) against `device`: `needed_bytes` of `device_bytes`; when it
-    does not fit, `fixes` that do, `weights_bytes` (over the device: nothing on one device
-    fits) and `decode_bytes` (the decode step's total, with a KV cache)."""
-
-    device: str
-    device_bytes: int
-    needed_bytes: int
-    weights_bytes: int
-    batch: int | None
-    fixes: tuple[FixOption, ...] = ()
-    decode_bytes: int | None = None
-
-    @property
-    def fits(self) -> bool:
-        return self.needed_bytes <= self.device_bytes
+from fxlens.analyzer.core.sections import FixOption, InferenceFit, KVCache, Memory, Roofline
 
 
 def inference_fit(report: Report) -> InferenceFit | None:
-    """The fit of an inference report on its roofline device; None without a device with
-    memory or a memory section."""
+    """The report's ``inference_fit`` section: its forward on its roofline device (a device
+    without a memory figure gives no verdict: `InferenceFit.judged`); None without a roofline
+    or a memory section."""
     roofline, memory = report.get(Roofline), report.get(Memory)
-    if roofline is None or memory is None or roofline.device.memory_bytes <= 0:
+    if roofline is None or memory is None:
         return None
     device = roofline.device
     cache = report.get(KVCache)
     weights = report.model.param_bytes + report.model.buffer_bytes
     per_batch = memory.activation_peak_bytes + (cache.total_bytes if cache is not None else 0)
     batch = cache.batch if cache is not None else leading_batch(report)
-    fit = InferenceFit(device.name, device.memory_bytes, weights + per_batch, weights, batch,
+    fit = InferenceFit(device=device.name, device_bytes=device.memory_bytes,
+                       needed_bytes=weights + per_batch, weights_bytes=weights, batch=batch,
                        decode_bytes=cache.decode_step.total_bytes if cache else None)
-    if fit.fits or batch is None or "batch" not in report.model.resizable:
+    if not fit.judged or fit.fits or batch is None or "batch" not in report.model.resizable:
         return fit
     smaller = _largest_batch(weights, per_batch / batch, device.memory_bytes, batch)
     if smaller is None:
@@ -67,8 +50,7 @@ def inference_fit(report: Report) -> InferenceFit | None:
     what = "activations and KV cache" if cache is not None else "activations"
     option = FixOption(flags=f"--batch {smaller}", needed_bytes=needed, recompute_overhead=0.0,
                        change=f"{what} linear in the batch")
-    return InferenceFit(fit.device, fit.device_bytes, fit.needed_bytes, weights, batch,
-                        (option,), fit.decode_bytes)
+    return dataclasses.replace(fit, fixes=(option,))
 
 
 def _largest_batch(weights: int, per_sample: float, device_bytes: int, batch: int

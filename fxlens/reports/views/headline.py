@@ -9,7 +9,9 @@ import math
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import (
     Findings,
+    FixOption,
     Fusion,
+    InferenceFit,
     KVCache,
     Memory,
     Plan,
@@ -17,7 +19,6 @@ from fxlens.analyzer.core.sections import (
     Roofline,
     Training,
 )
-from fxlens.analyzer.fixes.inference import inference_fit
 from fxlens.reports.units import binary_bytes, seconds, si
 from fxlens.reports.view import Figure, Tone
 from fxlens.reports.views.fusion import default_saving, findings_saving
@@ -157,10 +158,7 @@ def _fix(training: Training) -> str:
     fit, states = training.fit, training.states
     assert fit is not None
     if fit.fixes:
-        return "fits with " + " or ".join(
-            f"{fix.flags} ({binary_bytes(fix.needed_bytes)}"
-            + (f", +{fix.recompute_overhead:.0%} recompute" if fix.recompute_overhead else "")
-            + ")" for fix in fit.fixes)
+        return "fits with " + " or ".join(_fix_text(fix) for fix in fit.fixes)
     state = training.peak_breakdown.persistent_bytes + states.grad_bytes
     if state >= fit.device_bytes:
         gpus = max(math.ceil(state / (0.9 * fit.device_bytes)), 2)
@@ -174,11 +172,20 @@ def _fix(training: Training) -> str:
                else ""))
 
 
+def _fix_text(fix: FixOption) -> str:
+    """``--precision bf16 (75.39 GiB)``; a layout over GPUs with its peak per GPU."""
+    if fix.flags.startswith("--plan"):
+        return f"{fix.flags} ({fix.change}: {binary_bytes(fix.needed_bytes)} per GPU)"
+    return (f"{fix.flags} ({binary_bytes(fix.needed_bytes)}"
+            + (f", +{fix.recompute_overhead:.0%} recompute" if fix.recompute_overhead else "")
+            + ")")
+
+
 def _inference_fit(report: Report) -> Figure | None:
     """Weights + activation peak (+ KV cache) against the roofline device's memory, and the
     change that makes it fit (`fxlens.analyzer.fixes.inference`)."""
-    fit = inference_fit(report)
-    if fit is None:
+    fit = report.get(InferenceFit)
+    if fit is None or not fit.judged:
         return None
     label = f"fits {fit.device}"
     needs = f"needs {binary_bytes(fit.needed_bytes)} of {binary_bytes(fit.device_bytes)}"
