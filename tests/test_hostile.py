@@ -520,6 +520,25 @@ def test_no_pages_and_quiet(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["report.json"]
 
 
+def test_no_pages_removes_the_pages_of_an_earlier_run_only(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A report.html beside a new report.json would describe another run; a folder whose
+    report.html is not ours keeps its files."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    assert main([MLP, "--quiet", "--out", str(ours)]) == 0
+    assert (ours / "report.html").is_file() and (ours / "summary.md").is_file()
+    capsys.readouterr()
+    assert main([MLP, "--no-pages", "--quiet", "--out", str(ours)]) == 0
+    assert sorted(p.name for p in ours.iterdir()) == ["report.json"]
+    assert "removed the pages of an earlier run" in capsys.readouterr().err
+    theirs.mkdir()
+    (theirs / "report.html").write_text("<p>my notes</p>")
+    (theirs / "summary.md").write_text("# mine")
+    assert main([MLP, "--no-pages", "--quiet", "--out", str(theirs)]) == 0
+    assert sorted(p.name for p in theirs.iterdir()) == ["report.html", "report.json",
+                                                        "summary.md"]
+
+
 def test_deprecated_calibrate_flag_still_works(tmp_path: Path,
                                                capsys: pytest.CaptureFixture[str]) -> None:
     assert main([MLP, "--calibrate", "--quiet", "--no-pages", "--json",

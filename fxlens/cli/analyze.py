@@ -363,10 +363,25 @@ def _write_files(report: Any, args: argparse.Namespace, layouts: dict[str, Any]
             for text in pages.notes:    # something asked for was not made: said even if --quiet
                 note(text)
             written += pages.paths
+    if args.no_pages and args.json != STDOUT:
+        _remove_stale_pages(folder)
     missing = [p for p in written if not p.is_file()]
     if missing:   # the CLI handler turns this into exit 3
         raise RuntimeError(f"{missing[0]} was promised but is not there after writing")
     return written
+
+
+def _remove_stale_pages(folder: Path) -> None:
+    """``--no-pages`` writes the JSON only: the pages an earlier run left beside it would
+    describe another model or run, so they go, and the user is told."""
+    from fxlens.reports.write import stale_pages
+
+    stale = stale_pages(folder)
+    for path in stale:
+        path.unlink(missing_ok=True)
+    if stale:
+        note(f"removed the pages of an earlier run in {folder}: "
+             f"{', '.join(p.name for p in stale)}")
 
 
 def _folder(args: argparse.Namespace, name: str) -> Path:

@@ -3,25 +3,31 @@
 `render_dot` is pure and deterministic (node order is the report's, clusters in order of first
 appearance, no timestamps): the same report gives the same bytes, which the goldens pin.
 
-- Nodes are coloured on a 9-step heat scale (ColorBrewer YlOrRd) by one metric: ``flops``,
-  ``bytes`` (read + written), ``time`` (the roofline section's estimate) or ``memory`` (live
-  bytes right after the node, from the memory timeline). The scale is logarithmic between the
-  smallest non-zero and the largest value shown; zero is grey.
-- Labels: op (``aten.`` and ``.default`` dropped), first output shape and dtype, the metric.
-- Modules become nested clusters; a module holding a single item gets no cluster of its own.
-- Repeated blocks (`repeated_blocks`: children ``0…N-1`` of one parent, one type — the layers
-  of a transformer) collapse into one summary node each, labelled with the op count and the
-  sums of FLOPs and bytes over its nodes (the maximum for live memory); ``expand=True`` opens
-  them. Every node carries ``id``/``URL`` (``n<node id>``, ``b<block index>``), so the SVG that
+- What is drawn (`fxlens.reports.graph_groups.plan_graph`): each op a node, except runs of
+  alike repeated blocks, one node each (``model.layers.0–31 ×32 · LlamaDecoderLayer``, ops,
+  FLOPs and bytes each and in all), the cheap ops that only build inputs before the first
+  block, folded into one node ``inputs & plumbing: N ops``, and asserts, not drawn at all.
+  ``expand=True`` draws every op (asserts still hidden). Every node carries ``id``/``URL``
+  (``n<node id>``, a run ``b<index of its first block>``, the fold ``p0``), so the SVG that
   graphviz writes can be linked back to the report by the HTML page.
-- Edges carry the shape of the producer's first output; between collapsed blocks, parallel
-  edges merge into one (the first one's label).
+- Colour (`fxlens.reports.graph_legend`): one metric, ``flops``, ``bytes`` (read + written),
+  ``time`` (the roofline section's estimate) or ``memory`` (live bytes right after the op,
+  from the memory timeline), on a LINEAR 9-bin scale (ColorBrewer YlOrRd) from 0 to the
+  largest value among the nodes drawn; exactly zero is grey. A run or a fold is worth its
+  ops' sum (live memory: their maximum). A legend node (``id="legend"``) lists the bins with
+  their ranges in the metric's units.
+- Labels: op (``aten.`` and ``.default`` dropped), first output shape and dtype, the metric;
+  module types by class name alone.
+- Modules become nested clusters; a module holding a single item gets no cluster of its own.
+- Edges carry the shape of the producer's first output; parallel edges between two nodes
+  merge into one (the first one's label), edges through a hidden op are bridged, and a tensor
+  that feeds `SHARED_FANOUT` or more blocks is one dashed edge labelled with the count.
 
 `Layout` runs `dot` as a process started at once and read later, by this process or a forked
 child of it (`fxlens.cli.analyze` starts the pages' layouts as soon as the ops are costed);
 `graphviz_render` is one layout read right away.
 
-NB: summing node figures for a collapsed block is display aggregation, not a new metric.
+NB: summing node figures for a run or a fold is display aggregation, not a new metric.
 Known limitation: graphviz's layout of an expanded graph with thousands of nodes takes tens of
 seconds; the collapsed default stays small.
 """
@@ -38,33 +44,41 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping
+from dataclasses import replace
 
 from fxlens.analyzer.core.errors import ReportError
-from fxlens.analyzer.core.graph import repeated_blocks
+from fxlens.analyzer.core.graph import ancestors
 from fxlens.analyzer.core.report import NodeReport, Report
-from fxlens.reports.escape import dot_escape
-from fxlens.reports.sections import node_memory, node_times
-from fxlens.reports.units import binary_bytes, seconds, short_op, si
+from fxlens.reports.escape import dot_escape, html_escape
+from fxlens.reports.graph_groups import (
+    FOLD_ID,
+    FOLD_TITLE,
+    FOLD_WHY,
+    BlockRun,
+    GraphPlan,
+    clusters,
+    collapsed_blocks,
+    plan_graph,
+    short_type,
+)
+from fxlens.reports.graph_legend import Legend, Scale, format_metric, legend, metric_values
+from fxlens.reports.units import binary_bytes, short_op, si
 
-COLORS = ("flops", "bytes", "time", "memory")
-PALETTE = ("#ffffcc", "#ffeda0", "#fed976", "#feb24c", "#fd8d3c", "#fc4e2a", "#e31a1c",
-           "#bd0026", "#800026")
-ZERO_COLOR = "#eeeeee"
 log = logging.getLogger(__name__)
 SHARED_FANOUT = 3        # a tensor feeding this many blocks is drawn as shared
+FOLD_NAMES = 5           # op names the fold's label lists
 DOT_TIMEOUT_S = 300
 
 
 def render_dot(report: Report, color: str = "flops", expand: bool = False,
                title: str | None = None) -> str:
-    """The report's graph as DOT, coloured by `color`, repeated blocks collapsed unless
-    `expand`. Raises ReportError for an unknown metric or one the report does not hold."""
-    values = metric_values(report, color)
-    layout = _layout(report, () if expand else collapsed_blocks(report))
-    item_values = _item_values(report, layout, values, color)
-    scale = _Scale(item_values.values())
+    """The report's graph as DOT, coloured by `color`, runs of blocks and the input plumbing
+    folded unless `expand`. Raises ReportError for an unknown metric or one the report does
+    not hold."""
+    plan = plan_graph(report, expand)
+    values = _item_values(report, plan, metric_values(report, color), color)
+    scale = Scale.of(values.values())
     lines = [f'digraph "{dot_escape(report.model.name)}" {{',
              '  graph [newrank=true, rankdir=TB, fontname="Helvetica", fontsize=11, nodesep=0.25, '
              'ranksep=0.35, labeljust=l, '
@@ -72,75 +86,41 @@ def render_dot(report: Report, color: str = "flops", expand: bool = False,
              '  node [shape=box, style="rounded,filled", fontname="Helvetica", fontsize=9, '
              'penwidth=0.6];',
              '  edge [fontname="Helvetica", fontsize=7, color="#777777", arrowsize=0.5];']
-    by_id = {n.id: n for n in report.nodes}
-    lines += _cluster_lines(report, layout, by_id, item_values, scale, color)
-    lines += _edge_lines(report, layout)
+    lines += _cluster_lines(report, plan, values, scale, color)
+    lines += _edge_lines(report, plan)
+    lines += _legend_lines(legend(scale, color))
     lines.append("}")
     return "\n".join(lines) + "\n"
 
 
-def collapsed_blocks(report: Report) -> tuple[str, ...]:
-    """Module paths that collapse into one node each (in the report's module order)."""
-    return repeated_blocks({m.path: m.type for m in report.modules})
-
-
-def block_runs(report: Report) -> list[list[int]]:
-    """Indices into `collapsed_blocks` grouped by run (the children of one parent)."""
-    runs: dict[str, list[int]] = {}
-    for index, block in enumerate(collapsed_blocks(report)):
-        runs.setdefault(block.rpartition(".")[0], []).append(index)
-    return list(runs.values())
+def dot_legend(report: Report, color: str = "flops", expand: bool = False,
+               block: int | None = None) -> Legend:
+    """The legend of `render_dot(report, color, expand)`'s colours, for the HTML page; with
+    `block`, of `render_block_dot(report, block, color)`'s."""
+    if block is not None:
+        report, color, expand = *_block_part(report, block, color), True
+    plan = plan_graph(report, expand)
+    return legend(Scale.of(_item_values(report, plan, metric_values(report, color),
+                                        color).values()), color)
 
 
 def render_block_dot(report: Report, index: int, color: str = "flops") -> str:
-    """Every op of collapsed block `index` as DOT: what its summary node stands for. The
-    memory colouring reads a timeline of the whole graph, so a block is coloured by FLOPs."""
+    """Every op of block `collapsed_blocks(report)[index]` as DOT: what a run's node stands
+    for. The memory colouring reads a timeline of the whole graph, so a block is coloured
+    by FLOPs."""
+    part, shown = _block_part(report, index, color)
+    flops = sum(n.flops for n in part.nodes)
+    return render_dot(part, shown, expand=True, title=f"{collapsed_blocks(report)[index]} · "
+                      f"{len(part.nodes)} ops · {si(flops, 'FLOP')} · coloured by {shown}")
+
+
+def _block_part(report: Report, index: int, color: str) -> tuple[Report, str]:
+    """The report of block `index` alone and the metric it is coloured by."""
     block = collapsed_blocks(report)[index]
-    inside = tuple(n for n in report.nodes if _block_of(n.module, (block,)) is not None)
+    inside = tuple(n for n in report.nodes if block in ancestors(n.module))
     part = replace(report, nodes=inside, modules=tuple(
         m for m in report.modules if m.path == block or m.path.startswith(block + ".")))
-    shown = "flops" if color == "memory" else color
-    flops = sum(n.flops for n in inside)
-    return render_dot(part, shown, expand=True, title=f"{block} · {len(inside)} ops · "
-                      f"{si(flops, 'FLOP')} · coloured by {shown}")
-
-
-def block_node_id(index: int) -> str:
-    """The DOT/SVG id of the summary node of `collapsed_blocks(report)[index]`."""
-    return f"b{index}"
-
-
-def node_dot_id(node_id: int) -> str:
-    return f"n{node_id}"
-
-
-def metric_values(report: Report, color: str) -> dict[int, float]:
-    """Per-node value of the colouring metric, read from the report."""
-    if color == "flops":
-        return {n.id: n.flops for n in report.nodes}
-    if color == "bytes":
-        return {n.id: n.bytes_read + n.bytes_written for n in report.nodes}
-    if color == "time":
-        times = node_times(report)
-        if times is None:
-            raise ReportError("--color time needs a roofline section in the report "
-                              "(estimate times for a device first)")
-        return {n.id: times.get(n.id, 0.0) for n in report.nodes}
-    if color == "memory":
-        live = node_memory(report)
-        if live is None:
-            raise ReportError("--color memory needs the memory section's timeline")
-        return {n.id: float(v) for n, v in ((n, live[n.id]) for n in report.nodes)}
-    raise ReportError(f"unknown colour metric {color!r}; choose one of {', '.join(COLORS)}")
-
-
-def format_metric(value: float, color: str) -> str:
-    if color == "flops":
-        return si(value, "FLOP")
-    if color == "time":
-        return seconds(value)
-    text = binary_bytes(value)
-    return f"{text} live" if color == "memory" else text
+    return part, "flops" if color == "memory" else color
 
 
 def shape_text(node: NodeReport) -> str:
@@ -153,85 +133,30 @@ def shape_text(node: NodeReport) -> str:
     return f"{dims} {first.get('dtype', '')}".rstrip() + more
 
 
-# --- layout: which item each node becomes, and which cluster holds it -------------------------
-
-
-@dataclass
-class _Layout:
-    item_of: dict[int, str]                      # node id → DOT item id
-    items: list[str] = field(default_factory=list)   # item ids in first-appearance order
-    module_of: dict[str, str] = field(default_factory=dict)   # item id → module path
-    block_nodes: dict[str, list[NodeReport]] = field(default_factory=dict)
-    block_path: dict[str, str] = field(default_factory=dict)
-
-
-def _layout(report: Report, blocks: tuple[str, ...]) -> _Layout:
-    layout = _Layout(item_of={})
-    for node in report.nodes:
-        block = _block_of(node.module, blocks)
-        if block is None:
-            item, module = node_dot_id(node.id), node.module
-        else:
-            item = block_node_id(blocks.index(block))
-            module = block.rpartition(".")[0]
-            layout.block_nodes.setdefault(item, []).append(node)
-            layout.block_path[item] = block
-        layout.item_of[node.id] = item
-        if item not in layout.module_of:
-            layout.items.append(item)
-            layout.module_of[item] = module
-    return layout
-
-
-def _block_of(module: str, blocks: tuple[str, ...]) -> str | None:
-    for block in blocks:
-        if module == block or module.startswith(block + "."):
-            return block
-    return None
-
-
-def _item_values(report: Report, layout: _Layout, values: Mapping[int, float],
+def _item_values(report: Report, plan: GraphPlan, values: Mapping[int, float],
                  color: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for node in report.nodes:
-        item = layout.item_of[node.id]
-        value = values.get(node.id, 0.0)
-        previous = out.get(item, 0.0)
+        item = plan.item_of.get(node.id)
+        if item is None:
+            continue
+        value, previous = values.get(node.id, 0.0), out.get(item, 0.0)
         out[item] = max(previous, value) if color == "memory" else previous + value
     return out
-
-
-class _Scale:
-    """Log-scaled bucket of a value among the values shown."""
-
-    def __init__(self, values: Iterable[float]) -> None:
-        positive = [v for v in values if v > 0]
-        self.low = math.log10(min(positive)) if positive else 0.0
-        self.high = math.log10(max(positive)) if positive else 0.0
-
-    def level(self, value: float) -> int | None:
-        if value <= 0:
-            return None
-        if self.high <= self.low:
-            return len(PALETTE) - 1
-        t = (math.log10(value) - self.low) / (self.high - self.low)
-        return min(len(PALETTE) - 1, max(0, int(t * len(PALETTE))))
 
 
 # --- emission --------------------------------------------------------------------------------
 
 
-def _cluster_lines(report: Report, layout: _Layout, by_id: Mapping[int, NodeReport],
-                   item_values: Mapping[str, float], scale: _Scale, color: str) -> list[str]:
+def _cluster_lines(report: Report, plan: GraphPlan, values: Mapping[str, float], scale: Scale,
+                   color: str) -> list[str]:
     """Nodes inside nested module clusters, emitted depth-first without recursion."""
     types = {m.path: m.type for m in report.modules}
-    cluster_of = _clusters(layout)
-    children: dict[str, list[str]] = {}
+    by_id = {n.id: n for n in report.nodes}
+    cluster_of, children = clusters(plan)
     members: dict[str, list[str]] = {}
-    for item in layout.items:
+    for item in plan.items:
         members.setdefault(cluster_of[item], []).append(item)
-    for path in _ordered_clusters(layout, cluster_of):
-        children.setdefault(_parent_cluster(path, set(cluster_of.values())), []).append(path)
     lines: list[str] = []
     counter = 0
     stack: list[tuple[str, bool, int]] = [("", False, 1)]
@@ -243,116 +168,133 @@ def _cluster_lines(report: Report, layout: _Layout, by_id: Mapping[int, NodeRepo
             continue
         if path:
             counter += 1
-            label = f"{path} · {types.get(path, '').rsplit('.', 1)[-1]}"
+            label = f"{path} · {short_type(types.get(path, ''))}"
             lines += [f'{indent}subgraph "cluster_{counter}" {{',
                       f'{indent}  label="{dot_escape(label)}"; style="rounded"; '
                       'color="#bbbbbb"; fontsize=9;']
             stack.append((path, True, depth))
             indent += "  "
         for item in members.get(path, []):
-            lines.append(indent + _item_line(item, layout, by_id, item_values, scale,
-                                                      color, types))
+            value = values.get(item, 0.0)
+            lines.append(indent + _item_line(item, _item_text(item, plan, by_id, value, color),
+                                             scale, value))
         inner = depth + 1 if path else depth
         stack.extend((child, False, inner) for child in reversed(children.get(path, [])))
     return lines
 
 
-def _clusters(layout: _Layout) -> dict[str, str]:
-    """Item → the deepest enclosing module that holds at least two items (or the root)."""
-    counts: dict[str, int] = {}
-    for item in layout.items:
-        path = layout.module_of[item]
-        while path:
-            counts[path] = counts.get(path, 0) + 1
-            path = path.rpartition(".")[0]
-    cluster_of: dict[str, str] = {}
-    for item in layout.items:
-        path = layout.module_of[item]
-        while path and counts.get(path, 0) < 2:
-            path = path.rpartition(".")[0]
-        cluster_of[item] = path
-    return cluster_of
+def _item_text(item: str, plan: GraphPlan, by_id: Mapping[int, NodeReport], value: float,
+               color: str) -> tuple[list[str], str, str]:
+    """(label lines, tooltip, extra attributes) of one drawn item."""
+    if item in plan.runs:
+        return _run_text(plan.runs[item], value, color)
+    if item == FOLD_ID:
+        return _fold_text(plan.folded, value, color)
+    node = by_id[int(item[1:])]
+    return ([short_op(node.target), shape_text(node), format_metric(value, color)],
+            f"{node.module or '(root)'} · {node.source}", "")
 
 
-def _ordered_clusters(layout: _Layout, cluster_of: Mapping[str, str]) -> list[str]:
-    """Every non-root cluster, with the emitted ancestors it needs, in first-appearance order."""
-    used = set(cluster_of.values())
-    ordered: list[str] = []
-    for item in layout.items:
-        path = cluster_of[item]
-        chain = []
-        while path:
-            if path in used:
-                chain.append(path)
-            path = path.rpartition(".")[0]
-        ordered += [p for p in reversed(chain) if p not in ordered]
-    return ordered
+def _item_line(item: str, text: tuple[list[str], str, str], scale: Scale, value: float) -> str:
+    label, tooltip, extra = text
+    return (f'{item} [id="{item}", URL="#{item}", label="{dot_escape(chr(10).join(label))}", '
+            f'tooltip="{dot_escape(tooltip)}", fillcolor="{scale.fill(value)}", '
+            f'fontcolor="{scale.font(value)}"{extra}];')
 
 
-def _parent_cluster(path: str, used: set[str]) -> str:
-    parent = path.rpartition(".")[0]
-    while parent and parent not in used:
-        parent = parent.rpartition(".")[0]
-    return parent
+def _run_text(run: BlockRun, value: float, color: str) -> tuple[list[str], str, str]:
+    """``model.layers.0–31 ×32 · LlamaDecoderLayer``, one block's figures and the run's."""
+    m, count = run.module, run.count
+    moved = m.bytes_read + m.bytes_written
+    lines = [f"{run.label} · {short_type(m.type)}",
+             f"{m.nodes} ops · {si(m.flops, 'FLOP')} · {binary_bytes(moved)}"
+             + (" each" if count > 1 else "")]
+    if count > 1:
+        lines.append(f"{si(m.flops * count, 'FLOP')} · {binary_bytes(moved * count)} in all")
+    if color == "time":
+        lines.append(format_metric(value, color) + (" in all" if count > 1 else ""))
+    elif color == "memory":
+        lines.append(f"at most {format_metric(value, color)}")
+    what = f"{count} alike blocks, {m.nodes} ops each" if count > 1 else f"{m.nodes} ops"
+    return lines, f"{run.label}: {what}; --expand draws every op", ', shape=box3d, style="filled"'
 
 
-def _item_line(item: str, layout: _Layout, by_id: Mapping[int, NodeReport],
-               item_values: Mapping[str, float], scale: _Scale, color: str,
-               types: Mapping[str, str]) -> str:
-    value = item_values.get(item, 0.0)
-    level = scale.level(value)
-    fill = ZERO_COLOR if level is None else PALETTE[level]
-    font = "#ffffff" if level is not None and level >= 6 else "#000000"
-    if item in layout.block_nodes:
-        path = layout.block_path[item]
-        nodes = layout.block_nodes[item]
-        label_lines = [f"{path} · {types.get(path, '').rsplit('.', 1)[-1]}",
-                       f"{len(nodes)} ops (collapsed)",
-                       f"{si(sum(n.flops for n in nodes), 'FLOP')} · "
-                       f"{binary_bytes(sum(n.bytes_read + n.bytes_written for n in nodes))}"]
-        if color not in ("flops", "bytes"):
-            label_lines.append(format_metric(value, color))
-        tooltip = f"{path}: {len(nodes)} ops; --expand to open"
-        shape = ', shape=box3d, style="filled"'
-    else:
-        node = by_id[int(item[1:])]
-        label_lines = [short_op(node.target), shape_text(node), format_metric(value, color)]
-        tooltip = f"{node.module or '(root)'} · {node.source}"
-        shape = ""
-    label = "\n".join(label_lines)
-    return (f'{item} [id="{item}", URL="#{item}", label="{dot_escape(label)}", '
-            f'tooltip="{dot_escape(tooltip)}", fillcolor="{fill}", fontcolor="{font}"{shape}];')
+def _fold_text(nodes: tuple[NodeReport, ...], value: float, color: str
+               ) -> tuple[list[str], str, str]:
+    names = list(dict.fromkeys(short_op(n.target).partition(".")[0] for n in nodes))
+    shown = ", ".join(names[:FOLD_NAMES]) + (", …" if len(names) > FOLD_NAMES else "")
+    flops = sum(n.flops for n in nodes)
+    moved = sum(n.bytes_read + n.bytes_written for n in nodes)
+    lines = [f"{FOLD_TITLE}: {len(nodes)} ops", shown,
+             f"{si(flops, 'FLOP')} · {binary_bytes(moved)}"]
+    if color in ("time", "memory"):
+        lines.append(format_metric(value, color))
+    return lines, f"{len(nodes)} {FOLD_WHY}; --expand draws them", ', shape=folder, style="filled"'
 
 
-def _edge_lines(report: Report, layout: _Layout) -> list[str]:
-    """One edge per (source item, destination item); a tensor outside the blocks that feeds
-    `SHARED_FANOUT` or more collapsed blocks (a mask, rotary tables) is drawn once, dashed, to
-    the first of them and labelled with the count, not as a curtain of edges to every layer."""
+def _edge_lines(report: Report, plan: GraphPlan) -> list[str]:
+    """One edge per (source item, destination item), through hidden ops to their inputs; a
+    tensor from outside the blocks that feeds `SHARED_FANOUT` or more blocks (a mask, rotary
+    tables) is drawn once, dashed, to the first of them and labelled with the count, not as a
+    curtain of edges to every run."""
     by_id = {n.id: n for n in report.nodes}
     pairs: dict[tuple[str, str], int] = {}          # (src, dst) → first source node id
+    fed: dict[str, set[str]] = {}                   # item outside the blocks → blocks it feeds
     for node in report.nodes:
-        dst = layout.item_of[node.id]
-        for source in node.inputs:
-            if source not in by_id:
-                continue            # parameters, buffers and graph inputs are not drawn
-            src = layout.item_of[source]
+        dst = plan.item_of.get(node.id)
+        if dst is None:
+            continue
+        for source in _sources(node, by_id, plan.hidden):
+            src = plan.item_of[source]
             if src != dst:
                 pairs.setdefault((src, dst), source)
-    fans: dict[str, list[str]] = {}
-    for src, dst in pairs:
-        if dst in layout.block_path and src not in layout.block_path:
-            fans.setdefault(src, []).append(dst)
+                if node.id in plan.block_of and src not in plan.runs:
+                    fed.setdefault(src, set()).add(plan.block_of[node.id])
     lines: list[str] = []
+    shared_drawn: set[str] = set()
     for (src, dst), source in pairs.items():
         label = dot_escape(shape_text(by_id[source]).split(" (")[0])
-        shared = fans.get(src, [])
-        if len(shared) >= SHARED_FANOUT and dst in shared:
-            if dst == shared[0]:
-                lines.append(f'  {src} -> {dst} [label="{label} → {len(shared)} blocks", '
+        blocks = len(fed.get(src, ()))
+        if dst in plan.runs and blocks >= SHARED_FANOUT:
+            if src not in shared_drawn:
+                shared_drawn.add(src)
+                lines.append(f'  {src} -> {dst} [label="{label} → {blocks} blocks", '
                              'style=dashed];')
             continue
         lines.append(f'  {src} -> {dst} [label="{label}"];')
     return lines
+
+
+def _sources(node: NodeReport, by_id: Mapping[int, NodeReport], hidden: frozenset[int]
+             ) -> list[int]:
+    """The drawn producers of `node`'s inputs: a hidden op stands for its own inputs;
+    parameters, buffers and graph inputs are not drawn."""
+    found: list[int] = []
+    stack, seen = list(reversed(node.inputs)), set()
+    while stack:
+        source = stack.pop()
+        if source in seen or source not in by_id:
+            continue
+        seen.add(source)
+        if source in hidden:
+            stack.extend(reversed(by_id[source].inputs))
+        else:
+            found.append(source)
+    return found
+
+
+def _legend_lines(shown: Legend) -> list[str]:
+    """The legend as one node with a table (graphviz's HTML-like label, so its text is
+    XML-escaped, not DOT-escaped)."""
+    rows = "".join(f'<tr><td bgcolor="{b.color}" width="18" height="10" fixedsize="true" '
+                   f'border="1" color="#999999"> </td><td align="left">{html_escape(b.text)}'
+                   "</td></tr>" for b in shown.bins)
+    table = ('<table border="0" cellborder="0" cellspacing="1" cellpadding="1">'
+             f'<tr><td colspan="2" align="left"><b>{html_escape(shown.title)}</b></td></tr>'
+             f'{rows}<tr><td colspan="2" align="left">{html_escape(shown.note)}</td></tr>'
+             "</table>")
+    return [f'  legend [id="legend", shape=plaintext, style="", margin=0, fontsize=8, '
+            f'tooltip="{dot_escape(shown.title)}", label=<{table}>];']
 
 
 def _title(report: Report, color: str) -> str:

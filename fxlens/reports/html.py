@@ -13,8 +13,13 @@ a memory section), then one section per view (`fxlens.reports.views`: memory, tr
 cache, roofline, validation, fusion, quantization — the same views the terminal and Markdown
 show) with the memory timeline and roofline charts beside their tables, and the graph:
 graphviz's SVG inline (its text is already XML-escaped by graphviz; the XML prolog, fixed size
-and any script element are removed), with pan and zoom and a details panel on click. The JS
-only ever writes report strings through ``textContent``.
+and any script element are removed), with pan and zoom, the colour legend of the graph on
+display above it (`fxlens.reports.graph_legend`: the whole graph's, or an expanded block's own
+scale), and a details panel on click. The page's data says what each folded node of the SVG
+stands for (`fxlens.reports.graph_groups.page_graph`): a run of alike blocks (``b<i>``) opens
+its first block in place and shows that block's figures with the run's totals and a link to
+its row in the modules table; the input plumbing (``p0``) lists its ops; hidden asserts are
+never "first op". The JS only ever writes report strings through ``textContent``.
 
 Why no template engine (jinja2 was considered): the page is a handful of small functions over
 the view model, and every string already passes one escaping function; a template with
@@ -40,13 +45,15 @@ from typing import Any
 
 from fxlens.analyzer.core.report import NodeReport, Report
 from fxlens.analyzer.core.sections import Memory, Roofline, Training
-from fxlens.reports.dot import collapsed_blocks
+from fxlens.reports.dot import collapsed_blocks, dot_legend
 from fxlens.reports.escape import html_escape as esc
 from fxlens.reports.escape import json_script
+from fxlens.reports.graph_groups import page_graph, plan_graph
+from fxlens.reports.graph_legend import Legend
 from fxlens.reports.sections import module_times, node_times, roofline_roof
 from fxlens.reports.units import binary_bytes, percent, seconds, short_op, si
 from fxlens.reports.view import Block, Cell, Detail, Figure, SideBySide, View
-from fxlens.reports.views import views
+from fxlens.reports.views import asked_first, views
 from fxlens.reports.views.headline import headline, inputs_text
 from fxlens.reports.views.model import UNITS_NOTE, coverage_figure
 
@@ -66,9 +73,11 @@ class BlockGraphs:
 
 
 def render_html(report: Report, svg: str | None, diff_html: str | None = None,
-                block_graphs: BlockGraphs | None = None) -> str:
-    """The whole page. `svg`: graphviz's SVG of the graph (None: dot was not available)."""
-    return finish_html(draft_html(report), svg, diff_html, block_graphs)
+                block_graphs: BlockGraphs | None = None, color: str = "flops",
+                expand: bool = False) -> str:
+    """The whole page. `svg`: graphviz's SVG of the graph (None: dot was not available),
+    drawn by `render_dot(report, color, expand)`."""
+    return finish_html(draft_html(report), svg, diff_html, block_graphs, color, expand)
 
 
 @dataclass(frozen=True)
@@ -95,14 +104,20 @@ def draft_html(report: Report) -> HtmlDraft:
         if view.key not in INTERACTIVE:
             chart = charts[view.key](report) if view.key in charts else ""
             sections.append((view.key, view.title, chart + render_view(view)))
+    order = asked_first([key for key, _, _ in sections])     # the asked section second
+    sections.sort(key=lambda section: order.index(section[0]))
     return HtmlDraft(report, tuple(sections), json_script(report.to_dict()))
 
 
 def finish_html(draft: HtmlDraft, svg: str | None, diff_html: str | None = None,
-                block_graphs: BlockGraphs | None = None) -> str:
-    """`draft` with the graph (and a diff) added: the page `render_html` returns."""
+                block_graphs: BlockGraphs | None = None, color: str = "flops",
+                expand: bool = False) -> str:
+    """`draft` with the graph (and a diff) added: the page `render_html` returns. `color`
+    and `expand` are those the SVG was drawn with: the page's legend and its links from the
+    SVG's nodes back to the report follow them."""
     report = draft.report
-    sections = [*draft.sections, ("graph", "Graph", _graph_section(svg, block_graphs))]
+    legends = _legends(report, block_graphs, color, expand) if svg else ()
+    sections = [*draft.sections, ("graph", "Graph", _graph_section(svg, block_graphs, legends))]
     if diff_html:
         sections.append(("diff", "Diff", diff_html))
     nav = "".join(f'<a href="#{key}">{title}</a>' for key, title, _ in sections)
@@ -111,7 +126,8 @@ def finish_html(draft: HtmlDraft, svg: str | None, diff_html: str | None = None,
     view = {"blocks": list(collapsed_blocks(report)), "times": _times_json(report),
             "module_times": module_times(report),
             "block_graphs": {str(k): v for k, v in (block_graphs.of_block.items()
-                                                    if block_graphs else ())}}
+                                                    if block_graphs else ())},
+            "graph": page_graph(plan_graph(report, expand))}
     # json_script({"report": …, "view": …}) in two pieces (its keys sorted, no spaces)
     data = f'{{"report":{draft.report_json},"view":{json_script(view)}}}'
     title = esc(f"fxlens · {report.model.name}")
@@ -476,7 +492,8 @@ def _cell(value: Any) -> str:
 # --- graph -----------------------------------------------------------------------------------
 
 
-def _graph_section(svg: str | None, blocks: BlockGraphs | None = None) -> str:
+def _graph_section(svg: str | None, blocks: BlockGraphs | None = None,
+                   legends: Sequence[Legend] = ()) -> str:
     if not svg:
         return ('<p class="muted" id="graph-missing">The graph image needs graphviz\'s '
                 "<code>dot</code> (apt-get install graphviz); graph.dot was written next to "
@@ -488,7 +505,29 @@ def _graph_section(svg: str | None, blocks: BlockGraphs | None = None) -> str:
             '</button><button id="zoom-fit">fit</button><button id="graph-back" hidden>'
             '← whole graph</button><span class="muted">drag to pan, wheel to zoom, click a '
             f"node for its details{'; ' + hint if hint else ''}</span></div>"
-            f'<div id="graph-view">{clean_svg(svg)}</div>{templates}')
+            + "".join(_legend_html(legend, i - 1) for i, legend in enumerate(legends))
+            + f'<div id="graph-view">{clean_svg(svg)}</div>{templates}')
+
+
+def _legends(report: Report, blocks: BlockGraphs | None, color: str, expand: bool
+             ) -> tuple[Legend, ...]:
+    """The colour legend of the whole graph, then of each block graph (its own scale)."""
+    first: dict[int, int] = {}
+    for block, graph in sorted(blocks.of_block.items() if blocks else ()):
+        first.setdefault(graph, block)
+    return (dot_legend(report, color, expand),
+            *(dot_legend(report, color, block=first[i]) for i in sorted(first)))
+
+
+def _legend_html(legend: Legend, graph: int) -> str:
+    """A colour legend above the graph, where panning and zooming never move it; the page
+    shows the one of the graph on display (-1: the whole graph, else block graph `graph`)."""
+    bins = "".join(f'<span class="bin"><i style="background:{esc(b.color)}"></i>'
+                   f"{esc(b.text)}</span>" for b in legend.bins)
+    shown = ('id="graph-legend" data-graph="whole"' if graph < 0 else
+             f'data-graph="{graph}" hidden')
+    return (f'<div class="legend" {shown}><b>{esc(legend.title)}</b>{bins}'
+            f'<span class="muted">{esc(legend.note)}</span></div>')
 
 
 def clean_svg(svg: str) -> str:

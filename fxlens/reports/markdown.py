@@ -16,7 +16,7 @@ from fxlens.reports.dot import collapsed_blocks
 from fxlens.reports.escape import markdown_escape as esc
 from fxlens.reports.units import percent, si
 from fxlens.reports.view import Detail, View
-from fxlens.reports.views import views
+from fxlens.reports.views import asked_first, first_screen, views
 from fxlens.reports.views.headline import headline, inputs_text
 from fxlens.reports.views.model import coverage_figure
 
@@ -29,9 +29,11 @@ def render_markdown(report: Report, top: int = TOP) -> str:
              *_table(("figure", "value"), _headline(report)), ""]
     lines += _details(f"top {top} leaf modules by FLOPs", _module_rows(report, top),
                       ("module", "type", "params", "FLOPs", "share"))
-    for view in views(report, Detail(top=top)):
-        if view.key not in ("summary", "modules"):      # the headline and the leaf table
-            lines += render_view(view)
+    shown = {view.key: view for view in views(report, Detail(top=top))
+             if view.key not in ("summary", "modules")}     # the headline and the leaf table
+    asked = first_screen(list(shown))
+    for key in asked_first(list(shown)):
+        lines += render_view(shown[key], folded=key not in asked)    # the answer unfolded
     lines.append(f"<sub>capture: {esc(model.capture_method)} · fxlens "
                  f"{esc(report.meta.get('fxlens_version', ''))} · 1 MAC = 2 FLOPs · SI "
                  "prefixes for counts, binary for bytes</sub>")
@@ -85,8 +87,10 @@ def _details(summary: str, rows: Sequence[Sequence[str]], header: Sequence[str])
 
 def render_view(view: View, folded: bool = True) -> list[str]:
     """One view, each table under its title, then caption; folded in a ``<details>`` block
-    unless the view is the page's point (`folded` False: a sweep's table)."""
-    lines = [f"<details><summary>{esc(view.title)}</summary>", ""] if folded else []
+    unless the view is the page's point (`folded` False: the section the run asked about, a
+    sweep's table), which stands under a heading."""
+    lines = ([f"<details><summary>{esc(view.title)}</summary>", ""] if folded else
+             [f"#### {esc(view.title)}", ""])
     for table in view.tables():
         lines += [f"**{esc(table.title)}**", ""]
         header = ([c.name for c in table.columns] if table.show_header

@@ -16,18 +16,11 @@ from rich.text import Text
 from fxlens.analyzer.core.report import Report
 from fxlens.reports.escape import terminal_escape
 from fxlens.reports.view import Block, Cell, Detail, SideBySide, Table, Tone, View
-from fxlens.reports.views import views
+from fxlens.reports.views import first_screen, views
 
 STACK_BELOW = 120   # columns: narrower terminals get side-by-side tables one under the other
 STYLES = {Tone.PLAIN: "", Tone.STRONG: "bold", Tone.GOOD: "bold green", Tone.BAD: "bold red",
           Tone.WARN: "yellow", Tone.MUTED: "dim"}
-
-
-# The section a run asked about, in the order one is picked for the first screen: a plan,
-# quantization, the KV cache, a validation, the training step, the roofline; with none of
-# them, where the FLOPs are (modules and top ops).
-ASKED = ("plan", "quant", "kv-cache", "validation", "training", "roofline")
-PLAIN = ("modules", "top-ops")
 
 
 def render_terminal(report: Report, depth: int = 2, top: int = 10, full: bool = False,
@@ -54,12 +47,6 @@ def render_terminal(report: Report, depth: int = 2, top: int = 10, full: bool = 
         parts.append(plain(f"also in this report: {', '.join(rest)} — --show NAME prints "
                            "one, --full every table; report.html holds them all", "dim"))
     return Group(*parts)
-
-
-def first_screen(keys: list[str]) -> tuple[str, ...]:
-    """The views a first screen shows beside the summary (see `ASKED`)."""
-    asked = next((key for key in ASKED if key in keys), None)
-    return (asked,) if asked else PLAIN
 
 
 def render_view(view: View) -> RenderableType:

@@ -20,12 +20,12 @@ from fxlens.analyzer.core.report import Report
 from fxlens.reports.dot import (
     DOT_TIMEOUT_S,
     Layout,
-    block_runs,
     dot_binary,
     graphviz_render,
     render_block_dot,
     render_dot,
 )
+from fxlens.reports.graph_groups import block_runs
 from fxlens.reports.html import BlockGraphs, draft_html, finish_html
 from fxlens.reports.markdown import render_markdown
 
@@ -85,11 +85,17 @@ def _sources(report: Report, options: PageOptions) -> list[tuple[str, float]]:
     then the whole graph. NB: graphviz's cluster layout grows steeply with many blocks
     (llama-3-70b's 80 took minutes); the default SVG gets a short budget, an asked-for
     --svg the long."""
-    runs = [] if options.expand else block_runs(report)
+    runs = [] if options.expand else _runs(report)
     blocks = [(render_block_dot(report, run[0], options.color), DEFAULT_SVG_BUDGET_S)
               for run in runs]
     budget = DOT_TIMEOUT_S if options.svg else DEFAULT_SVG_BUDGET_S
     return [*blocks, (render_dot(report, options.color, options.expand), budget)]
+
+
+def _runs(report: Report) -> list[list[int]]:
+    """Indices into `collapsed_blocks` of each run of alike blocks (one node in the graph,
+    its first block drawn op by op for the page)."""
+    return [list(range(run.first, run.first + run.count)) for run in block_runs(report)]
 
 
 def write_pages(report: Report, options: PageOptions,
@@ -112,7 +118,7 @@ def write_pages(report: Report, options: PageOptions,
         svg, blocks = None, None
         markdown, draft = render_markdown(report), draft_html(report)
     else:
-        runs = [] if options.expand else block_runs(report)
+        runs = [] if options.expand else _runs(report)
         started = started or {}
         sources = _sources(report, options)
         with ThreadPoolExecutor(max_workers=PARALLEL_LAYOUTS) as pool:
@@ -126,7 +132,8 @@ def write_pages(report: Report, options: PageOptions,
             blocks = (_block_graphs(runs, laid_out[:-1], written) if svg is not None and runs
                       else None)
     _write(written, options.html or options.folder / "report.html",
-           finish_html(draft, svg, block_graphs=blocks))
+           finish_html(draft, svg, block_graphs=blocks, color=options.color,
+                       expand=options.expand))
     _write(written, options.md or options.folder / "summary.md", markdown)
     return written
 
@@ -178,3 +185,21 @@ def page_paths(options: PageOptions) -> list[Path]:
             *([svg.with_suffix(".png")] if options.png else []),
             options.html or options.folder / "report.html",
             options.md or options.folder / "summary.md"]
+
+
+PAGE_MARK = 'id="fxlens-data"'     # in every report.html this module writes
+
+
+def stale_pages(folder: Path) -> list[Path]:
+    """The pages an earlier run left in `folder` (a run with ``--no-pages`` writes only the
+    JSON, and a report.html beside it would describe another run). Only a folder whose
+    report.html is one of ours counts: a user's own files of those names are left alone."""
+    html = folder / "report.html"
+    try:
+        ours = PAGE_MARK in html.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    if not ours:
+        return []
+    named = page_paths(PageOptions(folder=folder, png=True))
+    return [path for path in named if path.is_file()]

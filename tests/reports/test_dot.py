@@ -12,7 +12,8 @@ from fxlens.analyzer.core.errors import ReportError
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.report import Report
 from fxlens.api import AnalysisOptions, analyze_loaded
-from fxlens.reports.dot import PALETTE, collapsed_blocks, dot_binary, graphviz_render, render_dot
+from fxlens.reports.dot import collapsed_blocks, dot_binary, graphviz_render, render_dot
+from fxlens.reports.graph_legend import PALETTE
 from tests.models import evil_names, tiny_gpt
 from tests.test_goldens import GOLDENS, MODELS, check, report_of
 
@@ -32,19 +33,20 @@ def test_same_report_same_bytes(gpt_report: Report) -> None:
     assert render_dot(gpt_report, expand=True) == render_dot(gpt_report, expand=True)
 
 
-def test_repeated_blocks_collapse_unless_expanded(gpt_report: Report) -> None:
+def test_repeated_blocks_collapse_into_one_run_unless_expanded(gpt_report: Report) -> None:
     assert collapsed_blocks(gpt_report) == ("blocks.0", "blocks.1")
     collapsed, expanded = render_dot(gpt_report), render_dot(gpt_report, expand=True)
     block_nodes = [n for n in gpt_report.nodes if n.module.startswith("blocks.")]
-    assert 'b0 [id="b0"' in collapsed and 'b1 [id="b1"' in collapsed
+    assert 'b0 [id="b0"' in collapsed and "b1" not in re.findall(r"\bb\d+\b", collapsed)
+    assert "blocks.0–1 ×2 · Block" in collapsed
     assert f"{sum(n.module.startswith('blocks.0') for n in block_nodes)} ops" in collapsed
     assert not any(f'n{n.id} [id=' in collapsed for n in block_nodes)
-    assert "b0 -> b1" in collapsed
     assert all(f'n{n.id} [id="n{n.id}", URL="#n{n.id}"' in expanded for n in gpt_report.nodes)
     assert "b0" not in re.findall(r"\bb\d+\b", expanded)
 
 
 def test_every_edge_labelled_with_a_shape(gpt_report: Report) -> None:
+    """(Edges into a run merge: one per source, see tests/reports/test_graph_groups.py.)"""
     edges = [line for line in render_dot(gpt_report, expand=True).splitlines() if "->" in line]
     assert edges and all(re.search(r'label="[\d×]+ \w+"', e) for e in edges)
 
@@ -80,7 +82,7 @@ def test_names_from_user_code_are_escaped(evil_report: Report) -> None:
 @pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz's dot is not installed")
 def test_graphviz_accepts_it_and_keeps_node_ids(evil_report: Report, gpt_report: Report) -> None:
     svg = graphviz_render(render_dot(gpt_report)).decode()
-    assert 'id="b0"' in svg and 'xlink:href="#b0"' in svg
+    assert 'id="b0"' in svg and 'xlink:href="#b0"' in svg and 'id="legend"' in svg
     evil = graphviz_render(render_dot(evil_report)).decode()
     assert "<script>" not in evil and "&lt;script&gt;" in evil
 
@@ -103,6 +105,10 @@ def test_shared_inputs_are_drawn_once_not_to_every_block() -> None:
     for line in shared:
         source = line.split("->")[0].strip()
         assert sum(ln.strip().startswith(f"{source} ->") for ln in text.splitlines()) == 1
+    # the rotary tables come from the folded plumbing, into the one run of 4 layers
+    assert any(line.strip().startswith("p0 -> b0") for line in shared)
+    assert f"model.layers.0–{layers - 1} ×{layers} · LlamaDecoderLayer" in text
+    assert "_assert" not in text
 
 
 @pytest.mark.skipif(dot_binary() is None, reason="graphviz's dot is not installed")

@@ -112,8 +112,14 @@ def test_clicking_a_node_shows_details_and_source(browser: Any, gpt_report: Repo
     assert f"node {head.id}" in text and head.source in text and "FLOPs" in text
     assert browser.execute_script(
         f"return document.getElementById('n{head.id}').classList.contains('selected')")
-    click(browser, "#graph-view g.node[id='b1'] text")               # a collapsed block
-    assert "module blocks.1" in browser.find_element("id", "details").text
+    click(browser, "#graph-view g.node[id='b0'] text")          # the run of both blocks
+    text = browser.find_element("id", "details").text
+    assert "blocks blocks.0–1 ×2" in text and "2 alike blocks" in text and "in all" in text
+    browser.execute_script("[...document.querySelectorAll('#details a')].find(a => "
+                           "a.textContent.includes('modules table')).click()")
+    row = browser.execute_script("var r = document.querySelector('#module-table tr.flash');"
+                                 "return r && r.dataset.path")
+    assert row == "blocks.0"
     assert console_errors(browser) == []
 
 
@@ -224,15 +230,21 @@ def test_a_collapsed_block_expands_in_place_and_back(browser: Any, gpt_report: R
                ".filter(s => s.style.display !== 'none')"
                ".map(s => [...s.querySelectorAll('g.node')].map(g => g.id))")
     block0 = _block_ids(gpt_report, "blocks.0")
+    legends = ("return [...document.querySelectorAll('.legend')]"
+               ".filter(l => l.offsetParent).map(l => l.dataset.graph)")
     (whole,) = browser.execute_script(visible)
     assert "b0" in whole and not any(i[0] == "n" and int(i[1:]) in block0 for i in whole)
-    click(browser, "#graph-view g.node[id='b1']")
+    assert "b1" not in whole and browser.execute_script(legends) == ["whole"]
+    click(browser, "#graph-view g.node[id='b0']")
     (shown,) = browser.execute_script(visible)
-    assert shown and {int(i[1:]) for i in shown} <= block0      # blocks.0's ops, drawn
+    ops = {int(i[1:]) for i in shown if i != "legend"}
+    assert ops and ops <= block0                              # blocks.0's ops, drawn
+    assert browser.execute_script(legends) == ["0"]           # with their own scale's legend
     assert browser.find_element("id", "graph-back").is_displayed()
     click(browser, "#graph-back")
     (again,) = browser.execute_script(visible)
     assert again == whole and not browser.find_element("id", "graph-back").is_displayed()
+    assert browser.execute_script(legends) == ["whole"]
     assert console_errors(browser) == []
 
 

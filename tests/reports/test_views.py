@@ -37,7 +37,8 @@ def test_every_view_on_every_surface(full_report: Report) -> None:
             assert re.sub(r"\s+", "", table.title) in terminal, table.title
         if view.key not in ("summary", "modules", "top-ops"):   # the page's own widgets
             assert f'<section id="{view.key}">' in page, view.key
-            assert f"<summary>{view.title}</summary>" in markdown, view.key
+            assert (f"<summary>{view.title}</summary>" in markdown
+                    or f"#### {view.title}" in markdown), view.key
 
 
 def test_training_headline_counts_the_step(full_report: Report) -> None:
@@ -131,3 +132,18 @@ def test_one_fusion_saving_per_concept_in_headline_and_table(full_report: Report
                  if t.title.startswith("fusion (predicted kernels"))
     assert f"default fusion saves {default}" in table.caption
     assert f"fixes save {findings} in all" in table.caption
+
+
+def test_every_surface_opens_on_the_section_the_run_asked_about(full_report: Report) -> None:
+    """With a plan (the first of `ASKED` this report holds), the page's second section and the
+    comment's first open section are the plan, as on the terminal's first screen."""
+    page = render_html(full_report, None)
+    sections = re.findall(r'<section id="([^"]+)">', page)
+    assert sections[:2] == ["summary", "plan"]
+    markdown = render_markdown(full_report)
+    assert "#### Plan (many GPUs)" in markdown
+    assert markdown.index("#### Plan (many GPUs)") < markdown.index("<summary>Fusion</summary>")
+    console = Console(width=160, record=True, file=io.StringIO(), color_system=None)
+    console.print(render_terminal(full_report))
+    first = console.export_text()
+    assert "plan · " in first and "fusion findings (top" not in first

@@ -97,10 +97,15 @@ def clean_module_path(path: str) -> str:
     return path
 
 
+USER_MODULE_PREFIX = "fxlens_user_"   # a model file's module name while it loads
+
+
 def type_name(cls: Any) -> str:
-    if isinstance(cls, type):
-        return f"{cls.__module__}.{cls.__qualname__}"
-    return str(cls)
+    """A module's qualified class name as the report keeps it. A class from a model file is
+    named by the file (``tiny_gpt.Block``), not by the module name the loader gave it
+    (`USER_MODULE_PREFIX`, an internal detail every report would otherwise show)."""
+    name = f"{cls.__module__}.{cls.__qualname__}" if isinstance(cls, type) else str(cls)
+    return name.removeprefix(USER_MODULE_PREFIX)
 
 
 def module_of(meta: Mapping[str, Any]) -> tuple[str, str]:

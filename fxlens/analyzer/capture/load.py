@@ -18,7 +18,8 @@ code runs under `fxlens.analyzer.capture.guard.user_code`: a model file that cal
 ``sys.exit`` or raises a `BaseException` is a `LoadError` too (exit 2), never the process's
 end; example inputs are checked (`check_inputs`) before any capture.
 Loading leaves the process as it found it: a model file is in `sys.modules` (as
-``fxlens_user_<stem>``) and its folder on `sys.path` only while its code runs.
+``fxlens_user_<stem>``, a name no report shows: `fx_convert.type_name` drops it) and its folder
+on `sys.path` only while its code runs.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from fxlens.analyzer.capture.fx_convert import user_frame
+from fxlens.analyzer.capture.fx_convert import USER_MODULE_PREFIX, user_frame
 from fxlens.analyzer.capture.guard import user_code
 from fxlens.analyzer.capture.target import check_target
 from fxlens.analyzer.core.errors import LoadError
@@ -77,7 +78,7 @@ def _from_file(path: Path, entry: str | None, sizes: Mapping[str, int]) -> Loade
     if not path.is_file():
         raise LoadError(f"{path} is not a regular file (a folder, FIFO or device); expected "
                         f"a model .py file")
-    spec = importlib.util.spec_from_file_location(f"fxlens_user_{path.stem}", path)
+    spec = importlib.util.spec_from_file_location(f"{USER_MODULE_PREFIX}{path.stem}", path)
     if spec is None or spec.loader is None:
         raise LoadError(f"{path} cannot be imported as a Python module")
     code = importlib.util.module_from_spec(spec)

@@ -1,5 +1,6 @@
 // fxlens report page: builds the module tree and the (virtual) ops table from the embedded
-// JSON, makes static tables sortable, pans/zooms the graph and shows node details.
+// JSON, makes static tables sortable, pans/zooms the graph and shows node details (a run of
+// blocks or the folded plumbing drawn as one node: what it stands for, from VIEW.graph).
 // Every string from the report reaches the DOM through textContent, never innerHTML.
 (function () {
   "use strict";
@@ -16,6 +17,18 @@
   var live = new Map();
   if (timeline) nodes.forEach(function (n, i) { live.set(n.id, timeline[i]); });
   var blocks = VIEW.blocks || [];
+  // The graph draws a run of alike blocks as one node ("b<first block's index>") and the
+  // input plumbing as one ("p0"); which ops and blocks each stands for:
+  var G = VIEW.graph || {};
+  var runs = G.runs || [], runOfBlock = {}, runByItem = {};
+  runs.forEach(function (r) {
+    runByItem[r.item] = r;
+    for (var i = r.first; i < r.first + r.count; i++) runOfBlock[i] = r;
+  });
+  var fold = G.folded || {nodes: []};
+  var folded = new Set(fold.nodes);
+  var hidden = new Set(G.hidden || []);   // asserts: drawn nowhere
+  var revealModule = null;     // set by the module tree: open its rows down to a path
 
   // --- formatting (SI for counts, binary for bytes, as the Python renderers) ---------------
   var SI = [[1e15, "P"], [1e12, "T"], [1e9, "G"], [1e6, "M"], [1e3, "k"]];
@@ -41,7 +54,9 @@
     return (v * 1e9).toFixed(0) + " ns";
   }
   function pct(part, whole) { return whole ? (100 * part / whole).toFixed(1) + "%" : "-"; }
-  function shortOp(t) { return t.replace(/^aten\./, "").replace(/\.default$/, ""); }
+  function shortOp(t) {   // as fxlens.reports.units.short_op
+    return t.replace(/^aten\./, "").replace(/\.default$/, "").replace("_for_cpu", "");
+  }
   function shape(n) {
     if (!n.outputs || !n.outputs.length) return "—";
     var o = n.outputs[0];
@@ -212,6 +227,21 @@
       expanded = new Set([""]);
       render();
     });
+    revealModule = function (path) {
+      for (var p = path; p; p = parentOf(p)) expanded.add(parentOf(p));
+      render();
+      kids.forEach(function (members, key) {       // the run row "0–31 ×32" holding it
+        if (key !== parentOf(path) && members.some(function (m) { return m.path === path; }))
+          expanded.add(key);
+      });
+      render();
+      var row = Array.prototype.filter.call(body.rows, function (r) {
+        return r.dataset.path === path; })[0];
+      if (!row) return;
+      row.scrollIntoView({block: "center"});
+      row.classList.add("flash");
+      setTimeout(function () { row.classList.remove("flash"); }, 1600);
+    };
     header(table, columns, state, render);
     render();
   }
@@ -402,18 +432,40 @@
     ]);
     highlight(graphItemOf(n));
   }
-  function showModule(path) {
+  function showModule(path, run) {   // run: the graph's run of alike blocks it heads
     var m = modules.filter(function (x) { return x.path === path; })[0];
     if (!m) return;
     var first = nodes.filter(function (n) {
-      return n.module === path || n.module.indexOf(path + ".") === 0 || path === ""; })[0];
-    showFields("module " + (path || "(root)"), [
+      return !hidden.has(n.id) &&
+        (n.module === path || n.module.indexOf(path + ".") === 0 || path === ""); })[0];
+    var many = run && run.count > 1;
+    var link = el("a", "show " + (many ? "the first block" : "it") + " in the modules table");
+    link.addEventListener("click", function () { if (revealModule) revealModule(path); });
+    showFields(many ? "blocks " + run.label : "module " + (path || "(root)"), [
+      ["run", many ? run.count + " alike blocks (type, params, ops, FLOPs, bytes); the " +
+        "figures are " + path + "'s, one block's" : ""],
       ["type", m.type], ["params", si(m.params) + " (" + bytes(m.param_bytes) + ")"],
       ["FLOPs", si(m.flops, "FLOP")], ["bytes read", bytes(m.bytes_read)],
       ["bytes written", bytes(m.bytes_written)], ["ops", m.nodes],
+      ["in all", many ? si(m.flops * run.count, "FLOP") + " · " +
+        bytes((m.bytes_read + m.bytes_written) * run.count) + " · " + m.nodes * run.count +
+        " ops" : ""],
       ["first op", first ? nodeLinks([first.id]) : ""],
-      ["source", first ? el("code", first.source, "source") : ""]
+      ["source", first ? el("code", first.source, "source") : ""],
+      ["table", link]
     ]);
+  }
+  function showFolded() {
+    var ids = fold.nodes || [];
+    var sum = function (key) {
+      return ids.reduce(function (s, id) { return s + ((byId.get(id) || {})[key] || 0); }, 0);
+    };
+    showFields("inputs & plumbing · " + ids.length + " ops", [
+      ["what", fold.why], ["FLOPs", si(sum("flops"), "FLOP")],
+      ["bytes moved", bytes(sum("bytes_read") + sum("bytes_written"))],
+      ["ops", nodeLinks(ids)]
+    ]);
+    highlight(fold.item);
   }
   document.getElementById("details-close").addEventListener("click", function () {
     panel.hidden = true;
@@ -425,9 +477,12 @@
 
   // --- graph: pan, zoom, click ---------------------------------------------------------------
   function graphItemOf(n) {
+    if (folded.has(n.id)) return fold.item;
     for (var i = 0; i < blocks.length; i++) {
       var b = blocks[i];
-      if (n.module === b || n.module.indexOf(b + ".") === 0) return "b" + i;
+      if (n.module === b || n.module.indexOf(b + ".") === 0) {
+        return runOfBlock[i] ? runOfBlock[i].item : "n" + n.id;
+      }
     }
     return "n" + n.id;
   }
@@ -447,7 +502,10 @@
     if (!whole) return;
     var svg = null, home = null, box = null;
     var back = document.getElementById("graph-back");
-    function show(next) {
+    function show(next, key) {   // key: "whole" or a block graph's index (its legend)
+      document.querySelectorAll(".legend[data-graph]").forEach(function (legend) {
+        legend.hidden = legend.dataset.graph !== key;
+      });
       if (svg && svg !== next) svg.style.display = "none";
       svg = next;
       svg.style.display = "";
@@ -483,10 +541,10 @@
         expanded[which] = holder.querySelector("svg");
         view.appendChild(expanded[which]);
       }
-      show(expanded[which]);
+      show(expanded[which], String(which));
       return true;
     }
-    show(whole);
+    show(whole, "whole");
     view.addEventListener("wheel", function (e) {
       e.preventDefault();
       zoom(e.deltaY > 0 ? 1.15 : 1 / 1.15, e.clientX, e.clientY);
@@ -518,11 +576,11 @@
       if (id.charAt(0) === "n") showNode(Number(id.slice(1)));
       else if (id.charAt(0) === "b") {
         var index = Number(id.slice(1));
-        showModule(blocks[index]);
+        showModule(blocks[index], runByItem[id]);
         if (!expand(index)) highlight(id);
-      }
+      } else if (id === fold.item) showFolded();
     });
-    if (back) back.addEventListener("click", function () { show(whole); });
+    if (back) back.addEventListener("click", function () { show(whole, "whole"); });
     document.getElementById("zoom-in").addEventListener("click", function () { zoom(1 / 1.3); });
     document.getElementById("zoom-out").addEventListener("click", function () { zoom(1.3); });
     document.getElementById("zoom-fit").addEventListener("click", function () {

@@ -31,6 +31,30 @@ VIEW_KEYS = ("summary", "modules", "top-ops", "memory", "training", "kv-cache", 
              "validation", "fusion", "quant", "plan")
 
 
+# The section a run asked about, in the order one is picked for the first screen of every
+# surface (after the summary): a plan, quantization, the KV cache, a validation, the training
+# step, the roofline; with none of them, where the FLOPs are (modules and top ops).
+ASKED = ("plan", "quant", "kv-cache", "validation", "training", "roofline")
+PLAIN = ("modules", "top-ops")
+
+
+def first_screen(keys: list[str]) -> tuple[str, ...]:
+    """The views a first screen shows beside the summary (see `ASKED`)."""
+    asked = next((key for key in ASKED if key in keys), None)
+    return (asked,) if asked else PLAIN
+
+
+def asked_first(keys: list[str]) -> list[str]:
+    """`keys` with the one the run asked about (`ASKED`) right after the summary: the page
+    and the comment open on the same answer as the terminal."""
+    asked = next((key for key in ASKED if key in keys), None)
+    if asked is None:
+        return keys
+    rest = [key for key in keys if key != asked]
+    at = rest.index("summary") + 1 if "summary" in rest else 0
+    return [*rest[:at], asked, *rest[at:]]
+
+
 def views(report: Report, detail: Detail | None = None) -> list[View]:
     """Every view the report has something for, in reading order."""
     shown = detail or Detail()

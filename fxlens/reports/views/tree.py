@@ -44,7 +44,7 @@ def grouped_rows(nodes: Sequence[Node], depth: int) -> list[Row]:
         suffix = f" ×{times}" if times > 1 and not label else ""
         rows.append(Row("  " * level + name + suffix, node.kind,
                         tuple(f * times for f in node.figures), level))
-        runs = _runs(children.get(node.path, []))
+        runs = alike_runs(children.get(node.path, []))
         for run in reversed(runs):
             first, count = run[0], len(run)
             run_label = (f"{first.path.rsplit('.', 1)[-1]}–{run[-1].path.rsplit('.', 1)[-1]} "
@@ -66,7 +66,7 @@ def _in_order(siblings: list[Node]) -> list[Node]:
                   else (siblings.index(n), 0))
 
 
-def _runs(siblings: list[Node]) -> list[list[Node]]:
+def alike_runs(siblings: list[Node]) -> list[list[Node]]:
     """Consecutive numbered siblings with one kind and equal figures, as runs."""
     runs: list[list[Node]] = []
     for node in _in_order(siblings):
