@@ -10,6 +10,7 @@ bytes binary ones (GiB = 2³⁰); the summary says so.
 from __future__ import annotations
 
 from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.measure import Measurement
 from rich.table import Table as RichTable
 from rich.text import Text
 
@@ -61,13 +62,16 @@ def render_block(block: Block) -> RenderableType:
 
 
 class _SideBySide:
-    """Tables side by side on a wide terminal, one under the other below `STACK_BELOW`."""
+    """Tables side by side on a terminal wide enough for both at their natural width (and at
+    least `STACK_BELOW`), else one under the other: side by side, a table narrower than its
+    content would fold its labels."""
 
     def __init__(self, tables: tuple[RenderableType, ...]) -> None:
         self.tables = tables
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
-        if options.max_width < STACK_BELOW:
+        natural = sum(Measurement.get(console, options, table).maximum for table in self.tables)
+        if options.max_width < max(STACK_BELOW, natural + 2 * (len(self.tables) - 1)):
             yield from self.tables
             return
         grid = RichTable.grid(padding=(0, 2))

@@ -117,3 +117,22 @@ def test_a_plain_run_shows_where_the_flops_are() -> None:
     assert "modules (depth" in first and "top 10 ops by FLOPs" in first
     assert "memory (inference)" not in first
     assert len(first.splitlines()) <= 40
+
+
+@pytest.mark.parametrize("width", [120, 140, 200])
+def test_side_by_side_tables_never_fold_a_label(full_report: Report, width: int) -> None:
+    """Top ops by time beside top ops by FLOPs: side by side only where both fit at their
+    natural width, else one under the other; either way every op name prints whole."""
+    from fxlens.reports.terminal import render_block
+
+    pairs = [block for view in views(full_report) for block in view.blocks
+             if isinstance(block, SideBySide)]
+    assert pairs
+    for pair in pairs:
+        console = Console(width=width, record=True, file=io.StringIO(), color_system=None)
+        console.print(render_block(pair))
+        out = console.export_text()
+        assert max(len(line) for line in out.splitlines()) <= width
+        for table in pair.tables:
+            for row in table.rows:
+                assert row[0].plain in out, (width, row[0].plain)
