@@ -44,7 +44,8 @@ def loaded(build: object = tiny_gpt.build, name: str = "tiny_gpt") -> LoadedMode
     (AnalysisOptions(train=True), CORE | {"training"}),
     (AnalysisOptions(train=True, quant=True), CORE | {"training", "quant"}),
     (AnalysisOptions(train=True, kv_cache=True), CORE | {"training", "kv_cache"}),
-    (AnalysisOptions(kv_cache=True, device="h100", fused=True), CORE | {"kv_cache", "roofline"}),
+    (AnalysisOptions(kv_cache=True, device="h100", fused=True),
+     CORE | {"kv_cache", "roofline", "inference_fit"}),
     (AnalysisOptions(quant=True, fusion=False), {"memory", "quant"}),
     (AnalysisOptions(train=True, plan=True, strategy="fsdp", gpus=2, fusion=False),
      {"memory", "training", "plan"}),
@@ -94,7 +95,7 @@ def test_a_pass_whose_needs_are_missing_names_both() -> None:
 
 def test_validate_runs_the_same_pipeline() -> None:
     report = validate(loaded(mlp.build, "mlp"), host_cpu(), RunSettings("cpu", 0, 1))
-    assert keys(report) == {"memory", "roofline", "validation"}
+    assert keys(report) == {"memory", "roofline", "inference_fit", "validation"}
 
 
 def test_validate_predicts_with_a_profile_that_is_not_in_the_cache(
