@@ -8,7 +8,9 @@ torch nor the capture chain: only ``--quant-plan`` loads the quantization rules 
 
 Checked: sizes (``--batch``, ``--seq-len``, ``--image-size``), ``--context`` and
 ``--group-size`` at least 1; ``--precision`` and ``--optimizer`` known; ``--device-mem`` a
-size above 0 or a known GPU; ``--budget`` a size above 0 and the plan it goes with; the
+size above 0 or a known GPU; ``--checkpoint auto`` a training step with a budget
+(``--checkpoint-budget``, ``--device-mem`` or ``--device``); ``--budget`` a size above 0 and
+the plan it goes with; the
 ``--device`` with its ``--devices`` file and ``--profile`` (each file read and validated:
 finite, non-negative figures), and those files even without ``--device``, so a broken one is
 never silently ignored. ``--plan``: a training step, a readable ``--strategy`` that agrees
@@ -41,6 +43,8 @@ def check_options(options: Any) -> None:
         precision(options.precision)
     optimizer(options.optimizer)
     device_memory(options.device_memory, options.devices_file)
+    if getattr(options, "checkpoint_auto", False) or getattr(options, "checkpoint_budget", None):
+        checkpoint_budget(options)
     if options.budget is not None or options.quant_plan:
         _plan(options.quant_plan, options.budget, options.group_size)
     if options.device is not None:
@@ -122,8 +126,8 @@ def _member(kind: type[E], what: str, name: str) -> E:
         raise LoadError(f"unknown {what} {name!r}; known: {known}") from None
 
 
-def device_memory(text: str | None, devices_file: str | None = None
-                  ) -> tuple[str, int | None]:
+def device_memory(text: str | None, devices_file: str | None = None,
+                  flag: str = "--device-mem") -> tuple[str, int | None]:
     """``"80GiB"`` → ("80GiB", bytes); ``"h100"`` → its memory (a GPU of the registry or of
     the user's `devices_file`); None → no fit check."""
     if text is None:
@@ -134,14 +138,38 @@ def device_memory(text: str | None, devices_file: str | None = None
         pass
     else:
         if size <= 0:
-            raise LoadError(f"--device-mem: {text!r} is no memory; give a size above 0 "
+            raise LoadError(f"{flag}: {text!r} is no memory; give a size above 0 "
                             f"(80GiB) or a GPU name (h100)")
         return text, size
     try:
         spec = device(text, load_devices(Path(devices_file)) if devices_file else None)
     except ValueError as error:
-        raise LoadError(f"--device-mem: {error}") from None
+        raise LoadError(f"{flag}: {error}") from None
     return spec.name, spec.memory_bytes
+
+
+def checkpoint_budget(options: Any) -> tuple[str, int]:
+    """The memory budget of ``--checkpoint auto`` and where it came from: ``--checkpoint-budget
+    SIZE|GPU``, else ``--device-mem``, else the ``--device``'s memory (``--budget`` is the
+    quantization plan's weight budget, not this one)."""
+    if not options.train or not options.checkpoint_auto:
+        raise LoadError("--checkpoint-budget is the budget of --checkpoint auto, which plans "
+                        "a training step: add --train --checkpoint auto")
+    if options.checkpoint:
+        raise LoadError("--checkpoint (every block) and --checkpoint auto (selective, under a "
+                        "budget) are two answers: give one")
+    for flag, text in (("--checkpoint-budget", options.checkpoint_budget),
+                       ("--device-mem", options.device_memory)):
+        if text is not None:
+            _, size = device_memory(text, options.devices_file, flag)
+            assert size is not None
+            return f"{flag} {text}", size
+    if options.device is not None:
+        spec = resolve_device(options.device, options.devices_file, options.profile)
+        if spec.memory_bytes:
+            return f"{spec.name}'s memory (--device)", spec.memory_bytes
+    raise LoadError("--checkpoint auto needs a memory budget: --checkpoint-budget 70GiB (or a "
+                    "GPU name: h100), or a device to fill (--device-mem, --device)")
 
 
 def resolve_device(name: str, devices_file: str | None = None, profile: str | None = None

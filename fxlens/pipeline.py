@@ -10,6 +10,7 @@ rules and device specs are handed to the rooms here. Inference and training run 
     fusion              Findings, Fusion over the analysed graph (forward or whole step)
     quantization        Quant            over the inference forward (weights as loaded)
     roofline            Roofline         needs the graph's costs; `--fused` reads the fusion plan
+    checkpoint auto     Selective…       save/recompute per op under a budget (`fxlens.ckpt_pass`)
     plan                Plan             layouts over many GPUs from the training step's units
                                          (`fxlens.plan_pass`)
 
@@ -31,12 +32,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-import torch
-
 from fxlens import checks
 from fxlens.analyzer.capture.chain import METHODS, capture
 from fxlens.analyzer.capture.check import check_scale, mixed_dtypes
-from fxlens.analyzer.capture.guard import user_code
+from fxlens.analyzer.capture.load import calibration_batches
 from fxlens.analyzer.capture.training import TrainingGraph, capture_training
 from fxlens.analyzer.capture.types import Autocast
 from fxlens.analyzer.core.beside import MIN_WAIT_S, Beside, beside, result_or_none
@@ -69,6 +68,7 @@ from fxlens.analyzer.memory.measure import EagerAlongside, MeasuredMemory, simul
 from fxlens.analyzer.memory.training_state import parse_bytes
 from fxlens.analyzer.memory.training_step import StepSettings, training_section
 from fxlens.analyzer.time.roofline import compute_seconds, roofline_section, throughput_basis
+from fxlens.ckpt_pass import CheckpointPass
 from fxlens.fit_pass import InferenceFitPass
 from fxlens.kv_pass import KVCachePass
 from fxlens.plan_pass import PlanPass, sharded_fix
@@ -101,7 +101,9 @@ class AnalysisOptions:
     precision: str | None = None        # None: from the parameters' dtype
     optimizer: str = "adamw"
     device_memory: str | None = None    # "80GiB" or a GPU name ("h100")
-    checkpoint: bool = False
+    checkpoint: bool = False            # every repeated block (the what-if)
+    checkpoint_auto: bool = False       # selective, under a budget (fxlens.ckpt_pass)
+    checkpoint_budget: str | None = None   # its budget; default --device-mem, --device
     kv_cache: bool = False
     context: int | None = None          # KV cache context; None: the captured sequence length
     device: str | None = None           # roofline device ("h100", "cpu"); None: no roofline
@@ -286,7 +288,7 @@ class QuantPass:
         batches, source = None, ""
         if options.calibrate:
             source = "calibration()" if loaded.calibration else "example inputs"
-            batches = _calibration_batches(loaded)
+            batches = calibration_batches(loaded)
         settings = QuantSettings(calibration=batches, calibration_source=source,
                                  activations=options.activations,
                                  metric=options.calibrate_metric, plan=plan,
@@ -315,8 +317,8 @@ class RooflinePass:
         return (roofline_section(basis, ctx.analysed(), spec, ctx.options.tf32),)
 
 
-PASSES: tuple[Pass[Context], ...] = (InferenceMemory(), TrainingStep(), KVCachePass(),
-                                     FusionPass(), QuantPass(), RooflinePass(),
+PASSES: tuple[Pass[Context], ...] = (InferenceMemory(), TrainingStep(), CheckpointPass(),
+                                     KVCachePass(), FusionPass(), QuantPass(), RooflinePass(),
                                      InferenceFitPass(), PlanPass())
 
 
@@ -405,37 +407,6 @@ def _eager_peak(loaded: LoadedModel, simulated: MeasuredMemory | None) -> EagerP
         log.warning("eager memory simulation failed: %s", error)
         return EagerPeak(peak_bytes=None, error=f"{type(error).__name__}: {error}"[:300])
     return EagerPeak(peak_bytes=simulated.peak_bytes, peak_op=simulated.peak_op)
-
-
-def _calibration_batches(loaded: LoadedModel) -> list[Any]:
-    """The model file's ``calibration()`` batches (user code, guarded), else the inputs.
-    Each batch is what the forward takes, as the example inputs are: a tuple (or list) of
-    positional arguments, a dict of keyword arguments, or one tensor."""
-    if loaded.calibration is None:
-        return [loaded.inputs]
-    where = f"{loaded.source}: calibration()"
-    try:
-        with user_code(where):
-            batches = list(loaded.calibration())
-    except LoadError:
-        raise
-    except Exception as error:
-        raise LoadError(f"{where} raised {type(error).__name__}: {error}") from error
-    if not batches:
-        raise LoadError(f"{where} yielded no batches: yield the forward's inputs, one batch "
-                        f"at a time")
-    return [_as_arguments(batch, where, i) for i, batch in enumerate(batches)]
-
-
-def _as_arguments(batch: Any, where: str, index: int) -> tuple[Any, ...] | dict[str, Any]:
-    if isinstance(batch, torch.Tensor):
-        return (batch,)
-    if isinstance(batch, (tuple, list)):
-        return tuple(batch)
-    if isinstance(batch, dict):
-        return batch
-    raise LoadError(f"{where}: batch {index} is of type {type(batch).__name__}; yield a tensor, a "
-                    f"tuple of the forward's positional inputs or a dict of its keyword inputs")
 
 
 def _autocast(precision: Precision, on_gpu: bool) -> Autocast | None:

@@ -16,6 +16,7 @@ choices), so ``analyze --help`` and a bad option answer at once.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -45,10 +46,25 @@ exit codes: 0 ok, 1 a gate tripped (--fail-on) or a sweep point failed, 2 bad in
 3 internal error (a bug)"""
 
 
+CHECKPOINT_MODES = ("blocks", "auto")
+
+
+class _Parser(Parser):
+    """`Parser` where a bare ``--checkpoint`` never takes the next word (the target) as its
+    mode: ``analyze --train --checkpoint model.py`` still checkpoints every block."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        words = list(sys.argv[1:] if args is None else args)
+        words = [("--checkpoint=blocks" if word == "--checkpoint" and (
+                    i + 1 == len(words) or words[i + 1] not in CHECKPOINT_MODES) else word)
+                 for i, word in enumerate(words)]
+        return super().parse_known_args(words, namespace)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from fxlens import __version__
 
-    parser = Parser(
+    parser = _Parser(
         prog="analyze",
         description="Static cost analysis of a PyTorch model: FLOPs, bytes, per module.",
         epilog=SUBCOMMAND_HELP, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -104,8 +120,16 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
                                "weights, amp-bf16 / amp-fp16 for 16-bit weights")
     training.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
                           help="optimizer whose state is accounted (default adamw)")
-    training.add_argument("--checkpoint", action="store_true",
-                          help="what-if: activation checkpointing of every repeated block")
+    training.add_argument("--checkpoint", nargs="?", const="blocks", choices=CHECKPOINT_MODES,
+                          metavar="auto",
+                          help="activation checkpointing of the repeated blocks: alone, every "
+                               "block recomputed (a what-if); 'auto', which ops to save and "
+                               "which to recompute so the step fits --checkpoint-budget at "
+                               "the least recompute (a torch.utils.checkpoint policy to paste)")
+    training.add_argument("--checkpoint-budget", metavar="SIZE|GPU",
+                          help="the step peak --checkpoint auto plans for: 70GiB or a GPU "
+                               "name (default: --device-mem, else --device's memory; "
+                               "--budget is --quant-plan's)")
     training.add_argument("--device-mem", metavar="SIZE|GPU",
                           help="device memory for a fits verdict: 80GiB, 24GB or a GPU name")
     inference = parser.add_argument_group("inference memory")
@@ -206,7 +230,8 @@ def run(args: argparse.Namespace) -> int:
         sizes={"batch": args.batch, "seq_len": args.seq_len, "image_size": args.image_size},
         methods=tuple(args.method or METHODS), strict=args.strict,
         train=args.train, precision=args.precision, optimizer=args.optimizer,
-        device_memory=args.device_mem, checkpoint=args.checkpoint,
+        device_memory=args.device_mem, checkpoint=args.checkpoint == "blocks",
+        checkpoint_auto=args.checkpoint == "auto", checkpoint_budget=args.checkpoint_budget,
         kv_cache=args.kv_cache, context=args.context,
         device=args.device, devices_file=args.devices, profile=args.profile, tf32=args.tf32,
         fused=args.fused, quant=args.quant,

@@ -16,8 +16,8 @@ METHODS = ("export", "make_fx", "record")       # fxlens.analyzer.capture.chain.
 PRECISIONS = ("fp32", "bf16", "amp-bf16", "amp-fp16", "autocast-bf16", "autocast-fp16",
               "fp8")                                          # fxlens.pipeline.PRECISIONS
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adam8bit")  # …OPTIMIZERS
-VIEWS = ("summary", "modules", "top-ops", "memory", "training", "kv-cache", "roofline",
-         "validation", "fusion", "quant", "plan")          # fxlens.reports.views.VIEW_KEYS
+VIEWS = ("summary", "modules", "top-ops", "memory", "training", "checkpoint", "kv-cache",
+         "roofline", "validation", "fusion", "quant", "plan")   # …reports.views.VIEW_KEYS
 
 
 class Parser(argparse.ArgumentParser):

@@ -8,6 +8,7 @@ Every user-derived string goes through `markdown_escape`. Pure: Report → str.
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
@@ -15,7 +16,7 @@ from fxlens.analyzer.core.report import Report
 from fxlens.reports.dot import collapsed_blocks
 from fxlens.reports.escape import markdown_escape as esc
 from fxlens.reports.units import percent, si
-from fxlens.reports.view import Detail, View
+from fxlens.reports.view import Code, Detail, SideBySide, Table, View
 from fxlens.reports.views import asked_first, first_screen, views
 from fxlens.reports.views.headline import headline, inputs_text
 from fxlens.reports.views.model import coverage_figure
@@ -91,11 +92,26 @@ def render_view(view: View, folded: bool = True) -> list[str]:
     sweep's table), which stands under a heading."""
     lines = ([f"<details><summary>{esc(view.title)}</summary>", ""] if folded else
              [f"#### {esc(view.title)}", ""])
-    for table in view.tables():
-        lines += [f"**{esc(table.title)}**", ""]
-        header = ([c.name for c in table.columns] if table.show_header
-                  else [""] * len(table.columns))
-        lines += _table(header, [[c.plain for c in row] for row in table.rows])
-        # the blank line ends the table: a caption right under it would be read as a row
-        lines += ["", f"<sub>{esc(table.caption)}</sub>", ""] if table.caption else [""]
+    for block in view.blocks:
+        if isinstance(block, Code):
+            lines += [f"**{esc(block.title)}**", "", *_fenced(block), ""]
+            continue
+        for table in block.tables if isinstance(block, SideBySide) else (block,):
+            lines += _table_lines(table)
     return [*lines, "</details>", ""] if folded else lines
+
+
+def _fenced(code: Code) -> list[str]:
+    """A fenced block longer than any run of backticks in the code, so none closes it."""
+    longest = max((len(run) for run in re.findall(r"`+", code.text)), default=0)
+    fence = "`" * max(3, longest + 1)
+    return [f"{fence}{code.language}", *code.text.splitlines(), fence]
+
+
+def _table_lines(table: Table) -> list[str]:
+    header = ([c.name for c in table.columns] if table.show_header
+              else [""] * len(table.columns))
+    lines = [f"**{esc(table.title)}**", "",
+             *_table(header, [[c.plain for c in row] for row in table.rows])]
+    # the blank line ends the table: a caption right under it would be read as a row
+    return lines + (["", f"<sub>{esc(table.caption)}</sub>", ""] if table.caption else [""])

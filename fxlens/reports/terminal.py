@@ -16,7 +16,7 @@ from rich.text import Text
 
 from fxlens.analyzer.core.report import Report
 from fxlens.reports.escape import terminal_escape
-from fxlens.reports.view import Block, Cell, Detail, SideBySide, Table, Tone, View
+from fxlens.reports.view import Block, Cell, Code, Detail, SideBySide, Table, Tone, View
 from fxlens.reports.views import first_screen, views
 
 STACK_BELOW = 120   # columns: narrower terminals get side-by-side tables one under the other
@@ -58,6 +58,9 @@ def render_view(view: View) -> RenderableType:
 def render_block(block: Block) -> RenderableType:
     if isinstance(block, SideBySide):
         return _SideBySide(tuple(render_table(t) for t in block.tables))
+    if isinstance(block, Code):
+        return Group(Text(terminal_escape(block.title), style="bold", overflow="fold"),
+                     Text(terminal_escape(block.text, newlines=True), overflow="fold"))
     return render_table(block)
 
 

@@ -1,7 +1,8 @@
 """The presentation model every surface renders: a section's view is titled tables of text.
 
 A view function (`fxlens.reports.views`) turns one typed section into a `View`: tables whose
-cells are already formatted strings (units formatted once, in `fxlens.reports.units`), with
+cells are already formatted strings (and, where a section carries code to paste, a `Code`
+block) (units formatted once, in `fxlens.reports.units`), with
 a tone where a cell is a verdict. The formats — terminal (`terminal`), HTML (`html`),
 Markdown (`markdown`) — render any view the same generic way, each escaping user text with
 its own one function, so a section shown on one surface is shown on all.
@@ -79,7 +80,17 @@ class SideBySide:
     tables: tuple[Table, ...]
 
 
-Block = Table | SideBySide
+@dataclass(frozen=True)
+class Code:
+    """Text to copy as it is (a policy to paste): every format shows it verbatim, in a
+    monospaced block, never wrapped or reflowed."""
+
+    title: str
+    text: str
+    language: str = "python"
+
+
+Block = Table | SideBySide | Code
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,8 @@ class View:
     def tables(self) -> tuple[Table, ...]:
         out: list[Table] = []
         for block in self.blocks:
+            if isinstance(block, Code):
+                continue
             out.extend(block.tables if isinstance(block, SideBySide) else (block,))
         return tuple(out)
 

@@ -218,3 +218,34 @@ def check_inputs(module: torch.nn.Module, inputs: tuple[Any, ...] | dict[str, An
         raise LoadError(f"{source}: the model and its example inputs are on different devices "
                         f"({', '.join(sorted(devices))}); eager PyTorch refuses that: move "
                         f"them to one device")
+
+
+def calibration_batches(loaded: LoadedModel) -> list[Any]:
+    """The model file's ``calibration()`` batches (user code, guarded), else the inputs.
+    Each batch is what the forward takes, as the example inputs are: a tuple (or list) of
+    positional arguments, a dict of keyword arguments, or one tensor."""
+    if loaded.calibration is None:
+        return [loaded.inputs]
+    where = f"{loaded.source}: calibration()"
+    try:
+        with user_code(where):
+            batches = list(loaded.calibration())
+    except LoadError:
+        raise
+    except Exception as error:
+        raise LoadError(f"{where} raised {type(error).__name__}: {error}") from error
+    if not batches:
+        raise LoadError(f"{where} yielded no batches: yield the forward's inputs, one batch "
+                        f"at a time")
+    return [_as_arguments(batch, where, i) for i, batch in enumerate(batches)]
+
+
+def _as_arguments(batch: Any, where: str, index: int) -> tuple[Any, ...] | dict[str, Any]:
+    if isinstance(batch, torch.Tensor):
+        return (batch,)
+    if isinstance(batch, (tuple, list)):
+        return tuple(batch)
+    if isinstance(batch, dict):
+        return batch
+    raise LoadError(f"{where}: batch {index} is of type {type(batch).__name__}; yield a tensor, a "
+                    f"tuple of the forward's positional inputs or a dict of its keyword inputs")

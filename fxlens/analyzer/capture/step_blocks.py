@@ -308,10 +308,13 @@ class StandIns:
 
     # --- the splice ------------------------------------------------------------------------
 
-    def finish(self) -> tuple[list[Node], list[TensorRef], dict[str, TensorRef]] | None:
+    def finish(self, outputs: Sequence[TensorRef] = ()
+               ) -> tuple[list[Node], list[TensorRef], dict[str, TensorRef],
+                          list[TensorRef]] | None:
         """The recorded nodes with every placeholder replaced by a copy of its first block's
-        nodes, the saved tensors, and the gradient of every weight that has one, by name;
-        None where no block was stood in for (the recording is the full one)."""
+        nodes, the saved tensors, the gradient of every weight that has one, by name, and
+        `outputs` (recorded refs) as refs of those nodes; None where no block was stood in
+        for (the recording is the full one)."""
         recorder = self._recorder
         if not self._members:
             return None
@@ -330,7 +333,7 @@ class StandIns:
             splice.grads.setdefault(name, splice.fix(ref))
         log.info("the step's backward of %d repeated blocks is copied from the first block of "
                  "their group", len(self._members))
-        return splice.out, saved, splice.grads
+        return splice.out, saved, splice.grads, [splice.fix(ref) for ref in outputs]
 
     def _region(self, first: _First) -> range:
         """The first block's backward: one contiguous run of nodes under its path."""

@@ -77,6 +77,7 @@ class _Recorded:
     nodes: list[Node]
     saved: list[TensorRef]
     roles: dict[TensorRef, str]          # each parameter's gradient
+    outputs: list[TensorRef]             # what the forward returned
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,10 @@ class _Settings:
 class TrainingGraph:
     graph: Graph
     saved: tuple[TensorRef, ...]       # tensors autograd saved for the backward, in order
+    # What the forward returned (logits, a loss): the caller holds them through the backward,
+    # as a training loop's ``out`` does. Not among `graph.outputs`: the step's liveness frees
+    # them at their last use.
+    outputs: tuple[TensorRef, ...] = ()
 
 
 def capture_training(
@@ -130,7 +135,8 @@ def capture_training(
         module_types={p: type_name(type(m)) for p, m in module.named_modules()},
         roles=recorded.roles, notes=(f"recorded on {tensors}", *_autocast_note(autocast)),
     )
-    return TrainingGraph(graph, tuple(dict.fromkeys(recorded.saved)))
+    return TrainingGraph(graph, tuple(dict.fromkeys(recorded.saved)),
+                         tuple(dict.fromkeys(recorded.outputs)))
 
 
 def _record(
@@ -187,18 +193,22 @@ def _record_once(
         with (torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
               autocast_forward(settings.autocast)):
             out = torch.func.functional_call(module, state, args, kwargs)
+        returned = [ref for t in pytree.tree_leaves(plain_outputs(out))
+                    if isinstance(t, torch.Tensor) and (ref := recorder.peek(t)) is not None]
         outputs = _to_train(out)
         if not outputs:
             raise CaptureError("no output of the model requires grad: nothing to train "
                                "(are all parameters frozen?)")
         recorder.phase = "backward"
         torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
-    spliced = blocks.finish() if blocks is not None else None
+    spliced = blocks.finish(returned) if blocks is not None else None
     if spliced is not None:
-        nodes, saved, grads = spliced
-        return _Recorded(nodes, saved, {grads[n]: "gradient" for n in state if n in grads})
+        nodes, saved, grads, returned = spliced
+        return _Recorded(nodes, saved, {grads[n]: "gradient" for n in state if n in grads},
+                         returned)
     return _Recorded(recorder.nodes, saved, {recorder.ref(t.grad): "gradient"
-                                             for t in state.values() if t.grad is not None})
+                                             for t in state.values() if t.grad is not None},
+                     returned)
 
 
 def _autocast_note(autocast: Autocast | None) -> tuple[str, ...]:

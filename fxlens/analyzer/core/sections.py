@@ -202,6 +202,75 @@ class Training(Section):
         return self.peak_breakdown.step_bytes(self.checkpointing.memory_saved_bytes)
 
 
+# --- selective activation checkpointing ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SavedOp:
+    """An op a selective-checkpointing policy saves, by overload: which of its calls in a
+    block's forward it saves (0-based, as the policy counts them), all of them when `every`."""
+
+    target: str
+    calls: tuple[int, ...]
+    every: bool
+    bytes: int                      # kept per block
+
+
+@dataclass(frozen=True)
+class BlockPolicy:
+    """One policy for alike blocks (the same forward, op for op): what it saves, in words too."""
+
+    blocks: tuple[str, ...]
+    saved: tuple[SavedOp, ...]
+    summary: str                    # "matmuls and attention kept; norms, … recomputed"
+    ops: int                        # ops of a block's recompute a policy may save
+    saved_ops: int
+    saved_bytes: int                # per block
+    recompute: float                # per block, in the section's cost unit
+
+
+@dataclass(frozen=True)
+class BudgetPoint:
+    """The policy chosen for one budget: its step peak and the recompute it adds."""
+
+    budget_bytes: int
+    peak_bytes: int
+    recompute: float
+    recompute_share: float
+    saved_ops: int                  # per block, summed over the policies
+    fits: bool
+    exact: bool
+
+
+@section("selective_checkpointing")
+@dataclass(frozen=True)
+class SelectiveCheckpointing(Section):
+    """``--checkpoint auto``: which tensors of the repeated blocks to save and which to
+    recompute so that the step's peak fits a budget at the least recompute
+    (`fxlens.analyzer.checkpoint`). Peaks are steady steps, simulated."""
+
+    budget_bytes: int
+    budget_from: str                # what set the budget ("--checkpoint-budget 70GiB")
+    cost_unit: str                  # "s" (roofline time) or "FLOP"
+    cost_basis: str                 # "roofline time on h100" or "FLOPs (no --device)"
+    peak_before_bytes: int          # without checkpointing
+    peak_after_bytes: int           # with the policy
+    least_peak_bytes: int           # every op of every block recomputed
+    first_step_peak_bytes: int      # with the policy, optimizer state made in the step
+    fwd_bwd_peak_bytes: int         # the forward/backward's live bytes at its peak, with it
+    fits: bool
+    checkpointed: bool              # False: the step fits the budget as it is
+    recompute: float                # added per step, in `cost_unit`
+    recompute_flops: int
+    recompute_share: float          # of the step's time on the device (else FLOPs)
+    policies: tuple[BlockPolicy, ...]
+    curve: tuple[BudgetPoint, ...]
+    solver: str
+    exact: bool
+    gap: float                      # recompute over the bound's, minus 1 (0 when exact)
+    code: str                       # the policy as Python
+
+
 # --- KV cache ----------------------------------------------------------------------------------
 
 
@@ -438,6 +507,21 @@ class QuantCalibration:
     activations: bool
     metric: str
     logit_leaves: int
+    # issue 35 (`quant.combine`): the calibration examples the bootstrap resampled; which
+    # score ranks ("calibrated", "data-free", "leans on calibrated", "leans on data-free")
+    # and the median weight on the calibrated one at the score format; the median ± (95 %) of
+    # the calibrated scores there and the data-free score's own ± around the measurements
+    # (None: too few pairs to size it); the expected Spearman ρ of the calibrated order
+    # against an unlimited calibration's, the share of resamples keeping its worst layer,
+    # and the examples for ρ ≥ 0.95 (None with a stability: more than 128× as many)
+    examples: int | None = optional()
+    ranking: str | None = optional()
+    calibrated_weight: float | None = optional()
+    calibrated_error_db: float | None = optional()
+    prior_spread_db: float | None = optional()
+    rank_stability: float | None = optional()
+    worst_kept: float | None = optional()
+    examples_for_stable: int | None = optional()
 
 
 @dataclass(frozen=True)
@@ -473,6 +557,15 @@ class QuantLayer:
     # the structural rules (risk codes) that keep this layer at 8 bits or more, whatever its
     # score: its "keep higher" under 8 bits is theirs (`quant.section.verdicts`)
     kept_by: tuple[str, ...] = ()
+    # issue 35 (`quant.combine`): ± (95 %) of the calibrated score over the calibration
+    # examples; the combined score that ranks, gives the verdicts and sizes the plan, its ±
+    # and the weight it gives the calibrated score; per format the rank, 1 = most sensitive
+    # (layers whose intervals overlap share it: tied)
+    calibrated_error_db: Mapping[str, float | None] | None = optional()
+    combined_score_db: Mapping[str, float | None] | None = optional()
+    combined_error_db: Mapping[str, float | None] | None = optional()
+    calibrated_weight: Mapping[str, float] | None = optional()
+    rank: Mapping[str, int] | None = optional()
 
 
 @dataclass(frozen=True)

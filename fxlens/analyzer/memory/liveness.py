@@ -58,7 +58,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -311,6 +311,12 @@ def _sweep(graph: Graph, st: Storages) -> _Sweep:
     return out
 
 
+def timeline(graph: Graph, st: Storages) -> tuple[int, ...]:
+    """Live bytes right after each call node's allocations (`MemoryProfile.timeline`), for
+    storages `plan_storages` planned on `graph`."""
+    return tuple(_sweep(graph, st).timeline)
+
+
 def _live_at(st: Storages, position: int) -> tuple[LiveTensor, ...]:
     live = []
     for sid, category in enumerate(st.category):
@@ -334,10 +340,15 @@ def _allocated_by_module(st: Storages) -> dict[str, int]:
 
 
 def liveness(
-    graph: Graph, registry: CostRegistry, lifetimes: Lifetimes = Lifetimes.EAGER
+    graph: Graph, registry: CostRegistry, lifetimes: Lifetimes = Lifetimes.EAGER,
+    extend: Callable[[Graph, Storages], None] | None = None,
 ) -> MemoryProfile:
-    """Liveness of `graph`'s storages; `registry` supplies the rules' alias checks."""
+    """Liveness of `graph`'s storages; `registry` supplies the rules' alias checks; `extend`,
+    if given, lengthens lifetimes (``Storages.last``) the graph cannot show before the sweep
+    (`fxlens.analyzer.checkpoint.model.unpack_holds`)."""
     st = plan_storages(graph, registry, lifetimes)
+    if extend is not None:
+        extend(graph, st)
     sweep = _sweep(graph, st)
     peak_node = graph.nodes[sweep.peak_position] if sweep.peak_position >= 0 else None
     live = _live_at(st, sweep.peak_position) if peak_node is not None else ()

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from fxlens.analyzer.core.report import Report
 from fxlens.reports.view import Detail, View
+from fxlens.reports.views.checkpoint import checkpoint_view
 from fxlens.reports.views.fusion import fusion_view
 from fxlens.reports.views.memory import kv_cache_view, memory_view, training_view
 from fxlens.reports.views.model import modules_view, ops_view, summary_view
@@ -22,19 +23,20 @@ ViewFn = Callable[[Report, Detail], View | None]
 
 VIEWS: tuple[ViewFn, ...] = (
     summary_view, modules_view, ops_view,
-    memory_view, training_view, kv_cache_view,
+    memory_view, training_view, checkpoint_view, kv_cache_view,
     roofline_view, validation_view,
     fusion_view, quant_view, plan_view,
 )
 # Their keys, in the same order (what ``--show`` takes)
-VIEW_KEYS = ("summary", "modules", "top-ops", "memory", "training", "kv-cache", "roofline",
-             "validation", "fusion", "quant", "plan")
+VIEW_KEYS = ("summary", "modules", "top-ops", "memory", "training", "checkpoint", "kv-cache",
+             "roofline", "validation", "fusion", "quant", "plan")
 
 
 # The section a run asked about, in the order one is picked for the first screen of every
-# surface (after the summary): a plan, quantization, the KV cache, a validation, the training
-# step, the roofline; with none of them, where the FLOPs are (modules and top ops).
-ASKED = ("plan", "quant", "kv-cache", "validation", "training", "roofline")
+# surface (after the summary): a plan, quantization, the KV cache, a validation, selective
+# checkpointing, the training step, the roofline; with none of them, where the FLOPs are
+# (modules and top ops).
+ASKED = ("plan", "quant", "kv-cache", "validation", "checkpoint", "training", "roofline")
 PLAIN = ("modules", "top-ops")
 
 

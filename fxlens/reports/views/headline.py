@@ -17,6 +17,7 @@ from fxlens.analyzer.core.sections import (
     Plan,
     Quant,
     Roofline,
+    SelectiveCheckpointing,
     Training,
 )
 from fxlens.reports.units import binary_bytes, seconds, si
@@ -84,6 +85,14 @@ def _memory_figures(report: Report) -> list[Figure]:
     if training is not None and report.get(Plan) is not None:
         return [Figure("unsharded step peak", binary_bytes(training.step_peak_bytes),
                        f"{training.precision} · {training.optimizer}; per GPU: the plan")]
+    sac = report.get(SelectiveCheckpointing)
+    if training is not None and sac is not None:
+        how = (f"with selective checkpointing, +{sac.recompute_share:.0%} recompute (without: "
+               f"{binary_bytes(sac.peak_before_bytes)})" if sac.checkpointed else
+               "no checkpointing: the step fits the budget" if sac.fits else
+               "checkpointing lowers nothing: the optimizer step sets the peak")
+        return [Figure("training step peak", binary_bytes(sac.peak_after_bytes),
+                       f"{training.precision} · {training.optimizer}, {how}")]
     if training is not None:
         checkpointed = training.checkpointed_peak_bytes
         if checkpointed is not None:     # the configuration the verdict is about
@@ -123,7 +132,8 @@ def verdicts(report: Report) -> tuple[Figure, ...]:
                           f"totals undercount: {ops}", Tone.BAD))
     training = report.get(Training)
     if training is not None and training.fit is not None and report.get(Plan) is None:
-        out.append(training_fit(training))      # with a plan, the plan's verdict speaks
+        out.append(training_fit(training, report.get(SelectiveCheckpointing)))
+        # with a plan, the plan's verdict speaks
     elif training is None:
         fit = _inference_fit(report)
         if fit is not None:
@@ -137,11 +147,14 @@ def verdicts(report: Report) -> tuple[Figure, ...]:
     return tuple(out)
 
 
-def training_fit(training: Training) -> Figure:
+def training_fit(training: Training, sac: SelectiveCheckpointing | None = None) -> Figure:
+    """The step against its device; with ``--checkpoint auto`` the checkpointed step's peak
+    (the fit is re-stated for it, `fxlens.ckpt_pass`)."""
     fit = training.fit
     assert fit is not None
     where = f"{fit.device} ({binary_bytes(fit.device_bytes)})"
-    checkpointed = " with checkpointing" if fit.with_checkpointing else ""
+    checkpointed = ((" with selective checkpointing" if sac is not None else
+                     " with checkpointing") if fit.with_checkpointing else "")
     if fit.fits:
         return Figure(f"fits {fit.device}", "yes",
                       f"needs {binary_bytes(fit.needed_bytes)}{checkpointed} of {where}; "
