@@ -18,7 +18,10 @@ pick does at least 90 % of the worst's damage:
 - fisher: the calibrated Fisher alone;
 - data-free: the section's data-free score (Fisher on synthetic inputs shaped like the example
   inputs, distilled from BatchNorm statistics where there are any);
-- prior: the weights-only prior (no forward at all).
+- prior: the weights-only prior (no forward at all);
+- combined: calibrated and data-free weighed by their uncertainties (issue 35,
+  `fxlens.analyzer.quant.combine`): the score that ranks; `bench/quant_combined.py` compares
+  it with its inputs at calibration sizes of 8, 32 and 128 batches.
 
 Targets (issue 16): calibrated median ρ ≥ 0.9 with the worst layer first in ≥ 90 % of rows;
 data-free median ρ ≥ 0.6.
@@ -41,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.analyzer import ranking_models as rm  # noqa: E402
 
-SCORES = ("calibrated", "fisher", "data-free", "prior")
+SCORES = rm.SCORES
 NEAR = 0.9      # in the summary's parentheses: rows whose first pick does ≥ 90 % of the worst
 
 

@@ -346,7 +346,7 @@ class Row:
     metric: str                     # of the true damage: "loss" or "distortion"
     layers: int
     truly_worst: str
-    rho: dict[str, float]           # by fxlens score: calibrated, fisher, data-free, prior
+    rho: dict[str, float]           # by fxlens score (`SCORES`)
     worst_first: dict[str, bool]
     # the pick is the worst or tied with it: the held-out rows cannot tell the two apart
     worst_or_tied: dict[str, bool]
@@ -371,36 +371,53 @@ def _damage_key(scores: dict[str, float | None], name: str) -> float:
     return -math.inf if value is None else -float(value)     # None: exact, no damage
 
 
-def ranking_rows(case: Case, formats: Sequence[str] | None = None) -> list[Row]:
-    """One row per format: ρ and worst-first of each fxlens score against the true damage."""
+SCORES = ("calibrated", "fisher", "data-free", "prior", "combined")
+
+
+def ranking_rows(case: Case, formats: Sequence[str] | None = None,
+                 truth: dict[tuple[str, str], dict[str, torch.Tensor]] | None = None,
+                 prior: dict[str, Any] | None = None) -> list[Row]:
+    """One row per format (and truth metric): ρ and worst-first of each fxlens score (`SCORES`)
+    against the true damage; `truth` and the weights-only `prior` section when already
+    measured (one model ranked at several calibration sizes)."""
     section = fxlens_section(case)
-    prior = fxlens_section(case, calibrated=False, synthetic=False)
+    prior = prior or fxlens_section(case, calibrated=False, synthetic=False)
     formats = list(formats or section["formats"])
-    truth = true_damage(case, formats)
+    truth = truth or true_damage(case, formats)
+    by = {r["layer"]: r for r in section["layers"]}
+    by_prior = {r["layer"]: r for r in prior["layers"]}
     rows = []
     for (fmt, metric), per_row in truth.items():
+        if fmt not in formats:
+            continue
         names = list(per_row)
-        damage = {n: float(per_row[n].mean()) for n in names}
-        by = {r["layer"]: r for r in section["layers"]}
         scores = {
             "calibrated": {n: by[n]["calibrated_score_db"].get(fmt) for n in names},
             "fisher": {n: -(by[n].get("fisher_damage") or {}).get(fmt, 0.0) for n in names},
             "data-free": {n: by[n]["data_free_sqnr_db"].get(fmt) for n in names},
-            "prior": {n: {r["layer"]: r for r in prior["layers"]}[n]["data_free_sqnr_db"]
-                      .get(fmt) for n in names},
+            "prior": {n: by_prior[n]["data_free_sqnr_db"].get(fmt) for n in names},
+            "combined": {n: (by[n].get("combined_score_db")
+                             or by[n]["calibrated_score_db"]).get(fmt) for n in names},
         }
-        hurt = [damage[n] for n in names]
-        worst = max(names, key=lambda n: damage[n])
-        rho, first, close, ratio = {}, {}, {}, {}
-        for kind, score in scores.items():
-            keys = [_damage_key(score, n) for n in names]
-            rho[kind] = spearman(keys, hurt)
-            top = max(names, key=lambda n, s=score: _damage_key(s, n))
-            first[kind] = damage[top] >= damage[worst]       # the worst, or exactly as bad
-            close[kind] = first[kind] or tied(per_row[worst], per_row[top])
-            ratio[kind] = damage[top] / damage[worst] if damage[worst] > 0 else 1.0
-        rows.append(Row(case.name, fmt, metric, len(names), worst, rho, first, close, ratio))
+        rows.append(_row(case.name, fmt, metric, per_row, scores))
     return rows
+
+
+def _row(model: str, fmt: str, metric: str, per_row: dict[str, torch.Tensor],
+         scores: dict[str, dict[str, float | None]]) -> Row:
+    names = list(per_row)
+    damage = {n: float(per_row[n].mean()) for n in names}
+    hurt = [damage[n] for n in names]
+    worst = max(names, key=lambda n: damage[n])
+    rho, first, close, ratio = {}, {}, {}, {}
+    for kind, score in scores.items():
+        keys = [_damage_key(score, n) for n in names]
+        rho[kind] = spearman(keys, hurt)
+        top = max(names, key=lambda n, s=score: _damage_key(s, n))
+        first[kind] = damage[top] >= damage[worst]       # the worst, or exactly as bad
+        close[kind] = first[kind] or tied(per_row[worst], per_row[top])
+        ratio[kind] = damage[top] / damage[worst] if damage[worst] > 0 else 1.0
+    return Row(model, fmt, metric, len(names), worst, rho, first, close, ratio)
 
 
 def with_model(case: Case, model: nn.Module) -> Case:

@@ -38,15 +38,16 @@ included. Measured (bench/README.md): on a digits MLP the KL ranks the real int2
 at Spearman ρ 0.83–1.0 over six training seeds, the logit SQNR at 0.37–0.94; MiniLM's
 embedding (SQNR) at 0.99. The precision plan keeps using the output SQNR.
 
-Activation statistics come from forward hooks on the layer modules. NB: the design keeps module
-attribution of the *graph* off hooks (``nn_module_stack``); here hooks see real tensors of a real
-run, which is what they are for. Input channels are the last dim (linear) or dim 1 (conv).
-NB: activations are fake-quantized with a dynamic per-tensor scale (per batch), the scale a
-static calibration would pick for that batch; embeddings' integer inputs are left alone.
+Activation statistics come from forward hooks on the layer modules
+(`fxlens.analyzer.quant.activations`). NB: activations are fake-quantized with a dynamic
+per-tensor scale (per batch), the scale a static calibration would pick for that batch;
+embeddings' integer inputs are left alone.
 
 `Calibration.score_db` is the measured value where a layer was measured at a format, else the
 Fisher's prediction (`Calibration.evidence` says which). With ``activations`` or the
-``agreement`` metric (which no Fisher predicts) every layer is measured.
+``agreement`` metric (which no Fisher predicts) every layer is measured. `Calibration.samples`
+keeps what each calibration example carries of every measured damage, for its uncertainty
+(`fxlens.analyzer.quant.samples`).
 
 Cost: one forward and backward per example (at most `MAX_EXAMPLES`), plus
 ``layers × formats + 1`` forwards per batch up to `MEASURE_ALL_PAIRS` pairs, else
@@ -66,6 +67,8 @@ import torch
 import torch.utils._pytree as pytree
 
 from fxlens.analyzer.capture.chain import plain_outputs
+from fxlens.analyzer.quant.activations import ActivationStats, recorder
+from fxlens.analyzer.quant.activations import stats as activation_stats
 from fxlens.analyzer.quant.fisher import (
     MAX_EXAMPLES,
     Fisher,
@@ -73,8 +76,15 @@ from fxlens.analyzer.quant.fisher import (
     diagonal_fisher,
     split_examples,
 )
+from fxlens.analyzer.quant.samples import (
+    Samples,
+    example_power,
+    example_sizes,
+    per_example,
+    row_examples,
+)
 from fxlens.analyzer.quant.types import NumberFormatLike, QuantKnowledge
-from fxlens.analyzer.quant.weights import OUTLIER_RATIO, Layer, sqnr_db
+from fxlens.analyzer.quant.weights import Layer, sqnr_db
 
 # NB: the Fisher ranks every layer; the few it finds worst per format are measured for real,
 # where second order under-reads large errors and where the ranking's top matters most.
@@ -99,17 +109,6 @@ TAIL_FLOOR = 0.5
 Inputs = tuple[Any, ...] | dict[str, Any]
 
 
-@dataclass(frozen=True)
-class ActivationStats:
-    """One layer's input (and output) activations over the calibration batches."""
-
-    input_absmax: float
-    input_max_over_std: float
-    outlier_channels: int            # input channels whose max|x| > OUTLIER_RATIO × median
-    outlier_channel_share: float
-    output_max_over_std: float
-
-
 METRICS = ("auto", "sqnr", "kl", "agreement")
 
 
@@ -130,6 +129,9 @@ class Calibration:
     # each calibration row's share of the damage at the score format (measured KL per logit
     # row, each measured layer weighing alike; else the Fisher per example): health checks
     row_damage: tuple[float, ...] = ()
+    # what each calibration example carries of every measured pair's damage, in the metric
+    # that ranks (`fxlens.analyzer.quant.samples`): the uncertainty of `score_db`
+    samples: Samples | None = None
 
 
 @dataclass(frozen=True)
@@ -138,6 +140,9 @@ class _Outputs:
 
     flat: torch.Tensor
     logits: list[torch.Tensor]          # (rows, classes) per logit leaf per batch
+    runs: Sequence[list[torch.Tensor]] = ()     # the output leaves per batch, as returned
+    sizes: Sequence[int] = ()                   # examples per batch (`samples.example_sizes`)
+    row_example: torch.Tensor | None = None     # the example of every logit row
 
 
 def run_model(module: torch.nn.Module, inputs: Inputs) -> list[torch.Tensor]:
@@ -149,13 +154,16 @@ def run_model(module: torch.nn.Module, inputs: Inputs) -> list[torch.Tensor]:
             if isinstance(t, torch.Tensor) and t.is_floating_point()]
 
 
-def _collect(runs: Sequence[list[torch.Tensor]], logit_index: Sequence[frozenset[int]]
-             ) -> _Outputs:
+def _collect(runs: Sequence[list[torch.Tensor]], logit_index: Sequence[frozenset[int]],
+             sizes: Sequence[int] = ()) -> _Outputs:
     flat = [t.detach().float().flatten() for leaves in runs for t in leaves]
     logits = [t.detach().float().reshape(-1, t.shape[-1])
               for leaves, index in zip(runs, logit_index, strict=True)
               for i, t in enumerate(leaves) if i in index]
-    return _Outputs(torch.cat(flat) if flat else torch.zeros(0), logits)
+    counts = [[t.numel() // t.shape[-1] for i, t in enumerate(leaves) if i in index]
+              for leaves, index in zip(runs, logit_index, strict=True)]
+    return _Outputs(torch.cat(flat) if flat else torch.zeros(0), logits, runs, sizes,
+                    row_examples(counts, sizes) if sizes else None)
 
 
 def softmax_damage(reference: Sequence[torch.Tensor], quantized: Sequence[torch.Tensor]
@@ -217,34 +225,44 @@ def calibrate(module: torch.nn.Module, layers: Sequence[Layer], batches: Iterabl
         chosen = _to_measure(fisher, layers, knowledge.formats, measure_top)
         score_format = score_format if score_format in knowledge.formats else next(
             iter(knowledge.formats))
-        sqnr, kl, agreement, rows = _measure(module, layers, batches, knowledge, activations,
-                                             chosen, index, _collect(runs, index), on_step,
-                                             score_format)
+        reference = _collect(runs, index, example_sizes(batches, runs))
+        measured = _measure(module, layers, batches, knowledge, activations, chosen, index,
+                            reference, on_step, score_format, metric)
     finally:
         module.train(was_training)
-    measured = {
-        "sqnr": sqnr,
-        "kl": {k: {f: damage_db(v) for f, v in row.items()} for k, row in kl.items()},
+    score, evidence = _scores(measured, metric, layers, knowledge, fisher)
+    logit_leaves = len(index[0]) if index else 0
+    rows = measured.rows
+    row_damage = (tuple(rows.tolist()) if rows is not None and logit_leaves
+                  else fisher.per_example)
+    return Calibration(len(batches), stats, measured.sqnr, metric, logit_leaves,
+                       measured.kl if logit_leaves else {},
+                       measured.agreement if logit_leaves else {}, score, fisher, evidence,
+                       row_damage, _samples(measured, reference, metric))
+
+
+def _scores(measured: _Measured, metric: str, layers: Sequence[Layer],
+            knowledge: QuantKnowledge, fisher: Fisher
+            ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, str]]]:
+    """(the `metric` in dB per layer and format, "measured" or "fisher" behind each)."""
+    by_metric = {
+        "sqnr": measured.sqnr,
+        "kl": {k: {f: damage_db(v) for f, v in row.items()} for k, row in measured.kl.items()},
         "agreement": {k: {f: damage_db(1.0 - v) for f, v in row.items()}
-                      for k, row in agreement.items()},
+                      for k, row in measured.agreement.items()},
     }[metric]
     score: dict[str, dict[str, float]] = {}
     evidence: dict[str, dict[str, str]] = {}
     for layer in layers:
         score[layer.name], evidence[layer.name] = {}, {}
         for name in knowledge.formats:
-            if name in measured.get(layer.name, {}):
-                score[layer.name][name] = measured[layer.name][name]
+            if name in by_metric.get(layer.name, {}):
+                score[layer.name][name] = by_metric[layer.name][name]
                 evidence[layer.name][name] = "measured"
             elif layer.name in fisher.damage:
                 score[layer.name][name] = fisher.score_db(layer.name, name)
                 evidence[layer.name][name] = "fisher"
-    logit_leaves = len(index[0]) if index else 0
-    row_damage = (tuple(rows.tolist()) if rows is not None and logit_leaves
-                  else fisher.per_example)
-    return Calibration(len(batches), stats, sqnr, metric, logit_leaves,
-                       kl if logit_leaves else {}, agreement if logit_leaves else {}, score,
-                       fisher, evidence, row_damage)
+    return score, evidence
 
 
 def _to_measure(fisher: Fisher, layers: Sequence[Layer], formats: Mapping[str, Any],
@@ -261,18 +279,26 @@ def _to_measure(fisher: Fisher, layers: Sequence[Layer], formats: Mapping[str, A
     return chosen
 
 
+@dataclass
+class _Measured:
+    """What `_measure` gathers: layer → format → value, and per example (`Samples`)."""
+
+    sqnr: dict[str, dict[str, float]] = field(default_factory=dict)
+    kl: dict[str, dict[str, float]] = field(default_factory=dict)
+    agreement: dict[str, dict[str, float]] = field(default_factory=dict)
+    rows: torch.Tensor | None = None    # KL per logit row at the score format, summed
+    damage: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)
+    capped: dict[tuple[str, str], torch.Tensor] = field(default_factory=dict)
+
+
 def _measure(module: torch.nn.Module, layers: Sequence[Layer], batches: Sequence[Inputs],
              knowledge: QuantKnowledge, activations: bool, chosen: set[tuple[str, str]],
              index: Sequence[frozenset[int]], reference: _Outputs,
-             on_step: Callable[[str], None], score_format: str
-             ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]],
-                        dict[str, dict[str, float]], torch.Tensor | None]:
-    """(output SQNR, KL, top-1 agreement) per layer and format, for the chosen pairs, and
-    the KL per logit row at the score format (each layer's rows normalised to mean 1)."""
-    sqnr: dict[str, dict[str, float]] = {}
-    kl: dict[str, dict[str, float]] = {}
-    agreement: dict[str, dict[str, float]] = {}
-    rows: torch.Tensor | None = None
+             on_step: Callable[[str], None], score_format: str, metric: str) -> _Measured:
+    """(output SQNR, KL, top-1 agreement) per layer and format, for the chosen pairs; the
+    KL per logit row at the score format (each layer's rows normalised to mean 1); what
+    each example carries of the `metric`'s damage."""
+    out = _Measured()
     done = 0
     for layer in layers:
         for name, fmt in knowledge.formats.items():
@@ -282,15 +308,47 @@ def _measure(module: torch.nn.Module, layers: Sequence[Layer], batches: Sequence
             on_step(f"calibration {done}/{len(chosen)}: {layer.name or '(root)'} at {name}")
             act = (knowledge.activation_format(fmt) if activations
                    and layer.module_type not in knowledge.embedding_types else None)
-            outputs = _collect(_quantized_run(module, layer, fmt, act, batches), index)
-            sqnr.setdefault(layer.name, {})[name] = sqnr_db(reference.flat, outputs.flat)
+            runs = _quantized_run(module, layer, fmt, act, batches)
+            outputs = _collect(runs, index)
+            out.sqnr.setdefault(layer.name, {})[name] = sqnr_db(reference.flat, outputs.flat)
+            per_row = None
             if reference.logits:
-                per_row, kl.setdefault(layer.name, {})[name], agreement.setdefault(
+                per_row, out.kl.setdefault(layer.name, {})[name], out.agreement.setdefault(
                     layer.name, {})[name] = softmax_damage(reference.logits, outputs.logits)
                 if name == score_format:
-                    per_row = per_row / per_row.mean().clamp(min=1e-300)
-                    rows = per_row if rows is None else rows + per_row
-    return sqnr, kl, agreement, rows
+                    normal = per_row / per_row.mean().clamp(min=1e-300)
+                    out.rows = normal if out.rows is None else out.rows + normal
+            _example_damage(out, (layer.name, name), metric, reference, runs, outputs, per_row)
+    return out
+
+
+def _example_damage(out: _Measured, pair: tuple[str, str], metric: str, reference: _Outputs,
+                    runs: Sequence[list[torch.Tensor]], outputs: _Outputs,
+                    per_row: torch.Tensor | None) -> None:
+    """Each example's share of `pair`'s damage in the `metric` (`samples.Samples`)."""
+    ids, count = reference.row_example, sum(reference.sizes)
+    if metric == "sqnr" or per_row is None or ids is None:
+        noise = example_power(reference.runs, reference.sizes, runs)
+        out.damage[pair] = out.capped[pair] = noise
+    elif metric == "agreement":
+        flips = torch.cat([(z.argmax(-1) != zq.argmax(-1)).double()
+                           for z, zq in zip(reference.logits, outputs.logits, strict=True)])
+        out.damage[pair] = out.capped[pair] = per_example(flips, ids, count)
+    else:
+        top = int(len(per_row) * TAIL_SHARE)
+        cap = per_row.kthvalue(len(per_row) - top).values if top else per_row.max()
+        out.damage[pair] = per_example(per_row, ids, count)
+        out.capped[pair] = per_example(per_row.clamp(max=cap), ids, count)
+
+
+def _samples(measured: _Measured, reference: _Outputs, metric: str) -> Samples:
+    count = sum(reference.sizes)
+    kl_like = metric != "sqnr" and reference.row_example is not None and reference.logits
+    weight = (per_example(torch.ones(len(reference.row_example)), reference.row_example, count)
+              if kl_like and reference.row_example is not None
+              else example_power(reference.runs, reference.sizes))
+    return Samples(weight, measured.damage, measured.capped,
+                   TAIL_FLOOR if kl_like and metric == "kl" else 0.0)
 
 
 def row_kl(reference: Sequence[torch.Tensor], quantized: Sequence[torch.Tensor]
@@ -350,7 +408,7 @@ def _reference(module: torch.nn.Module, layers: Sequence[Layer], batches: Sequen
     activation statistics per layer)."""
     sums: dict[str, dict[str, Any]] = {layer.name: {} for layer in layers}
     heads: list[weakref.ref[torch.Tensor]] = []
-    handles = [layer.module.register_forward_hook(_recorder(sums[layer.name], layer))
+    handles = [layer.module.register_forward_hook(recorder(sums[layer.name], layer))
                for layer in layers]
     handles += [layer.module.register_forward_hook(_head_recorder(heads)) for layer in layers
                 if layer.module_type in knowledge.logit_layer_types]
@@ -363,7 +421,7 @@ def _reference(module: torch.nn.Module, layers: Sequence[Layer], batches: Sequen
     finally:
         for handle in handles:
             handle.remove()
-    return runs, per_batch, {name: _stats(s) for name, s in sums.items() if s}
+    return runs, per_batch, {name: activation_stats(s) for name, s in sums.items() if s}
 
 
 def _head_recorder(heads: list[weakref.ref[torch.Tensor]]) -> Callable[..., None]:
@@ -372,46 +430,3 @@ def _head_recorder(heads: list[weakref.ref[torch.Tensor]]) -> Callable[..., None
         if isinstance(output, torch.Tensor):
             heads.append(weakref.ref(output))
     return hook
-
-
-def _recorder(acc: dict[str, Any], layer: Layer) -> Callable[..., None]:
-    channel_dim = 1 if "Conv" in layer.module_type and layer.module_type != "Conv1D" else -1
-
-    def hook(_: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
-        x = args[0] if args else None
-        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.dim() >= 1:
-            x = x.detach().float()
-            channels = x.movedim(channel_dim, 0).reshape(x.shape[channel_dim], -1).abs()
-            prev = acc.get("channel_absmax")
-            current = channels.amax(dim=1)
-            acc["channel_absmax"] = current if prev is None else torch.maximum(prev, current)
-            _moments(acc, "in", x)
-        if isinstance(output, torch.Tensor) and output.is_floating_point():
-            _moments(acc, "out", output.detach().float())
-    return hook
-
-
-def _moments(acc: dict[str, Any], key: str, x: torch.Tensor) -> None:
-    n, s, s2, m = acc.get(key, (0, 0.0, 0.0, 0.0))
-    acc[key] = (n + x.numel(), s + float(x.sum()), s2 + float((x * x).sum()),
-                max(m, float(x.abs().max())) if x.numel() else m)
-
-
-def _ratio(moments: tuple[int, float, float, float] | None) -> tuple[float, float]:
-    """(absmax, absmax / std) from accumulated moments."""
-    if not moments or moments[0] == 0:
-        return 0.0, 0.0
-    n, s, s2, m = moments
-    std = math.sqrt(max(s2 / n - (s / n) ** 2, 1e-30))
-    return m, m / std
-
-
-def _stats(acc: Mapping[str, Any]) -> ActivationStats:
-    absmax, ratio = _ratio(acc.get("in"))
-    _, out_ratio = _ratio(acc.get("out"))
-    channels = acc.get("channel_absmax")
-    outliers, share = 0, 0.0
-    if channels is not None and channels.numel():
-        flags = channels > OUTLIER_RATIO * channels.median().clamp(min=1e-30)
-        outliers, share = int(flags.sum()), float(flags.float().mean())
-    return ActivationStats(absmax, ratio, outliers, share, out_ratio)

@@ -12,9 +12,15 @@ inputs can run, the Fisher on synthetic inputs in the same unit (``Quant.score_m
 the weights-only prior (`fxlens.analyzer.quant.weights`); ``Quant.data_free_evidence`` says
 which.
 
-One score per layer and format ranks, gives the verdicts and sizes the plan: the calibrated
-score when calibration ran, else the data-free one. NB: the verdict thresholds are in dB of
-that score's damage, 30 dB = an output error power of 0.1 % or a KL of 10⁻³ nats per row.
+One score per layer and format ranks, gives the verdicts and sizes the plan (`score_of`): when
+calibration ran, the calibrated and data-free scores combined by their uncertainties
+(`fxlens.analyzer.quant.combine`: the calibrated one's bootstrap over the calibration
+examples, the data-free one's spread around it measured on this model), else the data-free
+one. Each row then carries the calibrated score's ± (95 %), the combined score, its ± and
+the weight it gave the calibrated one, and its rank per format (tied layers share it); the
+`QuantCalibration` says which score ranks and the calibration's health (examples, expected
+rank stability, examples for a stable order). NB: the verdict thresholds are in dB of that
+score's damage, 30 dB = an output error power of 0.1 % or a KL of 10⁻³ nats per row.
 ``output_kl`` and ``top1_agreement`` are present only when the outputs hold logits.
 Non-finite values (an exact format) are written as None.
 
@@ -32,11 +38,17 @@ import torch
 from torch import nn
 
 from fxlens.analyzer.core.graph import Graph
-from fxlens.analyzer.core.sections import Quant, QuantCalibration, QuantLayer, QuantPlan, QuantRisk
+from fxlens.analyzer.core.sections import Quant, QuantLayer, QuantPlan, QuantRisk
 from fxlens.analyzer.quant.calibrated import Calibration, Inputs, calibrate
 from fxlens.analyzer.quant.fisher import top_share
 from fxlens.analyzer.quant.links import Link, input_links
 from fxlens.analyzer.quant.plan import PlanLayer, make_plan
+from fxlens.analyzer.quant.ranking import (
+    calibration_info,
+    combined,
+    rounded_db,
+    with_combined,
+)
 from fxlens.analyzer.quant.synthetic import SyntheticFisher, synthetic_fisher
 from fxlens.analyzer.quant.types import LayerView, PlanRequest, QuantKnowledge, Risk
 from fxlens.analyzer.quant.weights import (
@@ -98,6 +110,10 @@ def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
               else synthetic.metric if synthetic is not None and synthetic.fisher else "sqnr")
     rows = [_row(layer, free[layer.name], risks[layer.name], calibration, synthetic)
             for layer in layers]
+    combination = None
+    if calibration is not None:
+        combination = combined(calibration, free, settings.score_format)
+        rows = [with_combined(row, combination) for row in rows]
     rows = [replace(row, verdicts=verdicts(row, knowledge),
                     kept_by=tuple(sorted(set(row.risks) & knowledge.keep_8_bits)))
             for row in rows]
@@ -111,10 +127,9 @@ def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
                     + _calibration_health(calibration)
                     + ([synthetic.failure] if synthetic and synthetic.failure else [])),
         formats=tuple(knowledge.formats), score_format=settings.score_format,
-        calibration=None if calibration is None else QuantCalibration(
-            batches=calibration.batches, source=settings.calibration_source,
-            activations=settings.activations, metric=calibration.metric,
-            logit_leaves=calibration.logit_leaves),
+        calibration=None if calibration is None else calibration_info(
+            calibration, combination, rows, settings.score_format,
+            settings.calibration_source, settings.activations),
         layers=tuple(rows), risks=_risk_list(risks), plan=plan,
         data_free_evidence=_free_evidence(synthetic, links, views),
         calibrated_evidence=_calibrated_evidence(calibration),
@@ -182,10 +197,6 @@ def _out_ratio(calibration: Calibration, name: str) -> float | None:
     return stats.output_max_over_std if stats else None
 
 
-def _db(values: Mapping[str, float]) -> dict[str, float | None]:
-    return {k: (round(v, 3) if math.isfinite(v) else None) for k, v in values.items()}
-
-
 def _rounded(values: Mapping[str, float]) -> dict[str, float]:
     return {k: float(f"{v:.4g}") for k, v in values.items()}
 
@@ -198,7 +209,8 @@ def _row(layer: Layer, free: DataFree, risks: Sequence[Risk], calibration: Calib
         status=free.status, reason=free.reason,
         stats={k: (round(v, 4) if isinstance(v, float) else v)
                for k, v in asdict(free.stats).items()} if free.stats else {},
-        weight_sqnr_db=_db(free.weight_sqnr_db), data_free_sqnr_db=_db(free.score_db),
+        weight_sqnr_db=rounded_db(free.weight_sqnr_db),
+        data_free_sqnr_db=rounded_db(free.score_db),
         risks=tuple(r.code for r in risks),
         risk_details={r.code: r.detail for r in risks if r.detail},
         data_free_fisher=(_rounded(fisher.damage[layer.name]) if fisher is not None
@@ -213,11 +225,11 @@ def _row(layer: Layer, free: DataFree, risks: Sequence[Risk], calibration: Calib
     damage = calibration.fisher.damage.get(layer.name) if calibration.fisher else None
     return replace(
         row,
-        output_sqnr_db=_db(calibration.output_sqnr_db.get(layer.name, {})),
+        output_sqnr_db=rounded_db(calibration.output_sqnr_db.get(layer.name, {})),
         output_kl=_rounded(calibration.output_kl.get(layer.name, {})) if logits else None,
         top1_agreement=(_rounded(calibration.top1_agreement.get(layer.name, {}))
                         if logits else None),
-        calibrated_score_db=_db(calibration.score_db.get(layer.name, {})),
+        calibrated_score_db=rounded_db(calibration.score_db.get(layer.name, {})),
         activation={k: round(v, 4) if isinstance(v, float) else v
                     for k, v in asdict(stats).items()} if stats else {},
         fisher_damage=_rounded(damage) if damage is not None else None,
@@ -226,8 +238,11 @@ def _row(layer: Layer, free: DataFree, risks: Sequence[Risk], calibration: Calib
 
 
 def score_of(row: QuantLayer) -> Mapping[str, float | None]:
-    """The one score that ranks, decides the verdicts and sizes the plan: calibrated when
-    calibration ran, else data-free."""
+    """The one score that ranks, decides the verdicts and sizes the plan: the combined one
+    when calibration ran (`quant.combine`: calibrated and data-free weighed by their
+    uncertainties), else the calibrated one (a report without it), else data-free."""
+    if row.combined_score_db is not None:
+        return row.combined_score_db
     if row.calibrated_score_db is not None:
         return row.calibrated_score_db
     return row.data_free_sqnr_db
@@ -354,7 +369,8 @@ def _plan(module: nn.Module, layers: Sequence[Layer], rows: Sequence[QuantLayer]
         sizes = {f: formats[f].storage_bytes(shape, layer.axis) for f in request.ladder}
         if row.status == "scored":
             scores = {f: (math.inf if v is None else v) for f, v in score_of(row).items()}
-            basis = "calibrated" if row.calibrated_score_db is not None else "data-free"
+            basis = ("combined" if row.combined_score_db is not None else "calibrated"
+                     if row.calibrated_score_db is not None else "data-free")
         else:
             scores, basis = dict(request.nominal_sqnr_db), "nominal"
         bases.add(basis)

@@ -1,9 +1,14 @@
 """View of the quantization section: layers most sensitive first, the plan, the risks.
 
-dB figures are higher-is-safer; a layer ranks by its calibrated score when calibration ran,
+dB figures are higher-is-safer; a layer ranks by its combined score when calibration ran (the
+calibrated and data-free scores weighed by their uncertainties, `analyzer.quant.combine`),
 else by its data-free score — the same score that gives the verdicts and sizes the plan. The
-caption says what each score stands on (`Quant.data_free_evidence`, `calibrated_evidence`).
-Reports written before issue 16 have neither, nor a `score_metric`: their scores are SQNR.
+ranking column shows that score with its 95 % interval (``±``), and ``=`` before a rank marks
+a layer tied with the one ranked first of its group (their intervals overlap). The notes say
+what each score stands on (`Quant.data_free_evidence`, `calibrated_evidence`), which score
+ranks and why, and the calibration's health (rows used, expected rank stability, rows for a
+stable order). Reports written before issue 16 have no evidence nor a `score_metric` (their
+scores are SQNR); before issue 35, no combined score: they rank by the calibrated one.
 """
 
 from __future__ import annotations
@@ -15,7 +20,13 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fxlens.analyzer.core.report import Report
-from fxlens.analyzer.core.sections import Quant, QuantLayer, QuantPlan, QuantRisk
+from fxlens.analyzer.core.sections import (
+    Quant,
+    QuantCalibration,
+    QuantLayer,
+    QuantPlan,
+    QuantRisk,
+)
 from fxlens.reports.units import binary_bytes, si
 from fxlens.reports.view import Block, Cell, Column, Detail, Figure, Table, Tone, View
 
@@ -75,21 +86,53 @@ def _verdict(row: QuantLayer, fmt: str) -> Cell:
     return Cell(text, TONES.get(text, Tone.MUTED), tail)
 
 
-def _rank_key(row: QuantLayer, fmt: str) -> float:
-    for scores in (row.calibrated_score_db, row.output_sqnr_db, row.data_free_sqnr_db):
-        value = (scores or {}).get(fmt)
-        if value is not None:
-            return float(value)
-    return math.inf
+def _rank_key(row: QuantLayer, fmt: str) -> tuple[float, str]:
+    for scores in (row.combined_score_db, row.calibrated_score_db, row.output_sqnr_db,
+                   row.data_free_sqnr_db):
+        if scores is not None and fmt in scores:
+            value = scores[fmt]
+            return (math.inf if value is None else float(value)), row.layer
+    return math.inf, row.layer
+
+
+def _metric_words(section: Quant) -> str:
+    if section.calibration is None:
+        return "KL" if section.score_metric == "kl" else "SQNR"
+    metric = section.calibration.metric
+    return ("KL of the softmax" if metric == "kl" else "top-1 flips" if metric == "agreement"
+            else "output SQNR")
+
+
+def _combined(section: Quant) -> bool:
+    return any(r.combined_score_db is not None for r in section.layers)
 
 
 def _ranked_by(section: Quant) -> str:
     """The score that ranks the layers and gives the verdicts, in words."""
     if section.calibration is None:
-        return "data-free KL" if section.score_metric == "kl" else "data-free SQNR"
-    metric = section.calibration.metric
-    return ("calibrated KL of the softmax" if metric == "kl" else "calibrated top-1 flips"
-            if metric == "agreement" else "calibrated output SQNR")
+        return f"data-free {_metric_words(section)}"
+    if not _combined(section) or section.calibration.prior_spread_db is None:
+        return f"calibrated {_metric_words(section)}"
+    return f"combined {_metric_words(section)}"
+
+
+def _why(calibration: QuantCalibration, weight: bool = True) -> str:
+    """Which score ranks and why: ``calibrated 16 rows ±5.0 dB vs data-free ±2.5 dB → leans
+    on data-free`` (with `weight`, the median weight on the calibrated score after it)."""
+    rows = (f"{calibration.examples} rows" if calibration.examples is not None
+            else f"{calibration.batches} batches")
+    if calibration.calibrated_error_db is None:
+        return f"calibrated on {rows}, too few to size its uncertainty → calibrated alone"
+    own = f"calibrated {rows} ±{calibration.calibrated_error_db:.1f} dB"
+    if calibration.prior_spread_db is None:
+        return (f"{own}; too few layers with both scores to size the data-free score's "
+                "spread → calibrated alone")
+    ranking = calibration.ranking or "calibrated"
+    verdict = {"calibrated": "the calibrated score ranks",
+               "data-free": "the data-free score ranks"}.get(ranking, ranking)
+    return (f"{own} vs data-free ±{calibration.prior_spread_db:.1f} dB → {verdict}"
+            + (f" (weight {calibration.calibrated_weight:.2f} on calibrated)"
+               if weight and calibration.calibrated_weight is not None else ""))
 
 
 # why no layer has a verdict, by the section's status
@@ -128,8 +171,10 @@ def quant_verdicts(section: Quant) -> tuple[Figure, ...]:
         if len(scored) < len(section.layers):
             parts.append(f"{len(section.layers) - len(scored)} unscored")
         ok = len(by_verdict["ok"])
-        figures = [Figure(label, f"{ok} of {len(scored)} layers ok",
-                          " · ".join([*parts, f"by {_ranked_by(section)}"]),
+        by = f"by {_ranked_by(section)}"
+        if section.calibration is not None and _combined(section):
+            by += f": {_why(section.calibration, weight=False)}"
+        figures = [Figure(label, f"{ok} of {len(scored)} layers ok", " · ".join([*parts, by]),
                           Tone.GOOD if ok == len(scored) else Tone.WARN)]
     plan = section.plan
     if plan is not None:
@@ -147,11 +192,13 @@ def quant_verdicts(section: Quant) -> tuple[Figure, ...]:
 
 
 def layer_table(section: Quant, top: int, full: bool = False) -> Table:
-    """Layers most sensitive first: the verdicts, the score that ranks them and the plan's
-    format; `full` adds every score behind them (weight statistics, data-free and measured
-    scores beside the ranking one, activation outliers, risk codes)."""
+    """Layers most sensitive first: the verdicts, the score that ranks them (with its ± and
+    ties when calibration ran) and the plan's format; `full` adds every score behind them
+    (weight statistics, data-free and measured scores beside the ranking one, the weight on
+    the calibrated score, activation outliers, risk codes)."""
     fmt = section.score_format
     calibrated = section.calibration is not None
+    combined = _combined(section)
     metric = section.calibration.metric if section.calibration is not None else "sqnr"
     ranked = sorted(section.layers, key=lambda r: _rank_key(r, fmt))
     shown = [f for f in section.formats if f == fmt or f.startswith("int4")]
@@ -167,35 +214,80 @@ def layer_table(section: Quant, top: int, full: bool = False) -> Table:
                     *((Column(f"w {f}", right=True),
                        functools.partial(lambda r, f: _db(r.weight_sqnr_db.get(f)), f=f))
                       for f in shown)]
-    if full or not calibrated:
-        columns.append((Column("data-free", right=True), lambda r: _scored(
-            r, r.data_free_sqnr_db.get(fmt))))
-    if calibrated and (full or metric == "sqnr"):
-        columns.append((Column("output", right=True),
-                        lambda r: _db((r.output_sqnr_db or {}).get(fmt))))
-    if calibrated and metric == "agreement":
-        columns.append((Column("top-1 kept", right=True), lambda r: _percent(
-            (r.top1_agreement or {}).get(fmt))))
-    elif calibrated and metric == "kl":
-        columns.append((Column("kl", right=True),
-                        lambda r: _db((r.calibrated_score_db or {}).get(fmt))))
+    columns += _score_columns(fmt, metric, calibrated, combined, full, _tied_above(ranked, fmt))
     if full and calibrated:
         columns.append((Column("act. outliers", right=True),
                         lambda r: str((r.activation or {}).get("outlier_channels", ""))))
     if full:
         columns.append((Column("risks"), lambda r: ", ".join(r.risks)))
     if section.plan is not None:
-        columns.append((Column("plan"), lambda r: r.precision or ""))
+        columns.append((Column("plan", no_wrap=True), lambda r: r.precision or ""))
     rows = [[cell(row) for _, cell in columns] for row in ranked[:top]]
     status = section.status.replace("_", " ")
     caption = (f"{len(ranked)} layers ({status}); dB higher is safer; FORMAT? is the "
                f"verdict: ok, risky, or keep higher (QNT00n: a structural rule keeps "
                f"the layer at 8 bits); — not scored")
+    if combined:
+        caption += ("; score: the combined score ± its 95 % interval; =: tied with the "
+                    "layer above (its interval overlaps that of its group's first layer)")
     if calibrated and metric == "agreement":
         caption += "; top-1 kept: rows whose top-1 class survives the format"
     return Table.of(f"quantization sensitivity · most sensitive first (by "
                     f"{_ranked_by(section)} at {fmt}, dB)",
                     [column for column, _ in columns], rows, caption=caption)
+
+
+def _score_columns(fmt: str, metric: str, calibrated: bool, combined: bool, full: bool,
+                   tied: Mapping[str, bool]
+                   ) -> list[tuple[Column, Callable[[QuantLayer], str | Cell]]]:
+    """The scores at `fmt`: the one that ranks on the first screen, all of them with `full`."""
+    out: list[tuple[Column, Callable[[QuantLayer], str | Cell]]] = []
+    if full or not calibrated:
+        out.append((Column("data-free", right=True), lambda r: _scored(
+            r, r.data_free_sqnr_db.get(fmt))))
+    if calibrated and (full or (metric == "sqnr" and not combined)):
+        out.append((Column("output", right=True),
+                    lambda r: _db((r.output_sqnr_db or {}).get(fmt))))
+    if calibrated and metric == "agreement":
+        out.append((Column("top-1 kept", right=True), lambda r: _percent(
+            (r.top1_agreement or {}).get(fmt))))
+    if calibrated and combined and full:
+        out += [(Column("calibrated", right=True), lambda r: _plus_minus(
+                    r.calibrated_score_db, r.calibrated_error_db, fmt)),
+                (Column("weight", right=True), lambda r: _weight(r, fmt))]
+    elif calibrated and metric == "kl" and not combined:
+        out.append((Column("kl", right=True),
+                    lambda r: _db((r.calibrated_score_db or {}).get(fmt))))
+    if combined:
+        out.append((Column("score", right=True, no_wrap=not full), lambda r: _plus_minus(
+            r.combined_score_db, r.combined_error_db, fmt) + (" =" if tied[r.layer] else "")))
+    return out
+
+
+def _tied_above(ranked: Sequence[QuantLayer], fmt: str) -> dict[str, bool]:
+    """Per layer, whether it shares its rank (`QuantLayer.rank`) with the layer above."""
+    out, above = {}, None
+    for row in ranked:
+        rank = (row.rank or {}).get(fmt)
+        out[row.layer] = rank is not None and rank == above
+        above = rank
+    return out
+
+
+def _plus_minus(scores: Mapping[str, float | None] | None,
+                errors: Mapping[str, float | None] | None, fmt: str) -> str:
+    if scores is None or fmt not in scores:
+        return ""
+    value = scores[fmt]
+    if value is None:
+        return "exact"
+    error = (errors or {}).get(fmt)
+    return f"{value:.1f}" + (f"±{error:.1f}" if error is not None else "")
+
+
+def _weight(row: QuantLayer, fmt: str) -> str:
+    value = (row.calibrated_weight or {}).get(fmt)
+    return "" if value is None else f"{value:.2f}"
 
 
 def _scored(row: QuantLayer, value: float | None) -> str | Cell:
@@ -211,7 +303,34 @@ def _notes(section: Quant) -> list[str]:
     notes = [f"data-free: {section.data_free_evidence}"] if section.data_free_evidence else []
     if section.calibrated_evidence:
         notes.append(f"calibrated: {section.calibrated_evidence}")
+    calibration = section.calibration
+    if calibration is not None and _combined(section):
+        notes.append(f"ranking: {_ranked_by(section)} — {_why(calibration)}; ± is the 95 % "
+                     "interval over the calibration rows, relative to the other layers")
+        notes.append(health_line(calibration))
     return notes + list(section.notes)
+
+
+def health_line(calibration: QuantCalibration) -> str:
+    """How many rows calibrated, whether more would reorder the layers, how many it takes."""
+    rows = calibration.examples
+    batches = f"{calibration.batches} batch{'es' * (calibration.batches != 1)}"
+    head = (f"calibration health: {rows} rows in {batches}"
+            if rows is not None else f"calibration health: {batches}")
+    stability = calibration.rank_stability
+    if stability is None:
+        return head + "; too few rows or layers to tell how stable the order is"
+    head += (f"; expected rank stability ρ {stability:.2f} against an unlimited calibration"
+             + (f", the worst layer first in {calibration.worst_kept:.0%} of resamples"
+                if calibration.worst_kept is not None else ""))
+    # ρ ≥ 0.95 is `analyzer.quant.combine.STABLE_RHO`; None: not within 128× the rows
+    needed = calibration.examples_for_stable
+    if needed is not None and rows is not None and needed <= rows:
+        return head + " — more rows would hardly change the order"
+    if needed is None:
+        return (head + " — more rows would reorder layers; not even 128× as many reach "
+                "ρ 0.95 (layers this close stay tied)")
+    return head + f" — more rows would reorder layers: about {needed} rows for ρ ≥ 0.95"
 
 
 def _plan_layers(plan: QuantPlan) -> str:
