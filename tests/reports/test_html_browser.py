@@ -184,6 +184,13 @@ def test_every_section_renders_without_overlapping_tables(browser: Any, tmp_path
     overlaps = [(a, b) for i, a in enumerate(boxes) for b in boxes[i + 1:]
                 if a[0] < b[2] - 1 and b[0] < a[2] - 1 and a[1] < b[3] - 1 and b[1] < a[3] - 1]
     assert overlaps == []
+    # a section's cells wrap rather than cut: no cell's text runs past its box (the notes
+    # and risks of the quantization section were cut with an ellipsis at 420 px)
+    clipped = browser.execute_script(
+        "return [...document.querySelectorAll('.view-table td')]"
+        ".filter(td => td.offsetParent && td.scrollWidth > td.clientWidth + 1)"
+        ".map(td => td.textContent.slice(0, 60))")
+    assert clipped == []
     OUTPUT.mkdir(exist_ok=True)
     browser.save_screenshot(str(OUTPUT / "sections.png"))
 
