@@ -110,6 +110,14 @@ def _minibatches(x: torch.Tensor, y: torch.Tensor, index: torch.Tensor, size: in
     return draw
 
 
+def relu_mlp(widths: Sequence[int]) -> nn.Sequential:
+    """Linear layers of `widths` with a ReLU between each two (none after the last)."""
+    layers: list[nn.Module] = []
+    for a, b in zip(widths, widths[1:], strict=False):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    return nn.Sequential(*layers[:-1])
+
+
 def _classifier_case(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor,
                      split: Sequence[torch.Tensor], example: torch.Tensor, epochs: int,
                      seed: int) -> Case:
@@ -126,10 +134,7 @@ def deep_mlp(seed: int = 0, depth: int = 10, epochs: int = 25) -> Case:
     x, y, *split = _digits(seed)
     torch.manual_seed(seed)
     widths = [64] + [48] * (depth - 1) + [10]
-    layers: list[nn.Module] = []
-    for a, b in zip(widths, widths[1:], strict=False):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    return _classifier_case("deep MLP", nn.Sequential(*layers[:-1]), x, y, split,
+    return _classifier_case("deep MLP", relu_mlp(widths), x, y, split,
                             torch.randn(1, 64), epochs, seed)
 
 
@@ -184,11 +189,7 @@ def regression_outliers(seed: int = 0, depth: int = 8, planted: float = 16.0) ->
     y = torch.tensor(ys, dtype=torch.float32).unsqueeze(1)
     y = (y - y.mean()) / y.std()
     torch.manual_seed(seed)
-    widths = [10] + [48] * (depth - 1) + [1]
-    layers: list[nn.Module] = []
-    for a, b in zip(widths, widths[1:], strict=False):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    model = nn.Sequential(*layers[:-1])
+    model = relu_mlp([10] + [48] * (depth - 1) + [1])
     perm = torch.randperm(2000, generator=torch.Generator().manual_seed(seed))
     train, calib, test = perm[:1400], perm[1400:1600], perm[1600:]
     _fit(model, _minibatches(x, y, train), F.mse_loss, 40, seed)

@@ -43,11 +43,7 @@ def gaussian_mlp(seed: int = 0, depth: int = 8, epochs: int = 15) -> rm.Case:
     training rows, 1,000 for calibration, 2,000 held out."""
     x, y = _clusters(seed, 6000)
     torch.manual_seed(seed)
-    widths = [24] + [64] * (depth - 1) + [6]
-    layers: list[nn.Module] = []
-    for a, b in zip(widths, widths[1:], strict=False):
-        layers += [nn.Linear(a, b), nn.ReLU()]
-    model = nn.Sequential(*layers[:-1])
+    model = rm.relu_mlp([24] + [64] * (depth - 1) + [6])
     index = torch.arange(6000)
     train, calib, test = index[:3000], index[3000:4000], index[4000:]
     rm._fit(model, rm._minibatches(x, y, train), F.cross_entropy, epochs, seed)
