@@ -185,7 +185,7 @@ def sharded_fix(ctx: Context, report: Report, training: Training, device_name: s
     if spec.inter_node_bytes_per_s <= 0 or spec.memory_bytes != fit.device_bytes:
         return None
     facts = plan_facts(ctx, report.with_(training), spec)
-    state = training.peak_breakdown.persistent_bytes + training.states.grad_bytes
+    state = training.state_bytes
     gpus = 2 ** max(math.ceil(math.log2(max(state / fit.device_bytes, 2))), 1)
     while gpus <= FIX_GPUS_MAX:
         plan = plan_section(facts, PlanRequest(gpus=gpus), spec, (), LINK_EFFICIENCY,

@@ -110,7 +110,7 @@ def test_every_suggested_fix_fits_when_applied() -> None:
 def _check_no_fix_is_said_so(training: Training, fit: Fit) -> None:
     """No lever fits alone or together: the persistent state is over the device (shard it),
     or the activations are and no smaller batch can be offered."""
-    state = training.peak_breakdown.persistent_bytes + training.states.grad_bytes
+    state = training.state_bytes
     verdict = _verdict(training)
     if state >= fit.device_bytes:
         assert "shard them over" in verdict and "--plan --gpus" in verdict
@@ -130,7 +130,7 @@ def test_a_step_whose_state_outgrows_the_device_is_offered_a_planned_layout(
 
     base = AnalysisOptions(train=True, precision="amp-bf16", sizes={"batch": 2, "seq_len": 64})
     training = _training(GPT, base)
-    state = training.peak_breakdown.persistent_bytes + training.states.grad_bytes
+    state = training.state_bytes
     devices = tmp_path / "devices.json"
     devices.write_text(json.dumps({"devices": {"tiny-gpu": {
         "memory_bytes": int(state * 0.4), "bandwidth_bytes_per_s": 1e12,

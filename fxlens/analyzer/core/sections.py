@@ -194,6 +194,12 @@ class Training(Section):
     optimizer_step_bytes: int = 0       # what one optimizer step reads and writes
 
     @property
+    def state_bytes(self) -> int:
+        """Weights, gradients and optimizer state: what no change on one device sheds, only
+        sharding over GPUs (the persistent bytes and the gradients)."""
+        return self.peak_breakdown.persistent_bytes + self.states.grad_bytes
+
+    @property
     def checkpointed_peak_bytes(self) -> int | None:
         """The steady step's peak with every repeated block checkpointed (the what-if's saved
         activations off the forward/backward peak), None without ``--checkpoint``."""

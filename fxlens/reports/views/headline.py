@@ -168,11 +168,11 @@ def training_fit(training: Training, sac: SelectiveCheckpointing | None = None) 
 def _fix(training: Training) -> str:
     """The re-estimated changes that make the step fit (`fxlens.analyzer.fixes`); where no
     change on one device does, what to shard."""
-    fit, states = training.fit, training.states
+    fit = training.fit
     assert fit is not None
     if fit.fixes:
         return "fits with " + " or ".join(_fix_text(fix) for fix in fit.fixes)
-    state = training.peak_breakdown.persistent_bytes + states.grad_bytes
+    state = training.state_bytes
     if state >= fit.device_bytes:
         gpus = max(math.ceil(state / (0.9 * fit.device_bytes)), 2)
         return (f"no change on one {fit.device} fits (weights, gradients and optimizer "
