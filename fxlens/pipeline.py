@@ -35,7 +35,7 @@ from typing import Any
 from fxlens import checks
 from fxlens.analyzer.capture.chain import METHODS, capture
 from fxlens.analyzer.capture.check import check_scale, mixed_dtypes
-from fxlens.analyzer.capture.load import calibration_batches
+from fxlens.analyzer.capture.load import calibration_batches, task_metrics
 from fxlens.analyzer.capture.training import TrainingGraph, capture_training
 from fxlens.analyzer.capture.types import Autocast
 from fxlens.analyzer.core.beside import MIN_WAIT_S, Beside, beside, result_or_none
@@ -119,6 +119,7 @@ class AnalysisOptions:
     quant_plan: str | None = None       # "w8a8", "w4a16" or "auto" (implies quant)
     budget: str | None = None           # weight memory budget of the plan ("4GiB")
     group_size: int = 128               # int4 group size
+    quant_tolerance: float | None = None  # evaluate(): relative worsening allowed (rules' default)
     allow_large: bool = False           # capture a model however long the estimate says
     plan: bool = False                  # layouts over many GPUs (implies train)
     strategy: str | None = None         # "fsdp", "dp=2,tp=4,pp=2,zero=1,sp"; None: search
@@ -292,6 +293,8 @@ class QuantPass:
         settings = QuantSettings(calibration=batches, calibration_source=source,
                                  activations=options.activations,
                                  metric=options.calibrate_metric, plan=plan,
+                                 evaluate=task_metrics(loaded),
+                                 task_tolerance=options.quant_tolerance,
                                  example_inputs=loaded.inputs)   # data-free Fisher
         return (quant_section(loaded.module, ctx.forward(),
                               knowledge(options.group_size, ctx.registry), settings,

@@ -30,6 +30,7 @@ from fxlens.cli.args import (
     count,
     non_negative_float,
     non_negative_int,
+    percent,
     positive_int,
 )
 from fxlens.cli.console import EXIT_OK, err, note, out, say, write_raw
@@ -201,6 +202,10 @@ def _quant_options(parser: argparse.ArgumentParser) -> None:
     quant.add_argument("--budget", metavar="SIZE", help="weight memory budget of the plan: 4GiB")
     quant.add_argument("--group-size", type=positive_int, default=128,
                        help="int4 group size (128)")
+    quant.add_argument("--quant-tolerance", type=percent, metavar="PCT",
+                       help="with the model file's evaluate(model): how far a metric may worsen "
+                            "(%% of its value) before a quantized model counts as changing the "
+                            "task (default 1: MLPerf's 99 %% accuracy target)")
 
 
 def _page_options(parser: argparse.ArgumentParser) -> None:
@@ -238,7 +243,8 @@ def run(args: argparse.Namespace) -> int:
         calibrate=args.quant_calibrate or args.calibrate_deprecated,
         activations=args.activations, calibrate_metric=args.calibrate_metric,
         quant_plan=args.quant_plan, budget=args.budget,
-        group_size=args.group_size, allow_large=args.allow_large,
+        group_size=args.group_size, quant_tolerance=args.quant_tolerance,
+        allow_large=args.allow_large,
         plan=args.plan, strategy=args.strategy, gpus=args.gpus, search=args.search,
         max_gpus=args.max_gpus, micro_batches=args.micro_batches,
         global_batch=args.global_batch, tokens=args.tokens, price=args.price,

@@ -70,6 +70,18 @@ def count(text: str) -> int:
     return int(value)
 
 
+def percent(text: str) -> float:
+    """A share written in percent, ``1`` or ``1%``, as a fraction (0.01); 0 up to 100."""
+    try:
+        value = float(text.strip().removesuffix("%"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a percentage like 1 or 0.5%, got {text!r}"
+                                         ) from None
+    if not 0 <= value <= 100:
+        raise argparse.ArgumentTypeError(f"expected a percentage from 0 to 100, got {text!r}")
+    return value / 100
+
+
 def non_negative_float(text: str) -> float:
     """A finite number ≥ 0 (prices)."""
     try:

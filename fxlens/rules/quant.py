@@ -59,6 +59,7 @@ from fxlens.analyzer.quant.types import (
     risk,
     risk_rule,
 )
+from fxlens.rules.task_metrics import TASK_TOLERANCE, lower_is_better
 
 DEFAULT_GROUP_SIZE = 128
 SCALE_BYTES = 2                 # fp16 scales
@@ -477,6 +478,7 @@ def knowledge(group_size: int = DEFAULT_GROUP_SIZE, registry: CostRegistry | Non
         batch_norm_types=BATCH_NORM_TYPES, foldable_types=FOLDABLE_TYPES,
         propagation_db=PROPAGATION_DB, role_db=ROLE_DB, input_axis=input_axis,
         homogeneous_ops=POSITIVELY_HOMOGENEOUS_OPS, layout_ops=LAYOUT_OPS,
+        lower_is_better=lower_is_better, task_tolerance=TASK_TOLERANCE,
     )
 
 

@@ -11,7 +11,9 @@ A factory returns ``(module, example_inputs)``; example inputs are a tuple of po
 arguments, a dict of keyword arguments, or a single tensor. Sizes from the command line
 (``batch``, ``seq_len``, ``image_size``) are passed to a factory that declares parameters of
 those names (or ``**kwargs``); a factory that does not is called without them. A model file
-(or factory module) may define ``calibration()`` yielding input batches for ``--calibrate``.
+(or factory module) may define ``calibration()`` yielding input batches for ``--calibrate``,
+and ``evaluate(model)`` returning the task's metrics (``{"accuracy": 0.973}``), which the
+quantization section runs on the model quantized (`fxlens.analyzer.quant.task`).
 
 Every failure is a `LoadError` naming the file (and line, for errors inside user code). User
 code runs under `fxlens.analyzer.capture.guard.user_code`: a model file that calls
@@ -29,6 +31,7 @@ import dataclasses
 import importlib
 import importlib.util
 import inspect
+import math
 import sys
 import traceback
 from collections.abc import Callable, Iterator, Mapping
@@ -97,7 +100,7 @@ def _from_file(path: Path, entry: str | None, sizes: Mapping[str, int]) -> Loade
             if not hasattr(code, "example_inputs"):
                 raise LoadError(f"{path} defines `model` but no `example_inputs`")
             return _loaded(code.model, code.example_inputs, path.stem, str(path),
-                           _calibration(code))
+                           _hooks(code))
         return _from_factory(code, entry or DEFAULT_ENTRY, sizes, str(path))
 
 
@@ -151,14 +154,15 @@ def _from_factory(code: Any, name: str, sizes: Mapping[str, int], where: str) ->
     module, inputs = result
     stem = Path(where).stem if where.endswith(".py") else where.rsplit(".", 1)[-1]
     loaded = _loaded(module, inputs, f"{stem}:{name}" if name != DEFAULT_ENTRY else stem,
-                     where, _calibration(code))
+                     where, _hooks(code))
     return dataclasses.replace(loaded, resizable=frozenset(_accepted(factory, SIZE_PROBE)))
 
 
-def _calibration(code: Any) -> Callable[[], Any] | None:
-    """The model file's ``calibration()`` generator of input batches (for --calibrate)."""
-    found = getattr(code, "calibration", None)
-    return found if callable(found) else None
+def _hooks(code: Any) -> dict[str, Callable[..., Any]]:
+    """The model file's ``calibration()`` (input batches, for --calibrate) and
+    ``evaluate(model)`` (the task's metrics), those it defines."""
+    return {name: found for name in ("calibration", "evaluate")
+            if callable(found := getattr(code, name, None))}
 
 
 SIZE_PROBE = {"batch": 1, "seq_len": 1, "image_size": 1}    # the sizes a factory may take
@@ -175,7 +179,7 @@ def _accepted(factory: Callable[..., Any], sizes: Mapping[str, int]) -> dict[str
 
 
 def _loaded(module: Any, inputs: Any, name: str, source: str,
-            calibration: Callable[[], Any] | None = None) -> LoadedModel:
+            hooks: Mapping[str, Callable[..., Any]] | None = None) -> LoadedModel:
     if not isinstance(module, torch.nn.Module):
         raise LoadError(f"{source}: expected an nn.Module, got {type(module).__name__}")
     if isinstance(inputs, torch.Tensor):
@@ -186,8 +190,9 @@ def _loaded(module: Any, inputs: Any, name: str, source: str,
         raise LoadError(f"{source}: example inputs must be a tuple, a dict or a tensor, "
                         f"got {type(inputs).__name__}")
     check_inputs(module, inputs, source)
+    hooks = hooks or {}
     return LoadedModel(module=module, inputs=inputs, name=name, source=source,
-                       calibration=calibration)
+                       calibration=hooks.get("calibration"), evaluate=hooks.get("evaluate"))
 
 
 def _user_error(what: str, error: BaseException) -> str:
@@ -249,3 +254,38 @@ def _as_arguments(batch: Any, where: str, index: int) -> tuple[Any, ...] | dict[
         return batch
     raise LoadError(f"{where}: batch {index} is of type {type(batch).__name__}; yield a tensor, a "
                     f"tuple of the forward's positional inputs or a dict of its keyword inputs")
+
+
+def task_metrics(loaded: LoadedModel) -> Callable[[torch.nn.Module], dict[str, float]] | None:
+    """The model file's ``evaluate(model)`` (user code, guarded, under `torch.no_grad`), its
+    answer checked: a dict of metric names to finite numbers (a one-element tensor counts)."""
+    evaluate = loaded.evaluate
+    if evaluate is None:
+        return None
+    where = f"{loaded.source}: evaluate(model)"
+
+    def metrics(module: torch.nn.Module) -> dict[str, float]:
+        try:
+            with user_code(where), torch.no_grad():
+                answer = evaluate(module)
+        except LoadError:
+            raise
+        except Exception as error:
+            raise LoadError(_user_error(f"{where} raised", error)) from error
+        return _checked_metrics(answer, where)
+    return metrics
+
+
+def _checked_metrics(answer: Any, where: str) -> dict[str, float]:
+    example = 'return {"accuracy": 0.973} (higher is better) or {"val_loss": 0.41}'
+    if not isinstance(answer, Mapping) or not answer:
+        raise LoadError(f"{where} returned {type(answer).__name__}; {example}")
+    out = {}
+    for name, value in answer.items():
+        if isinstance(value, torch.Tensor) and value.numel() == 1:
+            value = value.item()
+        if (not isinstance(name, str) or isinstance(value, bool)
+                or not isinstance(value, (int, float)) or not math.isfinite(value)):
+            raise LoadError(f"{where}: {name!r}: {value!r} is not a finite number; {example}")
+        out[name] = float(value)
+    return out

@@ -18,7 +18,8 @@ class LoadedModel:
 
     `inputs` is a tuple of positional arguments or a dict of keyword arguments. `name` is
     short and human (file stem or preset name); `source` says where the model came from.
-    `calibration` is the model file's ``calibration()`` generator of input batches, if any.
+    `calibration` is the model file's ``calibration()`` generator of input batches, if any;
+    `evaluate` its ``evaluate(model) -> {metric: value}``, the task's own metrics.
     `training_inputs` are the inputs of a training step where they differ from `inputs`: a
     causal language model's ``labels``, so the step computes the model's own loss.
     """
@@ -28,6 +29,7 @@ class LoadedModel:
     name: str
     source: str
     calibration: Callable[[], Iterable[Any]] | None = None
+    evaluate: Callable[[torch.nn.Module], Any] | None = None
     training_inputs: tuple[Any, ...] | dict[str, Any] | None = None
     # The sizes (``batch``, ``seq_len``, ``image_size``) the loader builds the model at when
     # the command line gives them: a factory's parameters of those names, a preset's inputs.

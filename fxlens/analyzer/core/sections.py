@@ -596,6 +596,29 @@ class QuantPlan:
     precision: Mapping[str, str]
 
 
+@dataclass(frozen=True)
+class TaskRun:
+    """The model file's ``evaluate(model)`` on the model with `weights` quantized: a format on
+    every layer, or a plan ("plan w4a16"); `keeps`: every metric within the tolerance."""
+
+    weights: str
+    layers: str                     # "every layer" or "the plan's formats"
+    activations: str | None         # "int8", "fp8"; None: left unquantized
+    values: Mapping[str, float]
+    keeps: bool
+
+
+@dataclass(frozen=True)
+class QuantTask:
+    """Quantization in the task's terms (`fxlens.analyzer.quant.task`): the metrics
+    ``evaluate(model)`` returns, on the model as it is and quantized."""
+
+    original: Mapping[str, float]
+    lower_is_better: tuple[str, ...]     # metric names read as lower-is-better (loss, ppl)
+    tolerance: float                     # relative: 0.01 keeps within 1 % of the original
+    runs: tuple[TaskRun, ...]
+
+
 @section("quant")
 @dataclass(frozen=True)
 class Quant(Section):
@@ -614,6 +637,7 @@ class Quant(Section):
     data_free_evidence: str | None = optional()
     calibrated_evidence: str | None = optional()
     score_metric: str | None = optional()
+    task: QuantTask | None = optional()     # the model file's evaluate(), where it has one
 
 
 # --- validation --------------------------------------------------------------------------------

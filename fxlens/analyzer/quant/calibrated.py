@@ -69,6 +69,7 @@ import torch.utils._pytree as pytree
 from fxlens.analyzer.capture.chain import plain_outputs
 from fxlens.analyzer.quant.activations import ActivationStats, recorder
 from fxlens.analyzer.quant.activations import stats as activation_stats
+from fxlens.analyzer.quant.apply import Assignment, quantized
 from fxlens.analyzer.quant.fisher import (
     MAX_EXAMPLES,
     Fisher,
@@ -380,24 +381,8 @@ def _logit_leaves(leaves: Sequence[torch.Tensor], heads: Sequence[weakref.ref[to
 def _quantized_run(module: torch.nn.Module, layer: Layer, fmt: NumberFormatLike,
                    act: NumberFormatLike | None, batches: Sequence[Inputs]
                    ) -> list[list[torch.Tensor]]:
-    weight = layer.weight
-    original = weight.data
-    handle = None
-    if act is not None:
-        def quantize_input(_: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
-            first = args[0]
-            if isinstance(first, torch.Tensor) and first.is_floating_point():
-                return (act.fake_quantize(first.reshape(1, -1), 0).reshape(first.shape),
-                        *args[1:])
-            return args
-        handle = layer.module.register_forward_pre_hook(quantize_input)
-    try:
-        weight.data = layer.quantize(fmt)
+    with quantized([Assignment(layer, fmt, act)]):
         return [run_model(module, b) for b in batches]
-    finally:
-        weight.data = original
-        if handle is not None:
-            handle.remove()
 
 
 def _reference(module: torch.nn.Module, layers: Sequence[Layer], batches: Sequence[Inputs],

@@ -38,7 +38,7 @@ import torch
 from torch import nn
 
 from fxlens.analyzer.core.graph import Graph
-from fxlens.analyzer.core.sections import Quant, QuantLayer, QuantPlan, QuantRisk
+from fxlens.analyzer.core.sections import Quant, QuantLayer, QuantPlan, QuantRisk, QuantTask
 from fxlens.analyzer.quant.calibrated import Calibration, Inputs, calibrate
 from fxlens.analyzer.quant.fisher import top_share
 from fxlens.analyzer.quant.links import Link, input_links
@@ -50,6 +50,7 @@ from fxlens.analyzer.quant.ranking import (
     with_combined,
 )
 from fxlens.analyzer.quant.synthetic import SyntheticFisher, synthetic_fisher
+from fxlens.analyzer.quant.task import Evaluate, task_effect
 from fxlens.analyzer.quant.types import LayerView, PlanRequest, QuantKnowledge, Risk
 from fxlens.analyzer.quant.weights import (
     DataFree,
@@ -80,6 +81,8 @@ class QuantSettings:
     metric: str = "auto"                            # calibrated ranking: auto|sqnr|kl|agreement
     plan: PlanRequest | None = None
     example_inputs: Inputs | None = None            # for the data-free Fisher; None: prior only
+    evaluate: Evaluate | None = None                # the task's metrics (`quant.task`)
+    task_tolerance: float | None = None             # None: the rules' default
 
 
 def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
@@ -121,11 +124,13 @@ def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
     if settings.plan is not None:
         plan = _plan(module, layers, rows, knowledge, settings.plan)
         rows = [replace(row, precision=plan.precision.get(row.layer)) for row in rows]
+    task, task_notes = _task(module, layers, knowledge, settings, plan, on_step)
     return Quant(
         status=_status([f.status for f in free.values()]),
         notes=tuple(_notes(free, layers, views) + _unscored(module, layers, free, calibration)
                     + _calibration_health(calibration)
-                    + ([synthetic.failure] if synthetic and synthetic.failure else [])),
+                    + ([synthetic.failure] if synthetic and synthetic.failure else [])
+                    + task_notes),
         formats=tuple(knowledge.formats), score_format=settings.score_format,
         calibration=None if calibration is None else calibration_info(
             calibration, combination, rows, settings.score_format,
@@ -133,8 +138,23 @@ def quant_section(module: nn.Module, graph: Graph, knowledge: QuantKnowledge,
         layers=tuple(rows), risks=_risk_list(risks), plan=plan,
         data_free_evidence=_free_evidence(synthetic, links, views),
         calibrated_evidence=_calibrated_evidence(calibration),
-        score_metric=metric,
+        score_metric=metric, task=task,
     )
+
+
+def _task(module: nn.Module, layers: Sequence[Layer], knowledge: QuantKnowledge,
+          settings: QuantSettings, plan: QuantPlan | None, on_step: Callable[[str], None]
+          ) -> tuple[QuantTask | None, list[str]]:
+    """The task's metrics quantized (`quant.task`), where the model file has ``evaluate``
+    and real weights to run it on."""
+    if settings.evaluate is None:
+        return None, []
+    if any(layer.weight.is_meta for layer in layers) or not layers:
+        return None, ["evaluate(model) not run: the weights are on the meta device (no values "
+                      "to quantize)" if layers else "evaluate(model) not run: no layer to "
+                      "quantize"]
+    return task_effect(module, layers, settings.evaluate, knowledge, settings.activations,
+                       plan, settings.task_tolerance, on_step), []
 
 
 def _data_free_scores(free: Mapping[str, DataFree], synthetic: SyntheticFisher | None

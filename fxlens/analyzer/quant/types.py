@@ -137,6 +137,10 @@ class QuantKnowledge:
     input_axis: Callable[[nn.Module], int | None] | None = None
     homogeneous_ops: frozenset[str] = frozenset()
     layout_ops: frozenset[str] = frozenset()
+    # what evaluate()'s metrics mean: which fall as they improve, and how far (relative) a
+    # quantized model may move them before its verdict changes (`quant.task`)
+    lower_is_better: Callable[[str], bool] = lambda _: False
+    task_tolerance: float = 0.01
 
 
 @dataclass(frozen=True)

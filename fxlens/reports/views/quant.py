@@ -26,9 +26,12 @@ from fxlens.analyzer.core.sections import (
     QuantLayer,
     QuantPlan,
     QuantRisk,
+    QuantTask,
+    TaskRun,
 )
 from fxlens.reports.units import binary_bytes, si
 from fxlens.reports.view import Block, Cell, Column, Detail, Figure, Table, Tone, View
+from fxlens.reports.views.quant_task import keeps_words, metric_change, task_run, task_table
 
 
 def quant_view(report: Report, detail: Detail) -> View | None:
@@ -37,6 +40,8 @@ def quant_view(report: Report, detail: Detail) -> View | None:
     if section is None:
         return None
     blocks: list[Block] = [layer_table(section, top, detail.full)]
+    if section.task is not None:
+        blocks.insert(0, task_table(section.task))
     notes = _notes(section)
     if notes:
         blocks.append(Table.of("quantization scores: what each stands on", (Column("note"),),
@@ -176,6 +181,9 @@ def quant_verdicts(section: Quant) -> tuple[Figure, ...]:
             by += f": {_why(section.calibration, weight=False)}"
         figures = [Figure(label, f"{ok} of {len(scored)} layers ok", " · ".join([*parts, by]),
                           Tone.GOOD if ok == len(scored) else Tone.WARN)]
+    run = task_run(section.task, fmt) if section.task is not None else None
+    if section.task is not None and run is not None:
+        figures = [_in_task_terms(section.task, run, label, figures[0])]
     plan = section.plan
     if plan is not None:
         what, value = _predicted(plan, section.score_metric or "sqnr")
@@ -186,9 +194,22 @@ def quant_verdicts(section: Quant) -> tuple[Figure, ...]:
             detail += (f" · {'fits' if plan.fits else 'does not fit'} the budget of "
                        f"{binary_bytes(plan.budget_bytes)}")
         tone = Tone.STRONG if plan.fits is None else Tone.GOOD if plan.fits else Tone.BAD
+        run = (task_run(section.task, f"plan {plan.name}") if section.task is not None
+               else None)
+        if section.task is not None and run is not None:
+            detail += f" · {metric_change(section.task, run)}: {keeps_words(section.task, run)}"
+            tone = tone if run.keeps else Tone.BAD
         figures.append(Figure(f"quantization plan ({plan.name})",
                               f"{plan.compression_ratio:.2f}× smaller", detail, tone))
     return tuple(figures)
+
+
+def _in_task_terms(task: QuantTask, run: TaskRun, label: str, scores: Figure) -> Figure:
+    """The format's verdict by the task's own metric, the per-layer scores after it (they
+    say which layers to keep higher if the task's verdict is no)."""
+    return Figure(f"{label} on every layer", metric_change(task, run),
+                  f"{keeps_words(task, run)} · per-layer scores: {scores.value} "
+                  f"({scores.detail})", Tone.GOOD if run.keeps else Tone.BAD)
 
 
 def layer_table(section: Quant, top: int, full: bool = False) -> Table:
