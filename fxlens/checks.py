@@ -9,7 +9,8 @@ torch nor the capture chain: only ``--quant-plan`` loads the quantization rules 
 Checked: sizes (``--batch``, ``--seq-len``, ``--image-size``), ``--context`` and
 ``--group-size`` at least 1; ``--precision`` and ``--optimizer`` known; ``--device-mem`` a
 size above 0 or a known GPU; ``--checkpoint auto`` a training step with a budget
-(``--checkpoint-budget``, ``--device-mem`` or ``--device``); ``--budget`` a size above 0 and
+(``--checkpoint-budget``, ``--device-mem`` or ``--device``), ``--checkpoint-granularity`` only
+with it; ``--budget`` a size above 0 and
 the plan it goes with; the
 ``--device`` with its ``--devices`` file and ``--profile`` (each file read and validated:
 finite, non-negative figures), and those files even without ``--device``, so a broken one is
@@ -45,6 +46,13 @@ def check_options(options: Any) -> None:
     device_memory(options.device_memory, options.devices_file)
     if getattr(options, "checkpoint_auto", False) or getattr(options, "checkpoint_budget", None):
         checkpoint_budget(options)
+    granularity = getattr(options, "checkpoint_granularity", "op")
+    if granularity not in GRANULARITIES:
+        raise LoadError(f"--checkpoint-granularity: {granularity!r} is not one of "
+                        f"{', '.join(GRANULARITIES)}")
+    if granularity != "op" and not getattr(options, "checkpoint_auto", False):
+        raise LoadError("--checkpoint-granularity is what --checkpoint auto decides on: add "
+                        "--train --checkpoint auto")
     if options.budget is not None or options.quant_plan:
         _plan(options.quant_plan, options.budget, options.group_size)
     if options.device is not None:
@@ -55,6 +63,7 @@ def check_options(options: Any) -> None:
 
 
 PLAN_DEVICE = "h100"     # what --plan lays out on without --device
+GRANULARITIES = ("op", "module")     # what --checkpoint auto decides on
 
 
 def _parallel_plan(options: Any) -> None:

@@ -7,7 +7,11 @@ section times it), else its FLOPs; op families and the attention kernels a polic
 come from `fxlens.rules.checkpoint`. The budget: ``--checkpoint-budget``, else ``--device-mem``,
 else the device's memory (`fxlens.checks.checkpoint_budget`). The training section's fit is
 re-stated for the checkpointed step (its peak, its largest batch by the same linear estimate),
-so every surface speaks of the step the user would run.
+so every surface speaks of the step the user would run (`fxlens.analyzer.checkpoint.fit`).
+
+`selective_planner` hands the same solver to the fix finder (`fxlens.analyzer.fixes.training`),
+which offers ``--checkpoint auto`` where it makes the step fit; the costly part of the problem
+(`checkpoint_problem`) is built once per run, on the context, for both.
 """
 
 from __future__ import annotations
@@ -17,12 +21,20 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from fxlens import checks
-from fxlens.analyzer.checkpoint.choose import Request, selective_checkpointing
+from fxlens.analyzer.checkpoint.choose import (
+    CheckpointError,
+    Problem,
+    Request,
+    checkpoint_problem,
+    selective_checkpointing,
+)
+from fxlens.analyzer.checkpoint.fit import with_fit
+from fxlens.analyzer.checkpoint.modules import ModuleProblem, module_checkpointing, module_problem
 from fxlens.analyzer.core.aten import resolve_op
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.section import Section
 from fxlens.analyzer.core.sections import SelectiveCheckpointing, Training
-from fxlens.analyzer.memory.training_state import LinearActivation, fits, largest_batch
+from fxlens.analyzer.fixes.training import SelectivePlanner
 from fxlens.analyzer.time.roofline import node_times, optimizer_time, throughput_basis
 from fxlens.rules.checkpoint import FAMILY_ORDER, op_family, runtime_ops
 
@@ -44,9 +56,62 @@ class CheckpointPass:
         training = report.get(Training)
         assert training is not None
         budget_from, budget = checks.checkpoint_budget(ctx.options)
-        section = selective_checkpointing(ctx.step, report, ctx.registry, training,
-                                          _request(ctx, report, training, budget, budget_from))
-        return section, _with_fit(training, section, throughput_basis(ctx.step.graph).samples)
+        request = _request(ctx, report, training, budget, budget_from)
+        section = _section(ctx, report, training, request, shared_problem(ctx, report, request))
+        return section, with_fit(training, section, throughput_basis(ctx.step.graph).samples)
+
+
+def _section(ctx: Context, report: Report, training: Training, request: Request,
+             problem: Problem | ModuleProblem) -> SelectiveCheckpointing:
+    """The section for `request`'s budget, by op or by module as the problem was built."""
+    assert ctx.step is not None
+    if isinstance(problem, ModuleProblem):
+        return module_checkpointing(ctx.step, report, ctx.registry, training, request, problem)
+    return selective_checkpointing(ctx.step, report, ctx.registry, training, request, problem)
+
+
+def shared_problem(ctx: Context, report: Report, request: Request
+                   ) -> Problem | ModuleProblem:
+    """The step's checkpointing problem at the run's granularity (by op, unless
+    ``--checkpoint auto --checkpoint-granularity module``), built on first use and kept on the
+    context (the fix finder and the pass ask for it on the same step, with the same costs)."""
+    assert ctx.step is not None
+    options = ctx.options
+    build = (module_problem if options.checkpoint_auto
+             and options.checkpoint_granularity == "module" else checkpoint_problem)
+    if ctx.checkpoint_problem is None:
+        try:
+            ctx.checkpoint_problem = build(ctx.step, report, ctx.registry, request)
+        except CheckpointError as error:
+            ctx.checkpoint_problem = error
+    if isinstance(ctx.checkpoint_problem, CheckpointError):
+        raise ctx.checkpoint_problem
+    assert isinstance(ctx.checkpoint_problem, (Problem, ModuleProblem))
+    return ctx.checkpoint_problem
+
+
+def selective_planner(ctx: Context, report: Report, training: Training, device_name: str
+                      ) -> SelectivePlanner | None:
+    """The selective checkpointer for the fix finder: the section this pass would give for a
+    training state and a budget; None where the model has no blocks it can checkpoint, or the
+    run checkpoints every block (``--checkpoint``)."""
+    options = ctx.options
+    if options.checkpoint or training.fit is None:
+        return None
+    own = checks.checkpoint_budget(options) if options.checkpoint_auto else None
+    budget_from, budget = own or (f"{device_name}'s memory", training.fit.device_bytes)
+    request = _request(ctx, report, training, budget, budget_from)
+    try:
+        problem = shared_problem(ctx, report, request)
+    except CheckpointError:
+        return None
+
+    def plan(changed: Training, budget_bytes: int) -> SelectiveCheckpointing:
+        at = dataclasses.replace(request, budget_bytes=budget_bytes)
+        return _section(ctx, report, changed, at, problem)
+
+    return SelectivePlanner(plan, own[1] if own else None,
+                            f"--checkpoint-budget {device_name}" if device_name else "")
 
 
 def _request(ctx: Context, report: Report, training: Training, budget: int,
@@ -73,24 +138,3 @@ def _savable(target: str) -> bool:
     except (AttributeError, ValueError, RuntimeError):
         return False
     return True
-
-
-def _with_fit(training: Training, section: SelectiveCheckpointing, samples: int
-              ) -> Training:
-    """The training section with its fit for the checkpointed step; the largest batch by the
-    training section's linear estimate, under the same policy."""
-    fit = training.fit
-    if fit is None:
-        return training
-    peak = training.peak_breakdown
-    verdict = fits(section.peak_after_bytes, fit.device_bytes)
-    activations = max(section.fwd_bwd_peak_bytes - peak.gradients_at_peak_bytes, 0)
-    per_sample = LinearActivation.proportional(samples, activations)
-    room = peak.persistent_bytes + peak.optimizer_phase_bytes <= fit.device_bytes
-    batch = largest_batch(peak.persistent_bytes + peak.gradients_at_peak_bytes, per_sample,
-                          fit.device_bytes) if room else 0
-    return dataclasses.replace(training, fit=dataclasses.replace(
-        fit, fits=verdict.fits, headroom_bytes=verdict.headroom_bytes,
-        utilisation=verdict.utilisation, needed_bytes=section.peak_after_bytes,
-        with_checkpointing=section.checkpointed, largest_batch=batch,
-        fixes=() if verdict.fits else fit.fixes))

@@ -68,7 +68,7 @@ from fxlens.analyzer.memory.measure import EagerAlongside, MeasuredMemory, simul
 from fxlens.analyzer.memory.training_state import parse_bytes
 from fxlens.analyzer.memory.training_step import StepSettings, training_section
 from fxlens.analyzer.time.roofline import compute_seconds, roofline_section, throughput_basis
-from fxlens.ckpt_pass import CheckpointPass
+from fxlens.ckpt_pass import CheckpointPass, selective_planner
 from fxlens.fit_pass import InferenceFitPass
 from fxlens.kv_pass import KVCachePass
 from fxlens.plan_pass import PlanPass, sharded_fix
@@ -104,6 +104,7 @@ class AnalysisOptions:
     checkpoint: bool = False            # every repeated block (the what-if)
     checkpoint_auto: bool = False       # selective, under a budget (fxlens.ckpt_pass)
     checkpoint_budget: str | None = None   # its budget; default --device-mem, --device
+    checkpoint_granularity: str = "op"  # its decisions: "op" (saved ops) or "module" (wrapped)
     kv_cache: bool = False
     context: int | None = None          # KV cache context; None: the captured sequence length
     device: str | None = None           # roofline device ("h100", "cpu"); None: no roofline
@@ -147,6 +148,7 @@ class Context:
     eager: MeasuredMemory | None = None            # the eager forward simulated by capture
     fusion_beside: Beside | None = None            # the fusion analysis started in a child
     on_costed: Callable[[Report], None] | None = None   # told the costed report, passes to come
+    checkpoint_problem: Any = None     # the selective checkpointer's, built once (fxlens.ckpt_pass)
 
     def forward(self) -> Graph:
         """The inference forward on the example inputs; for an inference report, the eager
@@ -224,8 +226,10 @@ class TrainingStep:
             ctx.on_step("re-estimating the changes that would make the step fit")
             alternatives = checks.fix_alternatives(settings.precision_name,
                                                    settings.optimizer_name)
+            planner = selective_planner(ctx, report, training, device_name)
             fixes = training_fixes(ctx.step, report, memory, ctx.registry, settings,
-                                   alternatives, resizable="batch" in ctx.loaded.resizable)
+                                   alternatives, resizable="batch" in ctx.loaded.resizable,
+                                   planner=planner)
             if not fixes and not ctx.options.plan:
                 sharded = sharded_fix(ctx, report, training, device_name)
                 fixes = (sharded,) if sharded is not None else ()

@@ -131,6 +131,11 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
                           help="the step peak --checkpoint auto plans for: 70GiB or a GPU "
                                "name (default: --device-mem, else --device's memory; "
                                "--budget is --quant-plan's)")
+    training.add_argument("--checkpoint-granularity", choices=("op", "module"), default="op",
+                          help="what --checkpoint auto decides on: 'op' (default), which ops "
+                               "of each block to save (a selective-checkpoint policy); "
+                               "'module', which child modules of each block (attention, "
+                               "MLP, norms) to wrap in torch.utils.checkpoint")
     training.add_argument("--device-mem", metavar="SIZE|GPU",
                           help="device memory for a fits verdict: 80GiB, 24GB or a GPU name")
     inference = parser.add_argument_group("inference memory")
@@ -237,6 +242,7 @@ def run(args: argparse.Namespace) -> int:
         train=args.train, precision=args.precision, optimizer=args.optimizer,
         device_memory=args.device_mem, checkpoint=args.checkpoint == "blocks",
         checkpoint_auto=args.checkpoint == "auto", checkpoint_budget=args.checkpoint_budget,
+        checkpoint_granularity=args.checkpoint_granularity,
         kv_cache=args.kv_cache, context=args.context,
         device=args.device, devices_file=args.devices, profile=args.profile, tf32=args.tf32,
         fused=args.fused, quant=args.quant,

@@ -45,6 +45,7 @@ from typing import Any
 
 from fxlens.analyzer.core.report import NodeReport, Report
 from fxlens.analyzer.core.sections import Memory, Roofline, Training
+from fxlens.reports.chart_svg import chart_svg
 from fxlens.reports.dot import collapsed_blocks, dot_legend
 from fxlens.reports.escape import html_escape as esc
 from fxlens.reports.escape import json_script
@@ -52,7 +53,7 @@ from fxlens.reports.graph_groups import page_graph, plan_graph
 from fxlens.reports.graph_legend import Legend
 from fxlens.reports.sections import module_times, node_times, roofline_roof
 from fxlens.reports.units import binary_bytes, percent, seconds, short_op, si
-from fxlens.reports.view import Block, Cell, Code, Detail, Figure, SideBySide, View
+from fxlens.reports.view import Block, Cell, Chart, Code, Detail, Figure, SideBySide, View
 from fxlens.reports.views import asked_first, views
 from fxlens.reports.views.headline import headline, inputs_text
 from fxlens.reports.views.model import UNITS_NOTE, coverage_figure
@@ -467,6 +468,8 @@ def _render_block(block: Block) -> str:
     if isinstance(block, Code):
         return (f'<div class="view-code"><h3>{esc(block.title)}</h3><pre><code class="'
                 f'language-{esc(block.language)}">{esc(block.text)}</code></pre></div>')
+    if isinstance(block, Chart):
+        return chart_svg(block)
     head = "".join(f'<th class="{"num" if c.right else ""}">{esc(c.name)}</th>'
                    for c in block.columns) if block.show_header else ""
     body = "".join("<tr>" + "".join(_cell_html(c, col.right or False)

@@ -16,7 +16,7 @@ from fxlens.analyzer.core.report import Report
 from fxlens.reports.dot import collapsed_blocks
 from fxlens.reports.escape import markdown_escape as esc
 from fxlens.reports.units import percent, si
-from fxlens.reports.view import Code, Detail, SideBySide, Table, View
+from fxlens.reports.view import Chart, Code, Detail, SideBySide, Table, View
 from fxlens.reports.views import asked_first, first_screen, views
 from fxlens.reports.views.headline import headline, inputs_text
 from fxlens.reports.views.model import coverage_figure
@@ -93,6 +93,8 @@ def render_view(view: View, folded: bool = True) -> list[str]:
     lines = ([f"<details><summary>{esc(view.title)}</summary>", ""] if folded else
              [f"#### {esc(view.title)}", ""])
     for block in view.blocks:
+        if isinstance(block, Chart):
+            continue      # the table beside it holds its numbers
         if isinstance(block, Code):
             lines += [f"**{esc(block.title)}**", "", *_fenced(block), ""]
             continue

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from fxlens.reports.axes import BYTE_UNITS, FLOP_UNITS, SECOND_UNITS, Ladder, axis_ticks
 from fxlens.reports.escape import html_escape as esc
 from fxlens.reports.html import render_view as html_view
 from fxlens.reports.markdown import render_view as markdown_view
@@ -25,13 +26,6 @@ from fxlens.reports.view import Cell, Column, Table, Tone, View
 
 Row = Mapping[str, Any]
 AxisValue = Callable[[Row, str], str]
-Ladder = tuple[tuple[float, str], ...]   # (scale, unit), largest first: one unit per axis
-FLOP_UNITS: Ladder = ((1e18, "EFLOP"), (1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "GFLOP"),
-                      (1e6, "MFLOP"), (1e3, "kFLOP"), (1.0, "FLOP"))
-BYTE_UNITS: Ladder = ((2.0**50, "PiB"), (2.0**40, "TiB"), (2.0**30, "GiB"), (2.0**20, "MiB"),
-                      (2.0**10, "KiB"), (1.0, "B"))
-SECOND_UNITS: Ladder = ((86400.0, "d"), (3600.0, "h"), (1.0, "s"), (1e-3, "ms"), (1e-6, "µs"),
-                        (1e-9, "ns"))
 # metric key, what it counts (None: from the rows, `labels`), tooltip format, tick units
 CHARTS: tuple[tuple[str, str | None, Callable[[float], str], Ladder], ...] = (
     ("flops", None, lambda v: si(v, "FLOP"), FLOP_UNITS),
@@ -168,25 +162,6 @@ def chart_axes(rows: Sequence[Row], axes: Sequence[str], axis_value: AxisValue
 
     x_axis = min(enumerate(axes), key=rank)[1]
     return x_axis, [a for a in axes if a != x_axis]
-
-
-def nice_ticks(top: float, intervals: int = 5) -> list[float]:
-    """0, step, 2·step, … to the first multiple of step ≥ `top`, step 1, 2 or 5 × 10^k: the
-    smallest that needs at most `intervals` intervals."""
-    if not math.isfinite(top) or top <= 0:
-        return [0.0, 1.0]
-    raw = top / intervals
-    power = 10.0 ** math.floor(math.log10(raw))
-    step = next(m * power for m in (1, 2, 5, 10) if m * power >= raw * (1 - 1e-9))
-    count = math.ceil(top / step * (1 - 1e-9))
-    return [round(i * step, 12) for i in range(count + 1)]
-
-
-def axis_ticks(top: float, units: Ladder) -> list[tuple[float, str]]:
-    """Nice ticks covering [0, `top`] in the one unit of `units` that `top` reads best in:
-    (value in base units, label)."""
-    scale, unit = next(((s, u) for s, u in units if top >= s), units[-1])
-    return [(t * scale, f"{t:g} {unit}") for t in nice_ticks(top / scale)]
 
 
 def line_chart(rows: Sequence[Row], axes: Sequence[str], axis_value: AxisValue, key: str,

@@ -16,7 +16,17 @@ from rich.text import Text
 
 from fxlens.analyzer.core.report import Report
 from fxlens.reports.escape import terminal_escape
-from fxlens.reports.view import Block, Cell, Code, Detail, SideBySide, Table, Tone, View
+from fxlens.reports.view import (
+    Block,
+    Cell,
+    Chart,
+    Code,
+    Detail,
+    SideBySide,
+    Table,
+    Tone,
+    View,
+)
 from fxlens.reports.views import first_screen, views
 
 STACK_BELOW = 120   # columns: narrower terminals get side-by-side tables one under the other
@@ -51,11 +61,14 @@ def render_terminal(report: Report, depth: int = 2, top: int = 10, full: bool = 
 
 
 def render_view(view: View) -> RenderableType:
-    blocks = [render_block(block) for block in view.blocks]
+    """A view's blocks; a chart is left out (the table beside it holds its numbers)."""
+    blocks = [render_block(block) for block in view.blocks if not isinstance(block, Chart)]
     return blocks[0] if len(blocks) == 1 else Group(*blocks)
 
 
 def render_block(block: Block) -> RenderableType:
+    if isinstance(block, Chart):
+        return Group()
     if isinstance(block, SideBySide):
         return _SideBySide(tuple(render_table(t) for t in block.tables))
     if isinstance(block, Code):

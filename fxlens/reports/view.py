@@ -2,7 +2,8 @@
 
 A view function (`fxlens.reports.views`) turns one typed section into a `View`: tables whose
 cells are already formatted strings (and, where a section carries code to paste, a `Code`
-block) (units formatted once, in `fxlens.reports.units`), with
+block; where a curve reads better drawn, a `Chart` of figures in base units beside the table
+that lists them) (units formatted once, in `fxlens.reports.units`), with
 a tone where a cell is a verdict. The formats — terminal (`terminal`), HTML (`html`),
 Markdown (`markdown`) — render any view the same generic way, each escaping user text with
 its own one function, so a section shown on one surface is shown on all.
@@ -90,7 +91,40 @@ class Code:
     language: str = "python"
 
 
-Block = Table | SideBySide | Code
+@dataclass(frozen=True)
+class Series:
+    """One line of a `Chart`: points (x, y) in the axes' base units, in order of x."""
+
+    name: str
+    points: tuple[tuple[float, float], ...]
+
+
+@dataclass(frozen=True)
+class Mark:
+    """A point of a `Chart` called out with a label (the run's own choice on a curve)."""
+
+    label: str
+    x: float
+    y: float
+
+
+@dataclass(frozen=True)
+class Chart:
+    """A line chart of figures in base units; `x_unit` and `y_unit` ("B", "s" or "FLOP") pick
+    the ticks' unit ladder (`fxlens.reports.axes`). HTML draws it (inline SVG); the text
+    formats leave it out, so a view puts the table with the same numbers beside it."""
+
+    title: str
+    x_label: str
+    y_label: str
+    x_unit: str
+    y_unit: str
+    series: tuple[Series, ...]
+    marks: tuple[Mark, ...] = ()
+    caption: str = ""
+
+
+Block = Table | SideBySide | Code | Chart
 
 
 @dataclass(frozen=True)
@@ -114,7 +148,7 @@ class View:
     def tables(self) -> tuple[Table, ...]:
         out: list[Table] = []
         for block in self.blocks:
-            if isinstance(block, Code):
+            if isinstance(block, Code | Chart):
                 continue
             out.extend(block.tables if isinstance(block, SideBySide) else (block,))
         return tuple(out)

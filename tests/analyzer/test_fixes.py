@@ -6,6 +6,8 @@ against devices sized below their step's peak (fractions of it, so each lands in
 regime: one lever enough, two needed, only a smaller batch, nothing on one device). Each
 suggested fix's flags are applied to a new analysis, which must fit, with the step peak the
 suggestion printed (exactly, but for a smaller batch: estimated linearly, so only "fits").
+Selective checkpointing (``--checkpoint auto``, the planner of issue 32) is one of the levers:
+applied, the pass plans the same policy for the device and its peak is the one printed.
 """
 
 from __future__ import annotations
@@ -54,6 +56,11 @@ CASES: list[tuple[str, dict[str, Any], float]] = [
             "sizes": {"batch": 4, "seq_len": 128}}, 0.7),
     (GPT2, {"precision": "amp-bf16", "overrides": {"n_layer": "2"},
             "sizes": {"batch": 8, "seq_len": 256}}, 0.5),
+    # activations over the device: the selective planner's regime
+    (GPT, {"precision": "fp32", "sizes": {"batch": 16, "seq_len": 128}}, 0.9),
+    (GPT, {"precision": "fp32", "sizes": {"batch": 16, "seq_len": 128}}, 0.7),
+    (GPT, {"precision": "amp-bf16", "sizes": {"batch": 8, "seq_len": 64},
+           "checkpoint_auto": True, "checkpoint_budget": "1TB"}, 0.7),
 ]
 
 
@@ -77,8 +84,12 @@ def _applied(options: AnalysisOptions, flags: str) -> AnalysisOptions:
             changed = dataclasses.replace(changed, optimizer=value)
         elif flag == "--precision":
             changed = dataclasses.replace(changed, precision=value)
+        elif flag == "--checkpoint" and value == "auto":
+            changed = dataclasses.replace(changed, checkpoint_auto=True)
         elif flag == "--checkpoint":
             changed = dataclasses.replace(changed, checkpoint=True)
+        elif flag == "--checkpoint-budget":
+            changed = dataclasses.replace(changed, checkpoint_budget=value)
         elif flag == "--batch":
             changed = dataclasses.replace(changed, sizes={**changed.sizes, "batch": int(value)})
     return changed
@@ -148,3 +159,59 @@ def test_a_step_whose_state_outgrows_the_device_is_offered_a_planned_layout(
     fitting = [layout for layout in planned.layouts if layout.fits]
     assert fitting and fitting[0].memory.peak_bytes == fix.needed_bytes
     assert fitting[0].strategy in fix.change
+
+
+def _fixes_at(target: str, options: AnalysisOptions, fraction: float) -> tuple[
+        AnalysisOptions, Training]:
+    """`options` with a device of `fraction` of the plain step's peak, and its training."""
+    plain = dataclasses.replace(options, checkpoint_auto=False, checkpoint_budget=None)
+    peak = _training(target, plain).step_peak_bytes
+    at = dataclasses.replace(options, device_memory=f"{int(peak * fraction)}B")
+    return at, _training(target, at)
+
+
+def _check_applied(target: str, options: AnalysisOptions, training: Training) -> None:
+    from fxlens.analyzer.core.sections import SelectiveCheckpointing
+
+    assert training.fit is not None
+    for fix in training.fit.fixes:
+        report = analyze_target(target, _applied(options, fix.flags))
+        after = report.get(Training)
+        assert after is not None and after.fit is not None and after.fit.fits, fix
+        assert after.fit.needed_bytes == fix.needed_bytes, fix
+        section = report.get(SelectiveCheckpointing)
+        if section is not None and section.checkpointed:
+            assert fix.recompute_overhead == pytest.approx(
+                section.recompute_flops / after.step_flops), fix
+
+
+def test_the_selective_planner_is_offered_before_every_block_and_fits_as_printed() -> None:
+    """Activations over the device (a GPT at batch 16 × 128 tokens, fp32): ``--checkpoint
+    auto`` fits with less recompute than ``--checkpoint``, so it is offered and the blanket
+    one is not; applied as printed, the pass plans the policy with the printed peak and
+    recompute."""
+    base = AnalysisOptions(train=True, precision="fp32", sizes={"batch": 16, "seq_len": 128})
+    options, training = _fixes_at(GPT, base, 0.8)
+    assert training.fit is not None and not training.fit.fits
+    fixes = training.fit.fixes
+    assert fixes and fixes[0].flags == "--checkpoint auto"
+    assert "--checkpoint auto" in _verdict(training)
+    blanket = _training(GPT, dataclasses.replace(options, checkpoint=True))
+    assert blanket.fit is not None and blanket.fit.fits and blanket.checkpointing is not None
+    assert 0 < fixes[0].recompute_overhead < blanket.checkpointing.flops_overhead
+    assert all(fix.flags.split() != ["--checkpoint"] for fix in fixes)
+    _check_applied(GPT, options, training)
+
+
+def test_a_run_checkpointing_selectively_gets_fixes_under_its_policy() -> None:
+    """With ``--checkpoint auto`` at a budget above the device, every fix keeps the selective
+    policy (never ``--checkpoint``, which would conflict with it); the budget re-planned for
+    the device is one of them, and each applied as printed fits with the printed peak."""
+    base = AnalysisOptions(train=True, precision="amp-bf16", sizes={"batch": 8, "seq_len": 64},
+                           checkpoint_auto=True, checkpoint_budget="1TB")
+    options, training = _fixes_at(GPT, base, 0.7)
+    assert training.fit is not None and not training.fit.fits and training.fit.fixes
+    flags = [fix.flags.split() for fix in training.fit.fixes]
+    assert all("--checkpoint" not in words for words in flags), flags
+    assert any("--checkpoint-budget" in words for words in flags), flags
+    _check_applied(GPT, options, training)

@@ -14,12 +14,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from fxlens.reports.axes import BYTE_UNITS, FLOP_UNITS, axis_ticks, nice_ticks
 from fxlens.reports.sweep import (
-    BYTE_UNITS,
-    FLOP_UNITS,
-    axis_ticks,
     chart_axes,
-    nice_ticks,
     render_sweep_html,
     render_sweep_markdown,
     sweep_view,

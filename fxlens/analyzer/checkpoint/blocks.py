@@ -77,14 +77,17 @@ def inside(module: str, block: str) -> bool:
 
 
 def block_forwards(step: TrainingGraph, storages: Storages, free: Callable[[int], bool],
-                   cost: Mapping[int, float]) -> list[BlockForward]:
-    """Every repeated block of `step` (`repeated_blocks`), as checkpointing runs it; `free`
-    says which nodes are views, `cost` what recomputing a node costs."""
+                   cost: Mapping[int, float], paths: Sequence[str] | None = None
+                   ) -> list[BlockForward]:
+    """Every repeated block of `step` (`repeated_blocks`), or the disjoint module `paths`
+    given, as checkpointing runs it; `free` says which nodes are views, `cost` what
+    recomputing a node costs."""
     graph = step.graph
     saved = set(step.saved)
     forward: dict[str, list[Node]] = defaultdict(list)
     backward: dict[str, list[Node]] = defaultdict(list)
-    paths = repeated_blocks(graph.module_types)
+    if paths is None:
+        paths = repeated_blocks(graph.module_types)
     owner = owner_of(paths)
     for node in graph.nodes:
         block = owner(node.module) if node.kind is NodeKind.CALL else None
@@ -92,6 +95,23 @@ def block_forwards(step: TrainingGraph, storages: Storages, free: Callable[[int]
             (forward if node.phase == "forward" else backward)[block].append(node)
     return [_block(graph, path, forward[path], backward[path], saved, storages, free, cost)
             for path in paths if forward[path]]
+
+
+# torch's containers that hold modules but run no forward of their own: their items count
+CONTAINERS = frozenset({"torch.nn.modules.container.ModuleList",
+                        "torch.nn.modules.container.ModuleDict"})
+
+
+def children(module_types: Mapping[str, str], block: str) -> list[str]:
+    """The outermost modules strictly inside `block` that can run a forward (`module_types`:
+    path → qualified class name; a ``ModuleList`` runs none, so its items count)."""
+    inner = sorted(p for p, kind in module_types.items()
+                   if p != block and inside(p, block) and kind not in CONTAINERS)
+    found: list[str] = []
+    for path in inner:      # sorted: a module comes before those inside it
+        if not any(inside(path, outer) for outer in found):
+            found.append(path)
+    return found
 
 
 def owner_of(paths: Sequence[str]) -> Callable[[str], str | None]:

@@ -1,4 +1,6 @@
-"""Budget → policy: `selective_checkpointing(step, report, registry, training, request)`.
+"""Budget → policy: `selective_checkpointing(step, report, registry, training, request)`; the
+part that does not depend on the training state or the budget (`checkpoint_problem`: blocks,
+variables, the separable step, its frontier) is built once and may be shared.
 
 The budget is for the steady step's peak, accounted as the training section does: persistent
 state (weights, master copies, optimizer state) + the larger of the forward/backward's live
@@ -71,23 +73,39 @@ class Request:
 
 
 @dataclass(frozen=True)
-class _Plan:
+class Problem:
+    """What a budget's policy is chosen from, whatever the precision, optimizer or budget: the
+    blocks, their variables, the separable step and its frontier (the costly part, built once
+    by `checkpoint_problem` and shared: the pass and the fix finder, `fxlens.analyzer.fixes`)."""
+
     blocks: list[BlockForward]
     groups: list[list[BlockForward]]
     variables: list[Variable]
     values: list[float]
     problem: Separable
     front: Frontier
-    persistent: int
-    optimizer_phase: int
     plain_fwd_bwd: int
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """A `Problem` on one training step's state: what checkpointing cannot lower."""
+
+    shared: Problem
+    persistent: int
+    optimizer_phase: int
+
+
 def selective_checkpointing(step: TrainingGraph, report: Report, registry: CostRegistry,
-                            training: Training, request: Request) -> SelectiveCheckpointing:
-    plan = _plan(step, report, registry, training, request)
-    least = _step(plan, plan.problem.peak(()))
-    before = _step(plan, plan.plain_fwd_bwd)
+                            training: Training, request: Request,
+                            problem: Problem | None = None) -> SelectiveCheckpointing:
+    """The policy for `request`'s budget on `training`'s step, and the curve; `problem`: the
+    step's (`checkpoint_problem`) where the caller built it already."""
+    shared = problem or checkpoint_problem(step, report, registry, request)
+    breakdown = training.peak_breakdown
+    plan = _Plan(shared, breakdown.persistent_bytes, breakdown.optimizer_phase_bytes)
+    least = _step(plan, plan.shared.problem.peak(()))
+    before = _step(plan, plan.shared.plain_fwd_bwd)
     budgets = [least + (before - least) * k // (CURVE_POINTS - 1) for k in range(CURVE_POINTS)]
     solved = {budget: _solve(plan, budget, before, NODE_LIMIT if budget == request.budget_bytes
                              else CURVE_NODE_LIMIT)
@@ -95,7 +113,7 @@ def selective_checkpointing(step: TrainingGraph, report: Report, registry: CostR
     pool = _pool(plan, solved.values())
     picks = {budget: _pick(plan, pool, budget, own) for budget, own in solved.items()}
     chosen = picks[request.budget_bytes]
-    fwd_bwd = chosen.peak if chosen is not None else plan.plain_fwd_bwd
+    fwd_bwd = chosen.peak if chosen is not None else plan.shared.plain_fwd_bwd
     policies = _policies(plan, chosen, request) if chosen is not None else ()
     recompute, flops = _recompute(plan, chosen, request.cost, report)
     states = training.states
@@ -121,8 +139,9 @@ def selective_checkpointing(step: TrainingGraph, report: Report, registry: CostR
     )
 
 
-def _plan(step: TrainingGraph, report: Report, registry: CostRegistry, training: Training,
-          request: Request) -> _Plan:
+def checkpoint_problem(step: TrainingGraph, report: Report, registry: CostRegistry,
+                       request: Request) -> Problem:
+    """The step's blocks, variables, separable form and frontier (see `Problem`)."""
     free = {n.id for n in report.nodes if n.status == "free"}
     unsavable = {n.id for n in report.nodes if not request.savable(n.target)}
     storages = plan_storages(step.graph, registry)
@@ -140,10 +159,8 @@ def _plan(step: TrainingGraph, report: Report, registry: CostRegistry, training:
                                  for group in groups for k in range(len(group[0].items))]
     values = [sum(item.cost for _, item in variable) for variable in variables]
     problem = separable(step, blocks, variables, registry)
-    breakdown = training.peak_breakdown
-    return _Plan(blocks, groups, variables, values, problem, frontier(problem, values),
-                 breakdown.persistent_bytes, breakdown.optimizer_phase_bytes,
-                 step_profile(step, blocks, None, registry).peak_activation_bytes)
+    return Problem(blocks, groups, variables, values, problem, frontier(problem, values),
+                   step_profile(step, blocks, None, registry).peak_activation_bytes)
 
 
 def _step(plan: _Plan, fwd_bwd: int) -> int:
@@ -155,10 +172,11 @@ def _solve(plan: _Plan, budget: int, before: int, nodes: int) -> Solution | None
     """The policy for `budget`; None when the step fits it without checkpointing. A budget
     below the least peak gets the cheapest policy reaching that peak (none, when the
     optimizer step decides the peak: no checkpointing lowers it)."""
-    target = max(budget, _step(plan, plan.problem.peak(())))
+    target = max(budget, _step(plan, plan.shared.problem.peak(())))
     if before <= target:
         return None
-    return solve(plan.problem, plan.values, target - plan.persistent, plan.front, nodes)
+    shared = plan.shared
+    return solve(shared.problem, shared.values, target - plan.persistent, shared.front, nodes)
 
 
 Candidate = tuple[float, int, tuple[int, ...]]     # value spared, peak, variables saved
@@ -167,9 +185,9 @@ Candidate = tuple[float, int, tuple[int, ...]]     # value spared, peak, variabl
 def _pool(plan: _Plan, solved: Iterable[Solution | None]) -> list[Candidate]:
     """Every policy found, (value, peak, variables): saving nothing, the frontier's and each
     budget's."""
-    pool: list[Candidate] = [(0.0, plan.problem.peak(()), ())]
+    pool: list[Candidate] = [(0.0, plan.shared.problem.peak(()), ())]
     pool += [(p.value, peak, bits(p.chosen))
-             for p, peak in zip(plan.front.points, plan.front.peaks, strict=True)]
+             for p, peak in zip(plan.shared.front.points, plan.shared.front.peaks, strict=True)]
     pool += [(s.value, s.peak, s.chosen) for s in solved if s is not None]
     return pool
 
@@ -181,7 +199,7 @@ def _pick(plan: _Plan, pool: Sequence[Candidate], budget: int,
     Exact when its own search proved the optimum (the pick is then as good)."""
     if own is None:
         return None
-    cap = max(budget, _step(plan, plan.problem.peak(()))) - plan.persistent
+    cap = max(budget, _step(plan, plan.shared.problem.peak(()))) - plan.persistent
     value, peak, chosen = max((c for c in pool if c[1] <= cap), key=lambda c: (c[0], -c[1]))
     exact = own.exact or value >= own.bound * (1 - REL_TOL)
     method = own.method if own.exact or not exact else "exact: a policy found for another " \
@@ -191,7 +209,7 @@ def _pick(plan: _Plan, pool: Sequence[Candidate], budget: int,
 
 def _point(plan: _Plan, budget: int, chosen: Solution | None, request: Request,
            report: Report) -> BudgetPoint:
-    fwd_bwd = chosen.peak if chosen is not None else plan.plain_fwd_bwd
+    fwd_bwd = chosen.peak if chosen is not None else plan.shared.plain_fwd_bwd
     recompute, _ = _recompute(plan, chosen, request.cost, report)
     peak = _step(plan, fwd_bwd)
     saved = len(chosen.chosen) if chosen is not None else 0
@@ -204,7 +222,7 @@ def _point(plan: _Plan, budget: int, chosen: Solution | None, request: Request,
 def _saved_positions(plan: _Plan, chosen: Solution | None) -> dict[str, set[int]]:
     saved: dict[str, set[int]] = defaultdict(set)
     for j in chosen.chosen if chosen is not None else ():
-        for block, item in plan.variables[j]:
+        for block, item in plan.shared.variables[j]:
             saved[block.path].add(item.index)
     return saved
 
@@ -217,7 +235,7 @@ def _recompute(plan: _Plan, chosen: Solution | None, cost: Mapping[int, float],
     flops = {n.id: n.flops for n in report.nodes}
     saved = _saved_positions(plan, chosen)
     total, total_flops = 0.0, 0
-    for block in plan.blocks:
+    for block in plan.shared.blocks:
         for i in range(block.recomputed):
             if i not in saved[block.path]:
                 total += cost.get(block.forward[i], 0.0)
@@ -228,7 +246,7 @@ def _recompute(plan: _Plan, chosen: Solution | None, cost: Mapping[int, float],
 def _policies(plan: _Plan, chosen: Solution, request: Request) -> tuple[BlockPolicy, ...]:
     saved = _saved_positions(plan, chosen)
     out = []
-    for group in plan.groups:
+    for group in plan.shared.groups:
         first = group[0]
         kept = [item for item in first.items if item.index in saved[first.path]]
         totals = Counter(item.target for item in first.items)
@@ -275,6 +293,6 @@ def _and(words: Sequence[str]) -> str:
 
 def _gap(plan: _Plan, chosen: Solution) -> float:
     """The policy's recompute over the least any policy could have (from the bound), − 1."""
-    total = sum(plan.values)
+    total = sum(plan.shared.values)
     least = total - chosen.bound
     return (total - chosen.value) / least - 1 if least > 0 else 0.0

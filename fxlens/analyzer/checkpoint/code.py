@@ -8,6 +8,10 @@ listed ones (0-based, counted per op as the policy sees them) — a policy funct
 wrapped. The counters live in ``context_fn``, so each block's forward counts from 0; torch
 calls the policy in the forward only (the recompute replays the decisions).
 `tests/analyzer/test_checkpoint.py` runs this code on real models.
+
+`module_code(policies)`: the module granularity's (`fxlens.analyzer.checkpoint.modules`) —
+each recomputed child of each block wrapped in ``checkpoint(…, use_reentrant=False)``, no
+policy function; `tests/analyzer/test_checkpoint_modules.py` runs it.
 """
 
 from __future__ import annotations
@@ -101,3 +105,39 @@ def _paths(blocks: Sequence[str]) -> str:
         prefix = json.dumps(f"{parent}." if parent else "")
         return f"[{prefix} + str(i) for i in {span}]"
     return "(" + ", ".join(json.dumps(b) for b in blocks) + ("," if len(blocks) == 1 else "") + ")"
+
+
+MODULE_HEADER = '''import functools
+
+from torch.utils.checkpoint import checkpoint
+
+
+def checkpointed(module):
+    """Recompute `module`'s forward in the backward instead of keeping its activations."""
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def run(*args, **kwargs):
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+    module.forward = run
+'''
+
+
+def module_code(policies: Sequence[BlockPolicy], model: str = "model") -> str:
+    """The code wrapping each policy's recomputed children (`BlockPolicy.modules`) of its
+    blocks in `model` (the name of the user's module)."""
+    parts = [MODULE_HEADER]
+    for i, policy in enumerate(policies):
+        if not policy.modules:
+            continue
+        name = "WRAP" if len(policies) == 1 else f"WRAP_{i}"
+        summary = json.dumps(policy.summary)[1:-1]      # child names come from user code
+        comment = textwrap.wrap(f"{_blocks_text(policy.blocks)}: {summary}", 74)
+        parts.append("\n" + "".join(f"# {line}\n" for line in comment))
+        names = ", ".join(json.dumps(m) for m in policy.modules)
+        parts.append(f"{name} = ({names}{',' if len(policy.modules) == 1 else ''})\n")
+        parts.append(f"for path in {_paths(policy.blocks)}:\n"
+                     f"    for child in {name}:\n"
+                     f"        checkpointed({model}.get_submodule(path + \".\" + child))\n")
+    return "".join(parts)

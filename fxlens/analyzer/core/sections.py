@@ -233,6 +233,7 @@ class BlockPolicy:
     saved_ops: int
     saved_bytes: int                # per block
     recompute: float                # per block, in the section's cost unit
+    modules: tuple[str, ...] = ()   # module granularity: the children wrapped (recomputed)
 
 
 @dataclass(frozen=True)
@@ -275,6 +276,7 @@ class SelectiveCheckpointing(Section):
     exact: bool
     gap: float                      # recompute over the bound's, minus 1 (0 when exact)
     code: str                       # the policy as Python
+    granularity: str = "op"         # "op": ops saved per block; "module": children wrapped
 
 
 # --- KV cache ----------------------------------------------------------------------------------

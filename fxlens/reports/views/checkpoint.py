@@ -1,13 +1,26 @@
 """The view of ``--checkpoint auto`` (`SelectiveCheckpointing`): the answer (peak before and
-after, the recompute it costs), the policy per group of alike blocks in words and op by op, the
-memory–time curve over budgets, and the policy as code to paste."""
+after, the recompute it costs), the policy per group of alike blocks in words and op by op (or
+the child modules wrapped), the memory–time curve over budgets (a table, and in HTML a chart
+with this run's budget marked), and the policy as code to paste."""
 
 from __future__ import annotations
 
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import SelectiveCheckpointing
 from fxlens.reports.units import binary_bytes, seconds, short_op, si
-from fxlens.reports.view import Cell, Code, Column, Detail, Table, Tone, View, columns
+from fxlens.reports.view import (
+    Cell,
+    Chart,
+    Code,
+    Column,
+    Detail,
+    Mark,
+    Series,
+    Table,
+    Tone,
+    View,
+    columns,
+)
 
 
 def cost_text(value: float, unit: str) -> str:
@@ -19,13 +32,18 @@ def checkpoint_view(report: Report, detail: Detail) -> View | None:
     sac = report.get(SelectiveCheckpointing)
     if sac is None:
         return None
-    blocks: list[Table | Code] = [answer(sac)]
+    by_module = sac.granularity == "module"
+    blocks: list[Table | Code | Chart] = [answer(sac)]
     if sac.policies:
-        blocks += [policies(sac), saved_ops(sac)]
+        blocks.append(policies(sac))
+    if any(p.saved for p in sac.policies):
+        blocks.append(saved_ops(sac))
     if sac.least_peak_bytes < sac.peak_before_bytes:
-        blocks.append(curve(sac))
+        blocks += [curve(sac), curve_chart(sac)]
     if sac.code:
-        blocks.append(Code("the policy as code: torch.utils.checkpoint, selective", sac.code))
+        blocks.append(Code("the policy as code: torch.utils.checkpoint around the recomputed "
+                           "child modules" if by_module else
+                           "the policy as code: torch.utils.checkpoint, selective", sac.code))
     return View("checkpoint", "Selective checkpointing", tuple(blocks))
 
 
@@ -50,6 +68,7 @@ def answer(sac: SelectiveCheckpointing) -> Table:
         ("", verdict, f"first step (optimizer state made in it): "
                       f"{binary_bytes(sac.first_step_peak_bytes)}"),
         ("least possible", binary_bytes(sac.least_peak_bytes),
+         "every child module of every block recomputed" if sac.granularity == "module" else
          "every op of every block recomputed (--checkpoint)"),
         (Cell("recompute added", Tone.STRONG), Cell(cost_text(sac.recompute, sac.cost_unit),
                                                     Tone.STRONG),
@@ -70,6 +89,13 @@ def policies(sac: SelectiveCheckpointing) -> Table:
     rows = [(_blocks(p.blocks), p.summary, f"{p.saved_ops} of {p.ops}",
              binary_bytes(p.saved_bytes), cost_text(p.recompute, sac.cost_unit))
             for p in sac.policies]
+    if sac.granularity == "module":
+        return Table.of("the policy per block: child modules wrapped in checkpoint", columns(
+            ("blocks", "recomputed / kept"), ("modules kept", "saved per block",
+                                              "recompute per block")), rows,
+            caption="modules: a block's outermost children that keep tensors for the "
+                    "backward; a kept one's saved tensors stay, a recomputed one keeps its "
+                    "inputs")
     return Table.of("the policy per block", columns(
         ("blocks", "saved / recomputed"), ("ops saved", "kept per block",
                                            "recompute per block")), rows,
@@ -94,9 +120,25 @@ def curve(sac: SelectiveCheckpointing) -> Table:
             for p in sac.curve]
     return Table.of("memory–time curve: the policy chosen for each budget",
                     columns((), ("budget", "step peak", "recompute", "of the step",
+                                 "modules kept" if sac.granularity == "module" else
                                  "ops saved", "fits")), rows,
-                    caption="from every op recomputed to no checkpointing; a tighter "
-                            "budget never gets a higher peak")
+                    caption=f"from every {'child module' if sac.granularity == 'module' else 'op'}"
+                            " recomputed to no checkpointing; a tighter budget never gets a "
+                            "higher peak")
+
+
+def curve_chart(sac: SelectiveCheckpointing) -> Chart:
+    """The curve drawn: recompute against the budget, this run's budget marked where it falls
+    in the curve's span (a budget past it is marked at its end: no more to spare there)."""
+    points = tuple((float(p.budget_bytes), p.recompute) for p in sac.curve)
+    at = min(max(sac.budget_bytes, sac.curve[0].budget_bytes), sac.curve[-1].budget_bytes)
+    label = (f"this run: {binary_bytes(sac.budget_bytes)} → "
+             f"{cost_text(sac.recompute, sac.cost_unit)}")
+    return Chart("memory–time curve", "budget", "recompute per step", "B", sac.cost_unit,
+                 (Series("the policy chosen for each budget", points),),
+                 (Mark(label, float(at), sac.recompute),),
+                 caption="each point: the least recompute whose step peak fits the budget; "
+                         "the ring: the policy of this run")
 
 
 def _blocks(blocks: tuple[str, ...]) -> str:

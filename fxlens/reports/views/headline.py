@@ -179,8 +179,8 @@ def _fix(training: Training) -> str:
                 f"state take {binary_bytes(state)}): shard them over ≥ {gpus} GPUs, and "
                 f"check it with --plan --gpus {gpus}")
     return ("none of the changes re-estimated (an 8-bit optimizer, pure bf16 and "
-            "checkpointing, where they apply; alone or together) makes it fit: the "
-            "activations need a smaller batch or sequence"
+            "checkpointing, every block or selective, where they apply; alone or together) "
+            "makes it fit: the activations need a smaller batch or sequence"
             + (f" (batch {fit.largest_batch} by a linear estimate)" if fit.largest_batch
                else ""))
 
@@ -190,8 +190,17 @@ def _fix_text(fix: FixOption) -> str:
     if fix.flags.startswith("--plan"):
         return f"{fix.flags} ({fix.change}: {binary_bytes(fix.needed_bytes)} per GPU)"
     return (f"{fix.flags} ({binary_bytes(fix.needed_bytes)}"
-            + (f", +{fix.recompute_overhead:.0%} recompute" if fix.recompute_overhead else "")
+            + (f", +{_share(fix.recompute_overhead)} recompute" if fix.recompute_overhead
+               else "")
             + ")")
+
+
+def _share(share: float) -> str:
+    """A recompute share of the step: whole percent, a tenth below 10 %, and a selective
+    policy's few saved ops still not "0%"."""
+    if share >= 0.1:
+        return f"{share:.0%}"
+    return f"{share:.1%}" if share >= 0.001 else "<0.1%"
 
 
 def _inference_fit(report: Report) -> Figure | None:
