@@ -60,10 +60,35 @@ def check_options(options: Any) -> None:
     elif options.profile is not None or options.devices_file is not None:
         resolve_device("cpu", options.devices_file, options.profile)
     _parallel_plan(options)
+    if getattr(options, "serve", False):
+        _serving(options)
 
 
 PLAN_DEVICE = "h100"     # what --plan lays out on without --device
 GRANULARITIES = ("op", "module")     # what --checkpoint auto decides on
+
+
+def _serving(options: Any) -> None:
+    """``--serve``: a device to time on, an inference run, lengths and batches ≥ 1, a
+    serving precision and KV dtype the estimate knows (`fxlens.rules.serving`)."""
+    from fxlens.rules.serving import KV_DTYPE_BYTES, SERVE_PRECISIONS
+
+    if options.device is None:
+        raise LoadError("--serve times the requests on a device: add --device (h100, a100, …)")
+    if options.train or options.plan:
+        raise LoadError("--serve estimates inference; leave out --train and --plan")
+    at_least_one("--input-len", options.input_len)
+    at_least_one("--output-len", options.output_len)
+    for batch in options.serve_batches:
+        at_least_one("--batch", batch)
+    if options.precision is not None and options.precision not in SERVE_PRECISIONS:
+        raise LoadError(f"--precision {options.precision} is a training policy; serving runs "
+                        f"at {', '.join(SERVE_PRECISIONS)}")
+    if options.kv_dtype is not None and options.kv_dtype not in KV_DTYPE_BYTES:
+        raise LoadError(f"--kv-dtype: {options.kv_dtype!r} is not one of "
+                        f"{', '.join(KV_DTYPE_BYTES)}")
+    if options.tpot_slo_s is not None and not options.tpot_slo_s > 0:
+        raise LoadError("--tpot-slo must be a time above 0 (50ms)")
 
 
 def _parallel_plan(options: Any) -> None:

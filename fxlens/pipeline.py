@@ -78,6 +78,7 @@ from fxlens.rules.eager import SAME_DTYPE_OPERANDS
 from fxlens.rules.fusion import fusion_rules, kinds_of
 from fxlens.rules.hardware import DeviceSpec
 from fxlens.rules.training import CASTABLE_DTYPES, Optimizer, Precision
+from fxlens.serve_pass import ServePass
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +108,12 @@ class AnalysisOptions:
     checkpoint_granularity: str = "op"  # its decisions: "op" (saved ops) or "module" (wrapped)
     kv_cache: bool = False
     context: int | None = None          # KV cache context; None: the captured sequence length
+    serve: bool = False                 # serving estimate (needs device): TTFT, TPOT, capacity
+    input_len: int = 2048               # --serve: prompt tokens per request
+    output_len: int = 256               # --serve: generated tokens per request
+    serve_batches: tuple[int, ...] = ()  # --serve: batches to estimate; (): up to the capacity
+    tpot_slo_s: float | None = None     # --serve: the time-per-output-token target
+    kv_dtype: str | None = None         # --serve: the KV cache's dtype; None: the model's
     device: str | None = None           # roofline device ("h100", "cpu"); None: no roofline
     devices_file: str | None = None     # user JSON adding or overriding devices
     profile: str | None = None          # calibrated profile JSON (`analyze calibrate`)
@@ -326,7 +333,7 @@ class RooflinePass:
 
 PASSES: tuple[Pass[Context], ...] = (InferenceMemory(), TrainingStep(), CheckpointPass(),
                                      KVCachePass(), FusionPass(), QuantPass(), RooflinePass(),
-                                     InferenceFitPass(), PlanPass())
+                                     InferenceFitPass(), PlanPass(), ServePass())
 
 
 def run_pipeline(loaded: LoadedModel, options: AnalysisOptions,

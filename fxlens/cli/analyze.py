@@ -32,6 +32,7 @@ from fxlens.cli.args import (
     non_negative_int,
     percent,
     positive_int,
+    seconds,
 )
 from fxlens.cli.console import EXIT_OK, err, note, out, say, write_raw
 
@@ -72,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"fxlens {__version__}")
     parser.add_argument("target", help="model.py, pkg.module:function or hf:<preset>")
-    add_loading_options(parser)
+    add_loading_options(parser, batch_list=True)
     parser.add_argument("--allow-large", action="store_true",
                         help="analyze a model however long its estimated capture (default: "
                              "refuse one estimated at over ~20 minutes)")
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     _plan_options(parser)
     _roofline_options(parser)
     _quant_options(parser)
+    _serve_options(parser)
     review = parser.add_argument_group("pre-merge review (see analyze diff)")
     review.add_argument("--baseline", metavar="REPORT|TARGET",
                         help="compare with this report .json, model or git:REF:path")
@@ -186,6 +188,22 @@ def _roofline_options(parser: argparse.ArgumentParser) -> None:
                                "with --plan also the activations fused kernels keep")
 
 
+def _serve_options(parser: argparse.ArgumentParser) -> None:
+    serve = parser.add_argument_group("serving (a decoder LM on --device)")
+    serve.add_argument("--serve", action="store_true",
+                       help="time to first token, time per output token, throughput and how "
+                            "many requests fit, per batch (--batch 1,8,32)")
+    serve.add_argument("--input-len", type=positive_int, default=2048,
+                       help="prompt tokens per request (2048)")
+    serve.add_argument("--output-len", type=positive_int, default=256,
+                       help="generated tokens per request (256)")
+    serve.add_argument("--kv-dtype", metavar="DTYPE",
+                       help="the KV cache's dtype: fp8, int8, fp16, bf16 (default: the model's)")
+    serve.add_argument("--tpot-slo", type=seconds, metavar="TIME",
+                       help="time-per-output-token target (50ms): the headline is the batch "
+                            "with most throughput that meets it")
+
+
 def _quant_options(parser: argparse.ArgumentParser) -> None:
     quant = parser.add_argument_group("quantization sensitivity")
     quant.add_argument("--quant", action="store_true",
@@ -237,7 +255,8 @@ def run(args: argparse.Namespace) -> int:
              "use --quant-calibrate")
     settings = dict(
         entry=args.entry, overrides=dict(args.overrides),
-        sizes={"batch": args.batch, "seq_len": args.seq_len, "image_size": args.image_size},
+        sizes={"batch": args.batch[0] if args.batch else None, "seq_len": args.seq_len,
+               "image_size": args.image_size},
         methods=tuple(args.method or METHODS), strict=args.strict,
         train=args.train, precision=args.precision, optimizer=args.optimizer,
         device_memory=args.device_mem, checkpoint=args.checkpoint == "blocks",
@@ -254,7 +273,14 @@ def run(args: argparse.Namespace) -> int:
         plan=args.plan, strategy=args.strategy, gpus=args.gpus, search=args.search,
         max_gpus=args.max_gpus, micro_batches=args.micro_batches,
         global_batch=args.global_batch, tokens=args.tokens, price=args.price,
+        serve=args.serve, input_len=args.input_len, output_len=args.output_len,
+        serve_batches=tuple(args.batch or ()) if args.serve else (), kv_dtype=args.kv_dtype,
+        tpot_slo_s=args.tpot_slo,
     )
+    if args.batch and len(args.batch) > 1 and not args.serve:
+        from fxlens.analyzer.core.errors import LoadError
+
+        raise LoadError("--batch takes one size; a list (1,8,32) is for --serve's curve")
     if args.plan:
         settings["train"] = True
     review = _check_before(args, settings)

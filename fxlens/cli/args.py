@@ -17,7 +17,7 @@ PRECISIONS = ("fp32", "bf16", "amp-bf16", "amp-fp16", "autocast-bf16", "autocast
               "fp8")                                          # fxlens.pipeline.PRECISIONS
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adam8bit")  # …OPTIMIZERS
 VIEWS = ("summary", "modules", "top-ops", "memory", "training", "checkpoint", "kv-cache",
-         "roofline", "validation", "fusion", "quant", "plan")   # …reports.views.VIEW_KEYS
+         "roofline", "validation", "fusion", "quant", "plan", "serve")   # …reports.views.VIEW_KEYS
 
 
 class Parser(argparse.ArgumentParser):
@@ -70,6 +70,28 @@ def count(text: str) -> int:
     return int(value)
 
 
+def batch_sizes(text: str) -> tuple[int, ...]:
+    """``8`` or ``1,8,32``: batch sizes ≥ 1, in the order given, without repeats."""
+    sizes = [positive_int(part.strip()) for part in text.split(",") if part.strip()]
+    if not sizes:
+        raise argparse.ArgumentTypeError(f"expected batch sizes like 8 or 1,8,32, got {text!r}")
+    return tuple(dict.fromkeys(sizes))
+
+
+def seconds(text: str) -> float:
+    """A time: ``50ms``, ``0.05s``, ``0.05`` (seconds), ``500us``; above 0."""
+    units = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}
+    body = text.strip().lower()
+    unit = next((u for u in ("us", "µs", "ms", "s") if body.endswith(u)), "")
+    try:
+        value = float(body.removesuffix(unit)) * units.get(unit, 1.0)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a time like 50ms, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a time above 0, got {text!r}")
+    return value
+
+
 def percent(text: str) -> float:
     """A share written in percent, ``1`` or ``1%``, as a fraction (0.01); 0 up to 100."""
     try:
@@ -93,15 +115,22 @@ def non_negative_float(text: str) -> float:
     return value
 
 
-def add_loading_options(parser: Any, overrides: bool = True) -> None:
+def add_loading_options(parser: Any, overrides: bool = True, batch_list: bool = False) -> None:
     """How a model target is loaded: ``--entry``, ``--set`` (with `overrides`), ``--batch``,
-    ``--seq-len``, ``--image-size`` — one spelling for every subcommand that loads a model."""
+    ``--seq-len``, ``--image-size`` — one spelling for every subcommand that loads a model.
+    `batch_list`: ``--batch`` takes ``1,8,32`` too (a tuple; ``analyze --serve``'s curve)."""
     parser.add_argument("--entry", help="factory function in the model file (default: build)")
     if overrides:
         parser.add_argument("--set", dest="overrides", action="append", default=[],
                             type=key_value, metavar="KEY=VALUE",
                             help="override a config field of an hf: preset")
-    parser.add_argument("--batch", type=positive_int, help="batch size of the example inputs")
+    if batch_list:
+        parser.add_argument("--batch", type=batch_sizes, metavar="N[,N…]",
+                            help="batch size of the example inputs; with --serve, the batches "
+                                 "to estimate (1,8,32,64)")
+    else:
+        parser.add_argument("--batch", type=positive_int,
+                            help="batch size of the example inputs")
     parser.add_argument("--seq-len", type=positive_int,
                         help="sequence length of the example inputs")
     parser.add_argument("--image-size", type=positive_int,

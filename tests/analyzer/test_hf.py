@@ -38,6 +38,9 @@ PUBLISHED_PARAMS = {
     "bert-base": 109_514_298,          # BertForMaskedLM: BertModel without pooler + MLM head
     "t5-small": 60_506_624,
     "llama-2-7b": 6_738_415_616,
+    "llama-2-13b": 13_015_864_320,
+    "llama-2-70b": 68_976_648_192,
+    "llama-3.1-70b": 70_553_706_496,
     "llama-3-8b": 8_030_261_248,
     "llama-3.1-8b": 8_030_261_248,
     "llama-3-70b": 70_553_706_496,
@@ -75,7 +78,7 @@ def test_every_required_preset_ships() -> None:
 
 # Family names users ask for (issue 19), each an alias of one shipped preset.
 REQUIRED_ALIASES = {"qwen3-moe": "qwen3-30b-a3b", "gemma-3": "gemma-3-1b",
-                    "phi-3": "phi-3-mini"}
+                    "phi-3": "phi-3-mini", "llama-3.3-70b": "llama-3.1-70b"}
 
 
 def test_family_aliases_name_shipped_presets_and_shadow_none() -> None:
@@ -191,8 +194,8 @@ def test_unknown_preset_lists_the_known_ones() -> None:
     with pytest.raises(LoadError, match="unknown preset 'llama-9'") as info:
         load_preset("llama-9")
     assert all(name in str(info.value) for name in REQUIRED)
-    assert "aliases: gemma-3 (gemma-3-1b), phi-3 (phi-3-mini), qwen3-moe (qwen3-30b-a3b)" in str(
-        info.value)
+    assert all(f"{alias} ({preset})" in str(info.value)
+               for alias, preset in REQUIRED_ALIASES.items())
 
 
 def test_seq_len_beyond_learned_positions_is_an_error() -> None:

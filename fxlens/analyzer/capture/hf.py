@@ -86,6 +86,7 @@ ALIASES: Mapping[str, str] = {
     "qwen3-moe": "qwen3-30b-a3b",
     "gemma-3": "gemma-3-1b",
     "phi-3": "phi-3-mini",
+    "llama-3.3-70b": "llama-3.1-70b",     # the same architecture and config, other weights
 }
 
 

@@ -398,6 +398,14 @@ def analyze_fusion(report: Report, graph: Graph, kinds: Mapping[int, OpKind],
     return FusionAnalysis(findings, plan, section)
 
 
+def fused_kernels(report: Report, graph: Graph, kinds: Mapping[int, OpKind],
+                  rule_of: Callable[[Node], Any] = lambda _: None) -> Report:
+    """`report` as the kernels the default fusion plan runs (`fused_report`), without the
+    findings: what an engine's compiled graph launches."""
+    fg = FusionGraph(graph, effective_kinds(report, kinds), rule_of)
+    return fused_report(report, plan_kernels(fg, {n.id: n for n in report.nodes}))
+
+
 def fused_report(report: Report, plan: KernelPlan) -> Report:
     """The report as the fused kernels: one costed node per kernel (id of its first member,
     FLOPs summed, bytes after fusion), for the roofline's fused view (``--fused``)."""

@@ -17,6 +17,7 @@ from fxlens.reports.views.memory import kv_cache_view, memory_view, training_vie
 from fxlens.reports.views.model import modules_view, ops_view, summary_view
 from fxlens.reports.views.plan import plan_view
 from fxlens.reports.views.quant import quant_view
+from fxlens.reports.views.serve import serve_view
 from fxlens.reports.views.time import roofline_view, validation_view
 
 ViewFn = Callable[[Report, Detail], View | None]
@@ -25,18 +26,19 @@ VIEWS: tuple[ViewFn, ...] = (
     summary_view, modules_view, ops_view,
     memory_view, training_view, checkpoint_view, kv_cache_view,
     roofline_view, validation_view,
-    fusion_view, quant_view, plan_view,
+    fusion_view, quant_view, plan_view, serve_view,
 )
 # Their keys, in the same order (what ``--show`` takes)
 VIEW_KEYS = ("summary", "modules", "top-ops", "memory", "training", "checkpoint", "kv-cache",
-             "roofline", "validation", "fusion", "quant", "plan")
+             "roofline", "validation", "fusion", "quant", "plan", "serve")
 
 
 # The section a run asked about, in the order one is picked for the first screen of every
 # surface (after the summary): a plan, quantization, the KV cache, a validation, selective
 # checkpointing, the training step, the roofline; with none of them, where the FLOPs are
 # (modules and top ops).
-ASKED = ("plan", "quant", "kv-cache", "validation", "checkpoint", "training", "roofline")
+ASKED = ("serve", "plan", "quant", "kv-cache", "validation", "checkpoint", "training",
+         "roofline")
 PLAIN = ("modules", "top-ops")
 
 

@@ -18,6 +18,7 @@ from fxlens.analyzer.core.sections import (
     Quant,
     Roofline,
     SelectiveCheckpointing,
+    Serve,
     Training,
 )
 from fxlens.reports.units import binary_bytes, seconds, si
@@ -25,6 +26,7 @@ from fxlens.reports.view import Figure, Tone
 from fxlens.reports.views.fusion import default_saving, findings_saving
 from fxlens.reports.views.plan import plan_verdict
 from fxlens.reports.views.quant import quant_verdicts
+from fxlens.reports.views.serve import serve_verdict
 
 
 def inputs_text(report: Report) -> str:
@@ -134,7 +136,7 @@ def verdicts(report: Report) -> tuple[Figure, ...]:
     if training is not None and training.fit is not None and report.get(Plan) is None:
         out.append(training_fit(training, report.get(SelectiveCheckpointing)))
         # with a plan, the plan's verdict speaks
-    elif training is None:
+    elif training is None and report.get(Serve) is None:   # serving: its capacity speaks
         fit = _inference_fit(report)
         if fit is not None:
             out.append(fit)
@@ -144,6 +146,9 @@ def verdicts(report: Report) -> tuple[Figure, ...]:
     quant = report.get(Quant)
     if quant is not None:
         out += quant_verdicts(quant)
+    serve = report.get(Serve)
+    if serve is not None:
+        out.append(serve_verdict(serve))
     return tuple(out)
 
 

@@ -1,0 +1,112 @@
+"""The ``--serve`` estimate against published serving measurements (issue 31).
+
+Each row of `bench/serving_runs.py` that this estimate covers (one GPU, tensor parallelism
+1, a device fxlens knows) is estimated with the row's own setup: the preset, ``--device``,
+``--input-len``/``--output-len``, ``--precision fp8`` for FP8 weights and the KV dtype the
+row states (FP8 rows whose source does not state it: FP8, what TensorRT-LLM sets with FP8
+quantization). What is compared:
+
+- static batch: output tokens/s at the row's batch (the whole batch through prefill, then
+  decoded together: `fxlens.analyzer.serve.estimate`);
+- in-flight at maximum load (batch not stated): output tokens/s at the estimate's own
+  `max_batch`, the most requests its KV cache holds;
+- first-token rows (output 1): TTFT at batch 1.
+
+No figure here is fitted: the device's datasheet peaks and its achievable factors
+(`fxlens.rules.hardware`) time every kernel. Rows with TP > 1 and multi-GPU systems are
+listed as not covered (tensor-parallel serving is not estimated yet).
+
+    .venv/bin/python bench/serving.py             # every covered row; a Markdown table
+    .venv/bin/python bench/serving.py --only h100
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from serving_runs import RUNS, ServingRun  # noqa: E402
+
+from fxlens.analyzer.capture.hf import load_preset  # noqa: E402
+from fxlens.analyzer.core.sections import Serve, ServePoint  # noqa: E402
+from fxlens.pipeline import AnalysisOptions, run_pipeline  # noqa: E402
+from fxlens.rules.hardware import ALIASES, DEVICES  # noqa: E402
+
+
+def covered(run: ServingRun) -> str | None:
+    """Why `run` is not estimated here (None: it is)."""
+    if run.tp != 1 or run.gpus != 1:
+        return f"TP {run.tp} on {run.gpus} GPUs"
+    if ALIASES.get(run.gpu, run.gpu) not in DEVICES:
+        return f"no {run.gpu} device"
+    return None
+
+
+def estimate(run: ServingRun) -> Serve:
+    loaded = load_preset(run.model, batch=1, seq_len=128)
+    kv = run.kv_dtype or ("fp8" if run.weights == "fp8" else None)
+    batches = (run.batch,) if run.batch else ()
+    options = AnalysisOptions(serve=True, device=run.gpu, input_len=run.input_len,
+                              output_len=max(run.output_len, 1), serve_batches=batches,
+                              precision="fp8" if run.weights == "fp8" else None,
+                              kv_dtype=kv, fusion=False)
+    serve = run_pipeline(loaded, options).get(Serve)
+    assert serve is not None
+    return serve
+
+
+def compared(run: ServingRun, serve: Serve) -> tuple[str, float, float]:
+    """(what, published, estimated)."""
+    if run.ttft_s is not None and run.output_tokens_per_s is None:
+        point = _at(serve, 1)
+        return "TTFT s", run.ttft_s, point.ttft_s
+    assert run.output_tokens_per_s is not None
+    point = _at(serve, run.batch or serve.max_batch)
+    return "tok/s", run.output_tokens_per_s, point.output_tokens_per_s
+
+
+def _at(serve: Serve, batch: int) -> ServePoint:
+    return next(p for p in serve.curve if p.batch == batch)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", help="one GPU kind (h100, a100, h200)")
+    args = parser.parse_args(argv)
+    print("| GPU | model | weights/KV | in/out | batch | what | published | fxlens | error |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    errors, skipped = [], []
+    for run in RUNS:
+        if args.only and run.gpu != args.only:
+            continue
+        why = covered(run)
+        if why is not None:
+            skipped.append(f"{run.gpu} {run.model} {run.input_len}/{run.output_len}: {why}")
+            continue
+        started = time.perf_counter()
+        serve = estimate(run)
+        what, published, predicted = compared(run, serve)
+        error = predicted / published - 1
+        errors.append(error)
+        batch = run.batch or f"max ({serve.max_batch})"
+        print(f"| {run.gpu} | {run.model} | {run.weights}/{run.kv_dtype or '—'} | "
+              f"{run.input_len}/{run.output_len} | {batch} | {what} | {published:,.4g} | "
+              f"{predicted:,.4g} | {error:+.0%} |  <!-- {time.perf_counter() - started:.0f} s -->")
+    if errors:
+        within = sum(abs(e) <= 0.25 for e in errors)
+        print(f"\n{within} of {len(errors)} rows within ±25 %; median |error| "
+              f"{statistics.median(abs(e) for e in errors):.0%}")
+    print(f"not covered: {len(skipped)} rows")
+    for line in skipped:
+        print(f"- {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,176 @@
+"""A `transformers` causal LM as a serving engine runs it: the prompt's prefill, and one decode
+step against a KV cache of a given length — for `fxlens.analyzer.serve`.
+
+- `decode_step(model)`: a module whose forward takes the new token's ids, its position and the
+  cache's K and V tensors (one pair per layer, each (batch, kv_heads, context + 1, head_dim):
+  the slot of the new token included, as a paged or static cache holds it) and runs the
+  model's own forward against a `StaticCache` built on those tensors. So the decode graph is
+  the library's real one — the new token's K/V written into its slot in place
+  (``index_copy_``), attention over the whole cache — and every tensor is a plain input the
+  capture puts on fake tensors (a cache object is not a pytree export can take).
+- `prefill_inputs`: the prompt, computing the logits of its last position only
+  (``logits_to_keep=1``), as engines do (the vocabulary projection of every prompt token is
+  ~7 % of Llama-3-8B's prefill that no engine runs).
+- Attention as serving kernels compute it (FlashAttention, FlashInfer, TensorRT-LLM's):
+  grouped-query heads read their shared K and V directly (``enable_gqa``), no mask tensor —
+  a decode step's query sees its whole cache, a prefill is causal. The library's own SDPA
+  path copies K and V once per query head under export (``repeat_kv``: 4× Llama-3-8B's
+  cache traffic) and builds a mask over the cache, which no engine does. `with_layers`
+  builds the model with this attention (`ENGINE_ATTENTION`), everything else the library's.
+- `with_layers(model, n)`: the same class and config on the meta device with `n` decoder
+  layers. A decoder's layers are alike, so a graph of two of them holds every distinct kernel:
+  `fxlens.analyzer.serve` captures that and counts the second layer's kernels once per layer
+  past the first, so the captures cost the same whatever the depth.
+
+Only models whose every layer keeps K and V for the whole context (dense and MoE decoders
+with full attention; a sliding window wider than the context counts as full) are built here:
+`unsupported_layout` says why another one is not.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+from fxlens.analyzer.core.errors import LoadError
+
+ENGINE_ATTENTION = "fxlens_engine"
+
+
+def _engine_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
+                      value: torch.Tensor, attention_mask: Any, dropout: float = 0.0,
+                      scaling: float | None = None, **_: Any) -> tuple[torch.Tensor, None]:
+    """(B, H, T, d) queries against (B, H_kv, S, d) keys and values, as a serving kernel:
+    causal over the prompt (T > 1), the whole cache for a decode token (T = 1)."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, is_causal=query.shape[2] > 1, scale=scaling,
+        enable_gqa=key.shape[1] != query.shape[1])
+    return out.transpose(1, 2).contiguous(), None
+
+
+def _no_mask(*_: Any, **__: Any) -> None:
+    return None
+
+
+def _register_engine_attention() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+
+    AttentionInterface.register(ENGINE_ATTENTION, _engine_attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ENGINE_ATTENTION, _no_mask)
+
+
+class DecodeStep(nn.Module):
+    """One decode step of `model` (see the module docstring); returns the logits."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor,
+                *kv: torch.Tensor) -> torch.Tensor:
+        from transformers import StaticCache
+
+        config: Any = self.model.config
+        cache: Any = StaticCache(config=config, max_cache_len=kv[0].shape[2])
+        layer: Any
+        for layer, keys, values in zip(cache.layers, kv[::2], kv[1::2], strict=True):
+            layer.keys, layer.values = keys, values
+            layer.max_batch_size, layer.max_cache_len = keys.shape[0], keys.shape[2]
+            layer.dtype, layer.device = keys.dtype, keys.device
+            layer.is_initialized = True
+        out = self.model(input_ids=input_ids, past_key_values=cache,
+                         cache_position=cache_position, use_cache=True)
+        logits: torch.Tensor = out.logits
+        return logits
+
+
+def decode_step(model: nn.Module) -> DecodeStep:
+    return DecodeStep(model)
+
+
+def decode_inputs(model: nn.Module, batch: int, context: int) -> tuple[torch.Tensor, ...]:
+    """(ids, position, K₀, V₀, K₁, V₁, …) of one decode step after `context` tokens."""
+    config = _text_config(model)
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+    kv = [torch.empty(batch, kv_heads, context + 1, head_dim, device="meta", dtype=dtype)
+          for _ in range(2 * config.num_hidden_layers)]
+    ids = torch.zeros(batch, 1, dtype=torch.long, device="meta")
+    return (ids, torch.tensor([context], device="meta"), *kv)
+
+
+def prefill_inputs(batch: int, prompt: int) -> dict[str, Any]:
+    """The prompt's ids; only the last position's logits computed."""
+    return {"input_ids": torch.zeros(batch, prompt, dtype=torch.long, device="meta"),
+            "logits_to_keep": 1, "use_cache": False}
+
+
+def with_layers(model: nn.Module, layers: int) -> nn.Module:
+    """`model`'s class and config with `layers` decoder layers, on the meta device."""
+    config = copy.deepcopy(model.config)
+    text = _text_config_of(config)
+    text.num_hidden_layers = layers
+    if getattr(text, "layer_types", None):
+        text.layer_types = list(text.layer_types)[:layers]
+    dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
+    _register_engine_attention()
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            built: Any = type(model)(config)
+    finally:
+        torch.set_default_dtype(previous)
+    built.set_attn_implementation(ENGINE_ATTENTION)
+    small: nn.Module = built.eval()
+    return small
+
+
+def layer_count(model: nn.Module) -> int:
+    return int(_text_config(model).num_hidden_layers)
+
+
+def unsupported_layout(model: nn.Module, context: int) -> str | None:
+    """Why `model` cannot be served here (None: it can): no transformers causal-LM config, or
+    layers that keep something else than K and V for the whole `context`."""
+    config = getattr(model, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        return "the model has no transformers config (serving estimates read its layers)"
+    text = _text_config_of(config)
+    if getattr(text, "is_encoder_decoder", False):
+        return "an encoder-decoder model (serving covers decoder-only LMs)"
+    if not getattr(text, "num_attention_heads", None):
+        return "no attention layers (a state-space model keeps no KV cache)"
+    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    window = getattr(text, "sliding_window", None)
+    if kinds - {"full_attention", "sliding_attention"}:
+        return f"layers of kinds {', '.join(sorted(kinds))} (only attention layers are served)"
+    if window and window < context and ("sliding_attention" in kinds or getattr(
+            text, "use_sliding_window", True) is not False):
+        return (f"sliding-window layers ({window} tokens) shorter than the context ({context}); "
+                f"served contexts must fit the window for now")
+    if getattr(text, "kv_lora_rank", None):
+        return "multi-head latent attention (MLA caches a compressed latent, not K and V)"
+    return None
+
+
+def _text_config(model: nn.Module) -> Any:
+    return _text_config_of(model.config)
+
+
+def _text_config_of(config: Any) -> Any:
+    if hasattr(config, "get_text_config"):
+        return config.get_text_config(decoder=True)
+    return config
+
+
+def check_servable(model: nn.Module, context: int) -> None:
+    reason = unsupported_layout(model, context)
+    if reason is not None:
+        raise LoadError(f"--serve: {reason}")

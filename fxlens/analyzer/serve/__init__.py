@@ -1,0 +1,1 @@
+"""Serving estimates: prefill, decode steps, capacity and the throughput-latency curve."""

@@ -1,0 +1,124 @@
+"""`serve_section`: how a decoder LM serves requests of `input_len` prompt and `output_len`
+generated tokens on one device — time to first token, time per output token, latency,
+throughput per batch, and how many requests fit at once.
+
+Schedule (static batching: a batch's requests arrive together and finish together):
+- the prefill runs the batch's prompts in one pass and gives every request its first token:
+  TTFT = prefill(b) (`kernels.AffineStep` of the captured prefill);
+- decode step k (k = 1 … O−1) feeds the k-th generated token against a cache of
+  I + k − 1 tokens (plus its own slot): TPOT = the mean of those steps, each timed at its own
+  context (`AffineStep.times_s`), as vLLM's benchmarks define it ((latency − TTFT)/(O − 1));
+- latency = TTFT + Σ decode steps; output tokens/s = b · O / latency.
+An in-flight (continuous) batcher at a steady `b` requests in flight runs the same kernels —
+each request's prefill once, O − 1 decode steps shared by `b` — so its throughput is the same
+expression up to how prefills interleave; published "max throughput" runs are compared at
+`max_batch` (bench/serving.py).
+
+Capacity (paged KV cache, vLLM's scheme): the engine plans with `utilization` of the device
+(vLLM's ``gpu_memory_utilization`` default, 0.9); from it the weights and the workspace of one
+prompt's prefill are taken, and the rest holds KV blocks of `block_tokens` tokens. A sequence
+of I + O tokens holds ⌈(I + O) / block⌉ blocks (the last one's unused tokens are the rounding
+waste); `max_batch` = ⌊rest / bytes per sequence⌋.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from fxlens.analyzer.core.sections import Serve, ServePoint
+from fxlens.analyzer.serve.kernels import AffineStep
+from fxlens.analyzer.time.roofline import Device
+
+# NB: vLLM's default `gpu_memory_utilization` (EngineArgs): the share of the GPU's memory the
+# engine plans weights, activations and KV blocks with; the rest is left to the CUDA context,
+# NCCL and fragmentation. TensorRT-LLM's default `free_gpu_memory_fraction` is also 0.9 (of
+# the memory free after the weights).
+UTILIZATION = 0.9
+BLOCK_TOKENS = 16          # vLLM's default KV block size
+
+
+@dataclass(frozen=True)
+class ServeRequest:
+    input_len: int
+    output_len: int
+    batches: tuple[int, ...] = ()          # asked; () → powers of two up to max_batch
+    tpot_slo_s: float | None = None
+    block_tokens: int = BLOCK_TOKENS
+    utilization: float = UTILIZATION
+
+
+@dataclass(frozen=True)
+class ServeMemory:
+    device_bytes: int
+    weights_bytes: int
+    workspace_bytes: int
+    kv_bytes_per_token: int
+
+
+def serve_section(prefill: AffineStep, decode: AffineStep, device: Device, layers: int,
+                  request: ServeRequest, memory: ServeMemory,
+                  notes: Sequence[str] = ()) -> Serve:
+    i, o = request.input_len, request.output_len
+    blocks = math.ceil((i + o) / request.block_tokens)
+    per_sequence = blocks * request.block_tokens * memory.kv_bytes_per_token
+    usable = int(memory.device_bytes * request.utilization)
+    room = usable - memory.weights_bytes - memory.workspace_bytes
+    max_batch = max(room // per_sequence, 0) if per_sequence else 0
+    batches = _batches(request.batches, max_batch)
+    curve = tuple(point(prefill, decode, device, request, b, max_batch) for b in batches)
+    head = _headline(curve, request)
+    mid = i + max(o - 2, 0) / 2
+    _, decode_bytes = decode.totals(1, mid)
+    prefill_flops, _ = prefill.totals(1, i)
+    return Serve(
+        device=getattr(device, "name", ""), input_len=i, output_len=o, batch=head.batch,
+        ttft_s=head.ttft_s, tpot_s=head.tpot_s, latency_s=head.latency_s,
+        output_tokens_per_s=head.output_tokens_per_s, max_batch=int(max_batch),
+        device_bytes=memory.device_bytes, usable_bytes=usable,
+        weights_bytes=memory.weights_bytes, workspace_bytes=memory.workspace_bytes,
+        kv_bytes_per_token=memory.kv_bytes_per_token, kv_bytes_per_sequence=per_sequence,
+        block_tokens=request.block_tokens,
+        block_waste_bytes=(blocks * request.block_tokens - i - o) * memory.kv_bytes_per_token,
+        curve=curve, tpot_slo_s=request.tpot_slo_s, layers=layers,
+        decode_bytes_per_step=int(decode_bytes), prefill_flops_per_request=prefill_flops,
+        notes=tuple(notes))
+
+
+def point(prefill: AffineStep, decode: AffineStep, device: Device, request: ServeRequest,
+          batch: int, max_batch: int) -> ServePoint:
+    """One batch served together (the module docstring's schedule)."""
+    i, o = request.input_len, request.output_len
+    ttft = float(prefill.times_s(device, batch, [i])[0])
+    contexts = [i + k - 1 for k in range(1, o)]
+    steps = decode.times_s(device, batch, contexts) if contexts else None
+    decoding = float(steps.sum()) if steps is not None else 0.0
+    tpot = decoding / len(contexts) if contexts else 0.0
+    latency = ttft + decoding
+    return ServePoint(batch=batch, ttft_s=ttft, tpot_s=tpot, latency_s=latency,
+                      output_tokens_per_s=batch * o / latency if latency > 0 else 0.0,
+                      fits=batch <= max_batch)
+
+
+def _batches(asked: Sequence[int], max_batch: int) -> list[int]:
+    """The asked batches and `max_batch`, else powers of two up to it and it."""
+    powers = {2 ** k for k in range(max(max_batch, 1).bit_length())}
+    chosen = set(asked) if asked else powers
+    if max_batch >= 1:
+        chosen.add(max_batch)
+    return sorted(chosen)
+
+
+def _headline(curve: Sequence[ServePoint], request: ServeRequest) -> ServePoint:
+    """Under a TPOT target, the fitting batch with most throughput that meets it; else the
+    largest asked batch that fits; else the largest that fits (max_batch); else batch 1's."""
+    fitting = [p for p in curve if p.fits]
+    if request.tpot_slo_s is not None:
+        meeting = [p for p in fitting if p.tpot_s <= request.tpot_slo_s]
+        if meeting:
+            return max(meeting, key=lambda p: p.output_tokens_per_s)
+    asked = [p for p in fitting if p.batch in request.batches]
+    if asked:
+        return asked[-1]
+    return fitting[-1] if fitting else curve[0]

@@ -1,0 +1,125 @@
+"""A serving step as fused kernels whose work is affine in the batch and the context, timed on a
+device by the roofline at any (batch, context) without another capture.
+
+Per kernel of a prefill or decode graph, FLOPs and bytes are sums of terms constant, linear in
+the batch `b` (activations, the K/V slot each sequence writes), linear in the context `L` (a
+mask over the cache) and in `b·L` (attention over the cache, the cache read): bilinear in
+(b, L). Four captures at (b₁, L₁), (b₂, L₁), (b₁, L₂), (b₂, L₂) give every coefficient
+exactly (`fit`); a prefill, at one prompt length, is linear in `b` and takes two. The graphs
+of the captures must be the same kernel for kernel (the same ops on other shapes), which
+`fit` checks.
+
+Time of one step, as the roofline's (`fxlens.analyzer.time.roofline`): per kernel
+``max(FLOPs / achievable FLOP/s at its dtype and kernel class, bytes / achievable bandwidth)``,
+summed; each kernel `weight` times (a decoder layer's kernels count once per layer, captured
+once: `fxlens.analyzer.capture.hf_decode.with_layers`). No host time: engines replay a decode
+step as one CUDA graph, and a prefill's kernels are long enough to hide their launches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from fxlens.analyzer.time.roofline import Device
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One fused kernel of a captured step: what it runs on and its work at that point."""
+
+    target: str
+    module: str
+    key: str            # the dtype figure of the device it runs at (`roofline.DTYPE_KEYS`)
+    kernel: str         # its kernel class (`DeviceSpec.kernel_efficiency`), "" for the default
+    flops: float
+    bytes: float
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class Point:
+    """The kernels of one capture at `batch` sequences and `context` cached tokens."""
+
+    batch: int
+    context: int
+    kernels: tuple[Kernel, ...]
+
+
+class ShapeError(ValueError):
+    """The captures are not the same graph on other shapes."""
+
+
+@dataclass(frozen=True)
+class AffineStep:
+    """Per kernel, FLOPs and bytes as ``c₀ + c_b·b + c_L·L + c_bL·b·L`` (rows of `flops`
+    and `bytes`: [c₀, c_b, c_L, c_bL]); `rates` its achievable FLOP/s on the device."""
+
+    kernels: tuple[Kernel, ...]
+    flops: torch.Tensor          # (kernels, 4) float64
+    bytes: torch.Tensor          # (kernels, 4) float64
+    weights: torch.Tensor        # (kernels,)
+
+    def work(self, batch: float, context: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """(FLOPs, bytes) per kernel at one point."""
+        basis = torch.tensor([1.0, batch, context, batch * context], dtype=torch.float64)
+        return self.flops @ basis, self.bytes @ basis
+
+    def times_s(self, device: Device, batch: float, contexts: Sequence[float]) -> torch.Tensor:
+        """Seconds of one step at `batch` for each of `contexts` (summed over kernels)."""
+        rates = torch.tensor([device.achievable_flops(k.key, k.kernel) for k in self.kernels],
+                             dtype=torch.float64)
+        ctx = torch.tensor(list(contexts), dtype=torch.float64)
+        basis = torch.stack([torch.ones_like(ctx), torch.full_like(ctx, batch), ctx,
+                             batch * ctx])                               # (4, contexts)
+        flops, moved = self.flops @ basis, self.bytes @ basis           # (kernels, contexts)
+        compute = torch.where(rates[:, None] > 0, flops / rates.clamp(min=1e-30)[:, None], 0.0)
+        memory = moved / device.achievable_bandwidth
+        return (torch.maximum(compute, memory) * self.weights[:, None]).sum(0)
+
+    def totals(self, batch: float, context: float) -> tuple[float, float]:
+        """(FLOPs, bytes) of the whole step, kernels weighted."""
+        flops, moved = self.work(batch, context)
+        return float(flops @ self.weights), float(moved @ self.weights)
+
+
+def fit(points: Sequence[Point]) -> AffineStep:
+    """The affine step through 2 captures (one context: linear in the batch) or 4 (two
+    batches × two contexts: bilinear)."""
+    first = points[0].kernels
+    for point in points[1:]:
+        if [(k.target, k.module) for k in point.kernels] != [(k.target, k.module)
+                                                            for k in first]:
+            raise ShapeError(f"the graph at batch {point.batch}, context {point.context} is "
+                             f"not the one at batch {points[0].batch}, context "
+                             f"{points[0].context}")
+    batches = sorted({p.batch for p in points})
+    contexts = sorted({p.context for p in points})
+    if len(batches) != 2 or len(points) != 2 * len(contexts) or len(contexts) > 2:
+        raise ValueError("fit takes 2 batches at 1 or 2 contexts")
+    at = {(p.batch, p.context): p.kernels for p in points}
+    return AffineStep(first, _coefficients(at, batches, contexts, "flops"),
+                      _coefficients(at, batches, contexts, "bytes"),
+                      torch.tensor([k.weight for k in first], dtype=torch.float64))
+
+
+def _coefficients(at: Mapping[tuple[int, int], tuple[Kernel, ...]], batches: Sequence[int],
+                  contexts: Sequence[int], field: str) -> torch.Tensor:
+    def value(b: int, c: int) -> torch.Tensor:
+        return torch.tensor([float(getattr(k, field)) for k in at[(b, c)]],
+                            dtype=torch.float64)
+
+    (b1, b2), c1 = batches, contexts[0]
+    slope_b = (value(b2, c1) - value(b1, c1)) / (b2 - b1)
+    if len(contexts) == 1:
+        zero = torch.zeros_like(slope_b)
+        return torch.stack([value(b1, c1) - slope_b * b1, slope_b, zero, zero], dim=1)
+    c2 = contexts[1]
+    slope_b2 = (value(b2, c2) - value(b1, c2)) / (b2 - b1)
+    cross = (slope_b2 - slope_b) / (c2 - c1)                  # c_bL
+    slope_c = (value(b1, c2) - value(b1, c1)) / (c2 - c1) - cross * b1      # c_L
+    const = value(b1, c1) - slope_b * b1 - slope_c * c1
+    slope_b_only = slope_b - cross * c1                        # c_b
+    return torch.stack([const, slope_b_only, slope_c, cross], dim=1)

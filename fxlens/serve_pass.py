@@ -1,0 +1,166 @@
+"""The ``--serve`` pass: a decoder LM's prefill and decode steps captured as an engine runs
+them (`fxlens.analyzer.capture.hf_decode`), costed, fused and timed on ``--device``
+(`fxlens.analyzer.serve`).
+
+Captures: the model rebuilt on the meta device with two decoder layers (every distinct kernel;
+the second layer's kernels count once per layer past the first), its prefill of the prompt at
+two batches, its decode step at two batches × two contexts (the prompt, and the prompt plus
+the output): their kernels' work is affine in the batch and the context, so every point of
+the curve is timed without another capture. Each graph is costed by the rules (as the report
+is), grouped into the kernels of the default fusion plan (`fusion.kernels.fused_kernels`:
+what a compiled engine launches), and each kernel rated at its dtype's and kernel class's
+achievable figures. The KV bytes per token come from the model's config (`rules.kv_layouts`)
+in the weights' dtype; the workspace is one prompt's prefill activations (half the simulated
+peak at batch 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from torch import nn
+
+from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.capture.hf_decode import (
+    check_servable,
+    decode_inputs,
+    decode_step,
+    layer_count,
+    prefill_inputs,
+    with_layers,
+)
+from fxlens.analyzer.core.errors import LoadError
+from fxlens.analyzer.core.graph import Graph
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.core.section import Section
+from fxlens.analyzer.core.sections import Serve
+from fxlens.analyzer.cost.engine import analyze
+from fxlens.analyzer.fusion.kernels import fused_kernels
+from fxlens.analyzer.memory.liveness import liveness
+from fxlens.analyzer.serve.estimate import ServeMemory, ServeRequest, serve_section
+from fxlens.analyzer.serve.formats import Formats, scale_of, served_at
+from fxlens.analyzer.serve.kernels import Kernel, Point, fit
+from fxlens.analyzer.time.roofline import dtype_key, node_dtype
+from fxlens.rules.fusion import kinds_of
+from fxlens.rules.kv_layouts import layers_from_config
+from fxlens.rules.serving import KV_DTYPE_BYTES, cache_attention, weight_gemm
+
+if TYPE_CHECKING:
+    from fxlens.pipeline import Context
+
+BATCHES = (2, 4)       # capture points: batch 1 specialises some graphs (a squeezed dim)
+
+
+class ServePass:
+    name = "serving"
+    provides: tuple[type[Section], ...] = (Serve,)
+    needs: tuple[type[Section], ...] = ()
+
+    def wanted(self, options: Any) -> bool:
+        return bool(options.serve)
+
+    def run(self, ctx: Context, report: Report) -> Sequence[Section]:
+        options, module = ctx.options, ctx.loaded.module
+        spec = ctx.device_spec()
+        assert spec is not None, "--serve is checked to come with --device"
+        i, o = options.input_len, options.output_len
+        check_servable(module, i + o)
+        _check_context(module, i + o)
+        layers = layer_count(module)
+        small = with_layers(module, min(layers, 2))
+        counted = _layer_weights(small, layers)
+        notes: list[str] = []
+        ctx.on_step("serving: capturing the prefill")
+        prefill_graphs = [capture(small, prefill_inputs(b, i), ctx.registry, options.methods)
+                          for b in BATCHES]
+        prefill = fit([Point(b, i, _kernels(ctx, g, counted, "", notes))
+                       for b, g in zip(BATCHES, prefill_graphs, strict=True)])
+        ctx.on_step("serving: capturing decode steps")
+        step = decode_step(small)
+        decode = fit([Point(b, c, _kernels(
+            ctx, capture(step, decode_inputs(small, b, c), ctx.registry, options.methods),
+            counted, "model.", notes)) for b in BATCHES for c in (i, i + o)])
+        formats, weights_bytes, kv_per_token = _formats(module, options, report, notes)
+        prefill, decode = (served_at(s, formats, _reduced, _reads_cache)
+                           for s in (prefill, decode))
+        workspace = liveness(prefill_graphs[0], ctx.registry).peak_activation_bytes // BATCHES[0]
+        memory = ServeMemory(spec.memory_bytes, weights_bytes, workspace, kv_per_token)
+        request = ServeRequest(i, o, tuple(options.serve_batches), options.tpot_slo_s)
+        return (serve_section(prefill, decode, spec, layers, request, memory,
+                              sorted(set(notes))),)
+
+
+def _formats(module: nn.Module, options: Any, report: Report, notes: list[str]
+             ) -> tuple[Formats, int, int]:
+    """(the formats, the weights' bytes, the KV bytes per token) served at: FP8 linear
+    weights under ``--precision fp8`` (`rules.serving`), the cache at ``--kv-dtype``."""
+    width = _element_bytes(module)
+    weights = report.model.param_bytes + report.model.buffer_bytes
+    kv_bytes = KV_DTYPE_BYTES.get(options.kv_dtype or "", width)
+    weight_key, weight_scale = None, 1.0
+    if options.precision == "fp8":
+        reduced = sum(sub.weight.numel() for name, sub in module.named_modules()
+                      if isinstance(sub, nn.Linear) and weight_gemm("aten.linear", name))
+        weights -= reduced * (width - 1)
+        weight_key, weight_scale = "fp8", scale_of(1, width)
+        notes.append("fp8: linear layers' weights in FP8 at the FP8 peak; lm_head, embeddings, "
+                     "norms and attention at 16 bits")
+    per_token = _kv_bytes_per_token(module) * kv_bytes // width
+    return Formats(weight_key, weight_scale, scale_of(kv_bytes, width)), weights, per_token
+
+
+def _reduced(kernel: Kernel) -> bool:
+    return weight_gemm(kernel.target, kernel.module)
+
+
+def _reads_cache(kernel: Kernel) -> bool:
+    return cache_attention(kernel.target)
+
+
+def _element_bytes(module: nn.Module) -> int:
+    return next(p.element_size() for p in module.parameters() if p.is_floating_point())
+
+
+def _kernels(ctx: Context, graph: Graph, counted: Callable[[str], float], root: str,
+             notes: list[str]) -> tuple[Kernel, ...]:
+    """The fused kernels of one captured step, each weighted by the layers it stands for."""
+    report = analyze(graph, ctx.registry)
+    uncosted = [n.target for n in report.nodes if n.status in ("unsupported", "failed")]
+    if uncosted:
+        notes.append(f"{len(set(uncosted))} op kinds uncosted in the serving graphs "
+                     f"({', '.join(sorted(set(uncosted))[:3])}): counted as zero")
+    fused = fused_kernels(report, graph, kinds_of(list(graph.nodes), ctx.registry),
+                          ctx.registry.lookup)
+    return tuple(
+        Kernel(n.target, n.module, dtype_key(node_dtype(graph.nodes[n.id], graph),
+                                             ctx.options.tf32),
+               n.kernel, float(n.flops), float(n.bytes_read + n.bytes_written),
+               counted(n.module.removeprefix(root)))
+        for n in fused.nodes if n.status == "costed")
+
+
+def _layer_weights(small: nn.Module, layers: int) -> Callable[[str], float]:
+    """How many layers a kernel of `small`'s module path stands for: the second decoder
+    layer's, one per layer past the first; every other kernel once."""
+    stacks = [name for name, sub in small.named_modules()
+              if isinstance(sub, nn.ModuleList) and name.endswith("layers")]
+    if layers < 2 or not stacks:
+        return lambda _: 1.0
+    second = f"{stacks[0]}.1"
+    return lambda path: float(layers - 1) if (path == second or path.startswith(
+        second + ".")) else 1.0
+
+
+def _kv_bytes_per_token(module: nn.Module) -> int:
+    """K and V of one token over every layer, in the model's dtype."""
+    return sum(layer.kv_heads * (layer.k_head_dim + layer.v_head_dim) * _element_bytes(module)
+               for layer in layers_from_config(module.config) if layer.kind == "attention")
+
+
+def _check_context(module: nn.Module, tokens: int) -> None:
+    config = module.config
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and tokens > limit:
+        raise LoadError(f"--serve: {tokens} tokens (--input-len + --output-len) exceed the "
+                        f"model's context of {limit} (max_position_embeddings)")

@@ -1,0 +1,144 @@
+"""``--serve``: decode steps captured against a cache, timed at any batch and context, capacity
+by the closed form, the curve, the formats (`fxlens.analyzer.serve`, `fxlens.serve_pass`)."""
+
+from __future__ import annotations
+
+import math
+from itertools import pairwise
+
+import pytest
+import torch
+
+from fxlens.analyzer.capture.hf import load_preset
+from fxlens.analyzer.core.errors import LoadError
+from fxlens.analyzer.core.sections import Serve
+from fxlens.analyzer.serve.estimate import ServeMemory, ServeRequest, serve_section
+from fxlens.analyzer.serve.kernels import Kernel, Point, ShapeError, fit
+from fxlens.cli.main import main
+from fxlens.pipeline import AnalysisOptions, run_pipeline
+from fxlens.rules.hardware import device
+
+SMALL = {"num_hidden_layers": "3", "hidden_size": "256", "intermediate_size": "512",
+         "num_attention_heads": "4", "num_key_value_heads": "2", "vocab_size": "1024",
+         "max_position_embeddings": "4096"}
+
+
+def _serve(**options: object) -> tuple[Serve, torch.nn.Module]:
+    loaded = load_preset("llama-3-8b", SMALL, batch=1, seq_len=32)
+    settings = {"serve": True, "device": "h100", "input_len": 512, "output_len": 64,
+                "fusion": False, **options}
+    serve = run_pipeline(loaded, AnalysisOptions(**settings)).get(Serve)   # type: ignore[arg-type]
+    assert serve is not None
+    return serve, loaded.module
+
+
+def _kernels(batch: int, context: int, coefficients: list[tuple[float, ...]]
+             ) -> tuple[Kernel, ...]:
+    return tuple(Kernel(f"op{i}", f"m{i}", "bf16", "", a + b * batch + c * context
+                        + d * batch * context, 2 * a + b + 3 * c * context + d * batch * context)
+                 for i, (a, b, c, d) in enumerate(coefficients))
+
+
+def test_four_captures_give_the_bilinear_work_exactly() -> None:
+    truth = [(7.0, 3.0, 0.5, 0.25), (0.0, 11.0, 0.0, 2.0)]
+    step = fit([Point(b, c, _kernels(b, c, truth)) for b in (2, 4) for c in (100, 164)])
+    for batch, context in ((1, 1), (64, 9000), (3, 100)):
+        flops, moved = step.work(batch, context)
+        expected = _kernels(batch, context, truth)
+        assert flops.tolist() == pytest.approx([k.flops for k in expected])
+        assert moved.tolist() == pytest.approx([k.bytes for k in expected])
+
+
+def test_captures_of_different_graphs_are_refused() -> None:
+    truth = [(1.0, 1.0, 0.0, 0.0)]
+    other = (Kernel("other", "m0", "bf16", "", 1.0, 1.0),)
+    with pytest.raises(ShapeError, match="batch 4"):
+        fit([Point(2, 10, _kernels(2, 10, truth)), Point(4, 10, other)])
+
+
+def test_max_batch_is_free_memory_over_the_blocks_of_a_request() -> None:
+    step = fit([Point(b, 7, _kernels(b, 7, [(1e9, 1e6, 0.0, 1e3)])) for b in (2, 4)])
+    memory = ServeMemory(device_bytes=80 * 2**30, weights_bytes=16 * 2**30,
+                         workspace_bytes=300 * 2**20, kv_bytes_per_token=131072)
+    serve = serve_section(step, step, device("h100"), 32,
+                          ServeRequest(input_len=1000, output_len=37), memory)
+    per_request = math.ceil(1037 / 16) * 16 * 131072
+    free = int(80 * 2**30 * 0.9) - 16 * 2**30 - 300 * 2**20
+    assert serve.kv_bytes_per_sequence == per_request
+    assert serve.max_batch == free // per_request
+    assert serve.block_waste_bytes == (math.ceil(1037 / 16) * 16 - 1037) * 131072
+    assert serve.curve[-1].batch == serve.max_batch and serve.curve[-1].fits
+
+
+def test_decode_at_batch_one_reads_the_weights_and_the_cache_once() -> None:
+    serve, module = _serve(serve_batches=(1,))
+    embedding = module.get_input_embeddings().weight
+    weights = sum(p.numel() * p.element_size() for p in module.parameters())
+    streamed = weights - embedding.numel() * embedding.element_size()  # one row per token
+    middle = 512 + (64 - 2) / 2
+    cache = middle * serve.kv_bytes_per_token
+    assert serve.decode_bytes_per_step == pytest.approx(streamed + cache, rel=0.02)
+    assert serve.kv_bytes_per_token == 3 * 2 * 2 * 64 * 2   # layers · K,V · kv heads · d · bf16
+
+
+def test_throughput_rises_with_the_batch_then_saturates() -> None:
+    """Memory-bound at small batches (a doubling almost doubles the rate), compute-bound at
+    large ones (the rate levels off): each doubling gains less than the one before."""
+    serve, _ = _serve()
+    powers = [p for p in serve.curve if p.fits and p.batch & (p.batch - 1) == 0]
+    rates = [p.output_tokens_per_s for p in powers]
+    assert len(rates) >= 8
+    gains = [b / a for a, b in pairwise(rates)]
+    assert gains[0] > 1.5 and all(g >= 1 for g in gains)
+    assert all(later < earlier for earlier, later in pairwise(gains))
+    assert gains[-1] < 1.01
+    assert all(b.tpot_s >= a.tpot_s for a, b in pairwise(powers))
+
+
+def test_fp8_weights_and_cache_halve_what_they_store() -> None:
+    base, module = _serve(serve_batches=(1,))
+    fp8, _ = _serve(serve_batches=(1,), precision="fp8", kv_dtype="fp8")
+    linear = sum(m.weight.numel() for name, m in module.named_modules()
+                 if isinstance(m, torch.nn.Linear) and not name.endswith("lm_head"))
+    assert base.weights_bytes - fp8.weights_bytes == linear       # 2 bytes → 1 per weight
+    assert fp8.kv_bytes_per_token * 2 == base.kv_bytes_per_token
+    middle = 512 + (64 - 2) / 2
+    saved = linear + middle * fp8.kv_bytes_per_token
+    assert base.decode_bytes_per_step - fp8.decode_bytes_per_step == pytest.approx(saved,
+                                                                                  rel=0.01)
+    assert fp8.max_batch > base.max_batch
+
+
+def test_the_slo_picks_the_fastest_batch_that_meets_it() -> None:
+    free, _ = _serve()
+    target = free.curve[2].tpot_s * 1.0001
+    met, _ = _serve(tpot_slo_s=target)
+    assert met.batch == max((p for p in met.curve if p.fits and p.tpot_s <= target),
+                            key=lambda p: p.output_tokens_per_s).batch
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["hf:llama-3-8b", "--serve"], "add --device"),
+    (["hf:llama-3-8b", "--batch", "1,8"], "a list (1,8,32) is for --serve"),
+    (["hf:llama-3-8b", "--serve", "--device", "h100", "--precision", "amp-bf16"],
+     "serving runs at bf16, fp8"),
+    (["hf:llama-3-8b", "--serve", "--device", "h100", "--kv-dtype", "fp4"],
+     "--kv-dtype: 'fp4'"),
+    (["hf:llama-3-8b", "--serve", "--device", "h100", "--input-len", "8000",
+      "--output-len", "500", "--set", "num_hidden_layers=2"],
+     "exceed the model's context of 8192"),
+    (["hf:bert-base", "--serve", "--device", "h100"], "--serve:"),
+])
+def test_serving_options_that_cannot_work_are_one_line(argv: list[str], said: str,
+                                                       capsys: pytest.CaptureFixture[str],
+                                                       tmp_path: object) -> None:
+    assert main([*argv, "--out", str(tmp_path), "--no-pages"]) == 2
+    error = capsys.readouterr().err
+    assert said in error and error.count("\n") <= 1
+
+
+def test_a_model_without_a_config_is_refused() -> None:
+    from fxlens.analyzer.capture.hf_decode import check_servable
+
+    with pytest.raises(LoadError, match="no transformers config"):
+        check_servable(torch.nn.Linear(2, 2), 10)
