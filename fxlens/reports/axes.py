@@ -13,6 +13,7 @@ FLOP_UNITS: Ladder = ((1e18, "EFLOP"), (1e15, "PFLOP"), (1e12, "TFLOP"), (1e9, "
                       (1e6, "MFLOP"), (1e3, "kFLOP"), (1.0, "FLOP"))
 BYTE_UNITS: Ladder = ((2.0**50, "PiB"), (2.0**40, "TiB"), (2.0**30, "GiB"), (2.0**20, "MiB"),
                       (2.0**10, "KiB"), (1.0, "B"))
+RATE_UNITS: Ladder = ((1e6, "M tok/s"), (1e3, "k tok/s"), (1.0, "tok/s"))
 SECOND_UNITS: Ladder = ((86400.0, "d"), (3600.0, "h"), (1.0, "s"), (1e-3, "ms"), (1e-6, "µs"),
                         (1e-9, "ns"))
 

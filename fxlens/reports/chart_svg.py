@@ -11,7 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from fxlens.reports.axes import BYTE_UNITS, FLOP_UNITS, SECOND_UNITS, Ladder, axis_ticks
+from fxlens.reports.axes import (
+    BYTE_UNITS,
+    FLOP_UNITS,
+    RATE_UNITS,
+    SECOND_UNITS,
+    Ladder,
+    axis_ticks,
+)
 from fxlens.reports.escape import html_escape as esc
 from fxlens.reports.units import binary_bytes, seconds, si
 from fxlens.reports.view import Chart
@@ -20,6 +27,7 @@ LADDERS: dict[str, tuple[Ladder, Callable[[float], str]]] = {
     "B": (BYTE_UNITS, lambda v: binary_bytes(int(v))),
     "s": (SECOND_UNITS, seconds),
     "FLOP": (FLOP_UNITS, lambda v: si(v, "FLOP")),
+    "tok/s": (RATE_UNITS, lambda v: f"{v:,.0f} tok/s"),
 }
 WIDTH, HEIGHT = 640, 300
 PAD_L, PAD_R, PAD_T, PAD_B = 80, 20, 16, 44

@@ -142,3 +142,20 @@ def test_a_model_without_a_config_is_refused() -> None:
 
     with pytest.raises(LoadError, match="no transformers config"):
         check_servable(torch.nn.Linear(2, 2), 10)
+
+
+def test_the_view_draws_the_curve_of_the_batches_that_fit() -> None:
+    from fxlens.reports.view import Chart, Detail
+    from fxlens.reports.views.serve import serve_view
+
+    loaded = load_preset("llama-3-8b", SMALL, batch=1, seq_len=32)
+    report = run_pipeline(loaded, AnalysisOptions(
+        serve=True, device="h100", input_len=512, output_len=64, fusion=False,
+        serve_batches=(1, 4, 1_000_000)))
+    serve, view = report.get(Serve), serve_view(report, Detail())
+    assert serve is not None and view is not None
+    chart = next(b for b in view.blocks if isinstance(b, Chart))
+    fitting = [(p.tpot_s, p.output_tokens_per_s) for p in serve.curve if p.fits]
+    assert list(chart.series[0].points) == fitting and len(fitting) == 3   # 1, 4, max_batch
+    assert chart.marks[0].label == f"batch {serve.batch}"
+    assert not serve.curve[-1].fits and serve.curve[-1].batch == 1_000_000

@@ -12,14 +12,26 @@ from __future__ import annotations
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import Serve, ServePoint
 from fxlens.reports.units import binary_bytes, seconds
-from fxlens.reports.view import Block, Cell, Column, Detail, Figure, Table, Tone, View
+from fxlens.reports.view import (
+    Block,
+    Cell,
+    Chart,
+    Column,
+    Detail,
+    Figure,
+    Mark,
+    Series,
+    Table,
+    Tone,
+    View,
+)
 
 
 def serve_view(report: Report, detail: Detail) -> View | None:
     serve = report.get(Serve)
     if serve is None:
         return None
-    blocks: list[Block] = [curve_table(serve), memory_table(serve)]
+    blocks: list[Block] = [curve_table(serve), curve_chart(serve), memory_table(serve)]
     if serve.notes:
         blocks.append(Table.of("serving: notes", (Column("note"),),
                                [(note,) for note in serve.notes]))
@@ -57,6 +69,19 @@ def curve_table(serve: Serve) -> Table:
         caption="a batch's requests prefilled together, then decoded together (static "
                 "batching); output tok/s: the batch's output tokens over a request's time; "
                 "TPOT: mean time per output token after the first; TTFT: the batch's prefill")
+
+
+def curve_chart(serve: Serve) -> Chart:
+    """Throughput against time per token, one point per batch that fits (HTML)."""
+    fitting = [p for p in serve.curve if p.fits] or list(serve.curve)
+    head = next(p for p in serve.curve if p.batch == serve.batch)
+    return Chart("throughput against time per output token", "time per output token",
+                 "output tokens/s", "s", "tok/s",
+                 (Series("batches that fit", tuple((p.tpot_s, p.output_tokens_per_s)
+                                                   for p in fitting)),),
+                 (Mark(f"batch {head.batch}", head.tpot_s, head.output_tokens_per_s),),
+                 caption="each point a batch size of the table, smallest on the left: "
+                         "more requests at once buy throughput with time per token")
 
 
 def memory_table(serve: Serve) -> Table:
