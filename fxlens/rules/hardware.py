@@ -206,6 +206,8 @@ PCIE5_NODE = Links(8, 64, 50, "PCIe Gen5 x16 (the NVLink bridge joins pairs only
                    "400 Gb/s NIC per GPU")
 CLOUD_G2 = Links(8, 32, 100 / 8 / 8, "PCIe Gen4 x16; 8 GPUs sharing 100 Gb/s (GCP g2-standard-96)")
 CLOUD_G5 = Links(8, 32, 100 / 8 / 8, "PCIe Gen4 x16; 8 GPUs sharing 100 Gb/s (AWS g5.48xlarge)")
+CLOUD_G6E = Links(8, 32, 400 / 8 / 8, "PCIe Gen4 x16; 8 GPUs sharing 400 Gb/s (AWS "
+                  "g6e.48xlarge)")
 CLOUD_G4DN = Links(4, 16, 50 / 8 / 4, "PCIe Gen3 x16; 4 GPUs sharing 50 Gb/s (AWS g4dn.12xlarge)")
 WORKSTATION = Links(4, 32, 10 / 8, "PCIe Gen4 x16, no NVLink; 10 Gb Ethernet between machines")
 MI300X_PLATFORM = Links(8, 448, 50, "Infinity Fabric: 7 links × 128 GB/s bidirectional per GPU "
@@ -231,6 +233,9 @@ DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
          "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 80 GB HBM2e; dense figures)", DGX_A100),
     _gpu("l4", 24, (30.3, 60, 121, 121, 242.5, 242.5), 0.3,
          "NVIDIA L4 Tensor Core GPU Datasheet (24 GB GDDR6; dense = sparse / 2)", CLOUD_G2),
+    _gpu("l40s", 48, (91.6, 183, 362.05, 362.05, 733, 733), 0.864,
+         "NVIDIA L40S GPU Datasheet (48 GB GDDR6 with ECC, 864 GB/s; dense = sparse / 2)",
+         CLOUD_G6E),
     # NB: AWS publishes no per-dtype peaks for its A10G; these are the NVIDIA A10 datasheet's
     # (same GA102 die and 24 GB GDDR6 at 600 GB/s); calibrate an A10G for its own figures.
     _gpu("a10g", 24, (31.2, 62.5, 125, 125, 0, 250), 0.6,

@@ -90,7 +90,7 @@ def test_user_file_overrides_and_adds_devices(tmp_path: Path) -> None:
     path = tmp_path / "devices.json"
     path.write_text(json.dumps({"devices": {
         "H100": {"bandwidth_bytes_per_s": 3.0e12, "peak_flops": {"bf16": 7.0e14}},
-        "l40s": {"memory_bytes": 48 * 2**30, "bandwidth_bytes_per_s": 8.64e11,
+        "lab-l40s": {"memory_bytes": 48 * 2**30, "bandwidth_bytes_per_s": 8.64e11,
                  "peak_flops": {"fp32": 9.16e13, "bf16": 3.62e14},
                  "source": "NVIDIA L40S datasheet"},
     }}))
@@ -98,7 +98,7 @@ def test_user_file_overrides_and_adds_devices(tmp_path: Path) -> None:
     h100 = device("h100", extra)
     assert h100.bandwidth_bytes_per_s == 3.0e12 and h100.peak_flops["bf16"] == 7.0e14
     assert h100.peak_flops["fp8"] == DEVICES["h100"].peak_flops["fp8"]   # merged, not replaced
-    l40s = device("l40s", extra)
+    l40s = device("lab-l40s", extra)      # a device of the file's own: only its figures
     assert l40s.source == "NVIDIA L40S datasheet" and l40s.peak_flops["fp8"] == 0.0
     assert l40s.peak("fp8") == (3.62e14, "bf16")
 
