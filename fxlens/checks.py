@@ -55,6 +55,8 @@ def check_options(options: Any) -> None:
                         "--train --checkpoint auto")
     if options.budget is not None or options.quant_plan:
         _plan(options.quant_plan, options.budget, options.group_size)
+    if getattr(options, "prune_target", None):
+        _prune_target(options.prune_target)
     if options.device is not None:
         resolve_device(options.device, options.devices_file, options.profile)
     elif options.profile is not None or options.devices_file is not None:
@@ -213,6 +215,15 @@ def resolve_device(name: str, devices_file: str | None = None, profile: str | No
         return device_spec(name, devices_file, profile)
     except ValueError as error:
         raise LoadError(f"--device: {error}") from None
+
+
+def _prune_target(text: str) -> None:
+    from fxlens.analyzer.prune.plan import parse_target
+
+    try:
+        parse_target(text)
+    except ValueError as error:
+        raise LoadError(f"--prune-target: {error}") from None
 
 
 def _plan(quant_plan: str | None, budget_text: str | None, group_size: int) -> None:

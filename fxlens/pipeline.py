@@ -72,6 +72,7 @@ from fxlens.ckpt_pass import CheckpointPass, selective_planner
 from fxlens.fit_pass import InferenceFitPass
 from fxlens.kv_pass import KVCachePass
 from fxlens.plan_pass import PlanPass, sharded_fix
+from fxlens.prune_pass import PrunePass
 from fxlens.rules import load_rules
 from fxlens.rules.autocast import cpu_autocast, cuda_autocast
 from fxlens.rules.eager import SAME_DTYPE_OPERANDS
@@ -138,6 +139,9 @@ class AnalysisOptions:
     global_batch: int | None = None     # samples per step a search holds fixed
     tokens: int | None = None           # a whole run: GPU-hours, days, cost
     price: float | None = None          # per GPU-hour
+    prune: bool = False                 # coupled groups and what a unit saves (fxlens.prune_pass)
+    prune_target: str | None = None     # "30%" of params, "30%flops": a plan (implies prune)
+    prune_save: str | None = None       # write the planned pruned module here (torch.save)
 
 
 @dataclass
@@ -333,7 +337,8 @@ class RooflinePass:
 
 PASSES: tuple[Pass[Context], ...] = (InferenceMemory(), TrainingStep(), CheckpointPass(),
                                      KVCachePass(), FusionPass(), QuantPass(), RooflinePass(),
-                                     InferenceFitPass(), PlanPass(), ServePass())
+                                     InferenceFitPass(), PlanPass(), ServePass(),
+                                     PrunePass())
 
 
 def run_pipeline(loaded: LoadedModel, options: AnalysisOptions,

@@ -47,6 +47,8 @@ def loaded(build: object = tiny_gpt.build, name: str = "tiny_gpt") -> LoadedMode
     (AnalysisOptions(kv_cache=True, device="h100", fused=True),
      CORE | {"kv_cache", "roofline", "inference_fit"}),
     (AnalysisOptions(quant=True, fusion=False), {"memory", "quant"}),
+    (AnalysisOptions(prune_target="20%", fusion=False), {"memory", "prune"}),
+    (AnalysisOptions(train=True, prune=True, fusion=False), {"memory", "training", "prune"}),
     (AnalysisOptions(train=True, plan=True, strategy="fsdp", gpus=2, fusion=False),
      {"memory", "training", "plan"}),
 ])

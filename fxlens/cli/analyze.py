@@ -98,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     _roofline_options(parser)
     _quant_options(parser)
     _serve_options(parser)
+    _prune_options(parser)
     review = parser.add_argument_group("pre-merge review (see analyze diff)")
     review.add_argument("--baseline", metavar="REPORT|TARGET",
                         help="compare with this report .json, model or git:REF:path")
@@ -231,6 +232,18 @@ def _quant_options(parser: argparse.ArgumentParser) -> None:
                             "task (default 1: MLPerf's 99 %% accuracy target)")
 
 
+def _prune_options(parser: argparse.ArgumentParser) -> None:
+    prune = parser.add_argument_group("structured pruning what-if")
+    prune.add_argument("--prune", action="store_true",
+                       help="coupled groups (channels, heads, KV groups, neurons, blocks) and "
+                            "what removing a unit of each saves")
+    prune.add_argument("--prune-target", metavar="PCT",
+                       help="plan removing the least important units: 30%% (of parameters) "
+                            "or 30%%flops; implies --prune")
+    prune.add_argument("--prune-save", metavar="PATH",
+                       help="write the planned pruned module here (torch.save)")
+
+
 def _page_options(parser: argparse.ArgumentParser) -> None:
     pages = parser.add_argument_group("graph and pages (default: graph.dot, graph.svg, "
                                       "report.html, summary.md in the report folder)")
@@ -273,6 +286,7 @@ def run(args: argparse.Namespace) -> int:
         plan=args.plan, strategy=args.strategy, gpus=args.gpus, search=args.search,
         max_gpus=args.max_gpus, micro_batches=args.micro_batches,
         global_batch=args.global_batch, tokens=args.tokens, price=args.price,
+        prune=args.prune, prune_target=args.prune_target, prune_save=args.prune_save,
         serve=args.serve, input_len=args.input_len, output_len=args.output_len,
         serve_batches=tuple(args.batch or ()) if args.serve else (), kv_dtype=args.kv_dtype,
         tpot_slo_s=args.tpot_slo,

@@ -17,7 +17,8 @@ PRECISIONS = ("fp32", "bf16", "amp-bf16", "amp-fp16", "autocast-bf16", "autocast
               "fp8")                                          # fxlens.pipeline.PRECISIONS
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adam8bit")  # …OPTIMIZERS
 VIEWS = ("summary", "modules", "top-ops", "memory", "training", "checkpoint", "kv-cache",
-         "roofline", "validation", "fusion", "quant", "plan", "serve")   # …reports.views.VIEW_KEYS
+         "roofline", "validation", "fusion", "quant", "plan", "prune",
+         "serve")   # …reports.views.VIEW_KEYS
 
 
 class Parser(argparse.ArgumentParser):

@@ -16,6 +16,7 @@ from fxlens.reports.views.fusion import fusion_view
 from fxlens.reports.views.memory import kv_cache_view, memory_view, training_view
 from fxlens.reports.views.model import modules_view, ops_view, summary_view
 from fxlens.reports.views.plan import plan_view
+from fxlens.reports.views.prune import prune_view
 from fxlens.reports.views.quant import quant_view
 from fxlens.reports.views.serve import serve_view
 from fxlens.reports.views.time import roofline_view, validation_view
@@ -26,18 +27,18 @@ VIEWS: tuple[ViewFn, ...] = (
     summary_view, modules_view, ops_view,
     memory_view, training_view, checkpoint_view, kv_cache_view,
     roofline_view, validation_view,
-    fusion_view, quant_view, plan_view, serve_view,
+    fusion_view, quant_view, plan_view, prune_view, serve_view,
 )
 # Their keys, in the same order (what ``--show`` takes)
 VIEW_KEYS = ("summary", "modules", "top-ops", "memory", "training", "checkpoint", "kv-cache",
-             "roofline", "validation", "fusion", "quant", "plan", "serve")
+             "roofline", "validation", "fusion", "quant", "plan", "prune", "serve")
 
 
 # The section a run asked about, in the order one is picked for the first screen of every
-# surface (after the summary): a plan, quantization, the KV cache, a validation, selective
+# surface (after the summary): serving, a plan, quantization, the KV cache, a validation, selective
 # checkpointing, the training step, the roofline; with none of them, where the FLOPs are
 # (modules and top ops).
-ASKED = ("serve", "plan", "quant", "kv-cache", "validation", "checkpoint", "training",
+ASKED = ("serve", "plan", "prune", "quant", "kv-cache", "validation", "checkpoint", "training",
          "roofline")
 PLAIN = ("modules", "top-ops")
 

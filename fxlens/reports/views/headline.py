@@ -15,6 +15,7 @@ from fxlens.analyzer.core.sections import (
     KVCache,
     Memory,
     Plan,
+    Prune,
     Quant,
     Roofline,
     SelectiveCheckpointing,
@@ -25,6 +26,7 @@ from fxlens.reports.units import binary_bytes, seconds, si
 from fxlens.reports.view import Figure, Tone
 from fxlens.reports.views.fusion import default_saving, findings_saving
 from fxlens.reports.views.plan import plan_verdict
+from fxlens.reports.views.prune import prune_verdict
 from fxlens.reports.views.quant import quant_verdicts
 from fxlens.reports.views.serve import serve_verdict
 
@@ -149,6 +151,10 @@ def verdicts(report: Report) -> tuple[Figure, ...]:
     serve = report.get(Serve)
     if serve is not None:
         out.append(serve_verdict(serve))
+    prune = report.get(Prune)
+    verdict = prune_verdict(prune) if prune is not None else None
+    if verdict is not None:
+        out.append(verdict)
     return tuple(out)
 
 

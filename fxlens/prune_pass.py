@@ -1,0 +1,59 @@
+"""The ``--prune`` pass: coupled groups of the inference forward, what each unit saves, and with
+``--prune-target`` a plan and (``--prune-save``) the pruned module written with ``torch.save``
+(`fxlens.analyzer.prune.section`). Joins the engine and the rules as the pipeline does: the axis
+rules and attribute fixes come from `fxlens.rules.prune`, costs from the run's rule registry.
+
+The forward is costed here on its own when the run analyses a training step (the plan speaks
+of forward FLOPs); otherwise the run's report already holds those costs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fxlens.analyzer.core.errors import LoadError
+from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.core.section import Section
+from fxlens.analyzer.core.sections import Prune
+from fxlens.analyzer.cost.engine import analyze
+
+if TYPE_CHECKING:
+    from fxlens.pipeline import Context
+
+
+class PrunePass:
+    name = "structured pruning"
+    provides: tuple[type[Section], ...] = (Prune,)
+    needs: tuple[type[Section], ...] = ()
+
+    def wanted(self, options: Any) -> bool:
+        return bool(options.prune or options.prune_target or options.prune_save)
+
+    def run(self, ctx: Context, report: Report) -> Sequence[Section]:
+        import dataclasses
+
+        import torch
+
+        from fxlens.analyzer.prune.plan import parse_target
+        from fxlens.analyzer.prune.section import prune
+        from fxlens.rules.prune import knowledge
+
+        options = ctx.options
+        if options.prune_save and not options.prune_target:
+            raise LoadError("--prune-save writes the planned module: add --prune-target, "
+                            "e.g. --prune-target 30%")
+        target = parse_target(options.prune_target) if options.prune_target else None
+        graph = ctx.forward()
+        forward = report if ctx.step is None else analyze(graph, ctx.registry)
+        result = prune(ctx.loaded.module, ctx.loaded.inputs, graph, forward, knowledge(),
+                       ctx.registry, target, ctx.on_step)
+        section = result.section
+        if options.prune_save and result.module is not None:
+            path = Path(options.prune_save)
+            ctx.on_step(f"writing the pruned module to {path}")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            torch.save(result.module, path)
+            section = dataclasses.replace(section, saved_to=str(path))
+        return (section,)
