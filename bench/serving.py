@@ -1,9 +1,9 @@
 """The ``--serve`` estimate against published serving measurements (issue 31).
 
-Each row of `bench/serving_runs.py` that this estimate covers (one GPU, tensor parallelism
-1, a device fxlens knows) is estimated with the row's own setup: the preset, ``--device``,
-``--input-len``/``--output-len``, ``--precision fp8`` for FP8 weights and the KV dtype the
-row states (FP8 rows whose source does not state it: FP8, what TensorRT-LLM sets with FP8
+Each row of `bench/serving_runs.py` that this estimate covers (the GPUs one tensor-parallel
+group, a device fxlens knows) is estimated with the row's own setup: the preset, ``--device``,
+``--tp``, ``--input-len``/``--output-len``, ``--precision fp8`` for FP8 weights and the KV
+dtype the row states (FP8 rows whose source does not state it: FP8, what TensorRT-LLM sets with FP8
 quantization). What is compared:
 
 - static batch: output tokens/s at the row's batch (the whole batch through prefill, then
@@ -13,8 +13,7 @@ quantization). What is compared:
 - first-token rows (output 1): TTFT at batch 1.
 
 No figure here is fitted: the device's datasheet peaks and its achievable factors
-(`fxlens.rules.hardware`) time every kernel. Rows with TP > 1 and multi-GPU systems are
-listed as not covered (tensor-parallel serving is not estimated yet).
+(`fxlens.rules.hardware`) time every kernel and the links every all-reduce.
 
     .venv/bin/python bench/serving.py             # every covered row; a Markdown table
     .venv/bin/python bench/serving.py --only h100
@@ -41,8 +40,8 @@ from fxlens.rules.hardware import ALIASES, DEVICES  # noqa: E402
 
 def covered(run: ServingRun) -> str | None:
     """Why `run` is not estimated here (None: it is)."""
-    if run.tp != 1 or run.gpus != 1:
-        return f"TP {run.tp} on {run.gpus} GPUs"
+    if run.tp != run.gpus:
+        return f"TP {run.tp} on {run.gpus} GPUs (data-parallel replicas)"
     if ALIASES.get(run.gpu, run.gpu) not in DEVICES:
         return f"no {run.gpu} device"
     return None
@@ -55,18 +54,20 @@ def estimate(run: ServingRun) -> Serve:
     options = AnalysisOptions(serve=True, device=run.gpu, input_len=run.input_len,
                               output_len=max(run.output_len, 1), serve_batches=batches,
                               precision="fp8" if run.weights == "fp8" else None,
-                              kv_dtype=kv, fusion=False)
+                              kv_dtype=kv, fusion=False, tp=run.tp)
     serve = run_pipeline(loaded, options).get(Serve)
     assert serve is not None
     return serve
 
 
-def compared(run: ServingRun, serve: Serve) -> tuple[str, float, float]:
-    """(what, published, estimated)."""
+def compared(run: ServingRun, serve: Serve) -> tuple[str, float, float | None]:
+    """(what, published, estimated); estimated None where no request fits."""
     if run.ttft_s is not None and run.output_tokens_per_s is None:
         point = _at(serve, 1)
         return "TTFT s", run.ttft_s, point.ttft_s
     assert run.output_tokens_per_s is not None
+    if not (run.batch or serve.max_batch):
+        return "tok/s", run.output_tokens_per_s, None
     point = _at(serve, run.batch or serve.max_batch)
     return "tok/s", run.output_tokens_per_s, point.output_tokens_per_s
 
@@ -75,12 +76,17 @@ def _at(serve: Serve, batch: int) -> ServePoint:
     return next(p for p in serve.curve if p.batch == batch)
 
 
+def _figure(value: float) -> str:
+    """Tokens/s whole with thousands separators; seconds to four significant digits."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.4g}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="one GPU kind (h100, a100, h200)")
     args = parser.parse_args(argv)
-    print("| GPU | model | weights/KV | in/out | batch | what | published | fxlens | error |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| GPU | TP | model | weights/KV | in/out | batch | what | published | fxlens | error |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     errors, skipped = [], []
     for run in RUNS:
         if args.only and run.gpu != args.only:
@@ -92,12 +98,18 @@ def main(argv: list[str] | None = None) -> int:
         started = time.perf_counter()
         serve = estimate(run)
         what, published, predicted = compared(run, serve)
+        if predicted is None:
+            skipped.append(f"{run.gpu} TP {run.tp} {run.model} {run.input_len}/"
+                           f"{run.output_len}: no request fits (weights "
+                           f"{serve.weights_bytes / 2**30:.1f} GiB per GPU)")
+            continue
         error = predicted / published - 1
         errors.append(error)
         batch = run.batch or f"max ({serve.max_batch})"
-        print(f"| {run.gpu} | {run.model} | {run.weights}/{run.kv_dtype or '—'} | "
-              f"{run.input_len}/{run.output_len} | {batch} | {what} | {published:,.4g} | "
-              f"{predicted:,.4g} | {error:+.0%} |  <!-- {time.perf_counter() - started:.0f} s -->")
+        print(f"| {run.gpu} | {run.tp} | {run.model} | {run.weights}/{run.kv_dtype or '—'} | "
+              f"{run.input_len}/{run.output_len} | {batch} | {what} | {_figure(published)} | "
+              f"{_figure(predicted)} | {error:+.0%} |  "
+              f"<!-- {time.perf_counter() - started:.0f} s -->")
     if errors:
         within = sum(abs(e) <= 0.25 for e in errors)
         print(f"\n{within} of {len(errors)} rows within ±25 %; median |error| "

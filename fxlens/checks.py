@@ -91,6 +91,11 @@ def _serving(options: Any) -> None:
                         f"{', '.join(KV_DTYPE_BYTES)}")
     if options.tpot_slo_s is not None and not options.tpot_slo_s > 0:
         raise LoadError("--tpot-slo must be a time above 0 (50ms)")
+    at_least_one("--tp", options.tp)
+    spec = resolve_device(options.device, options.devices_file, options.profile)
+    if options.tp > spec.gpus_per_node:
+        raise LoadError(f"--tp {options.tp}: a tensor-parallel group stays inside one node "
+                        f"({spec.gpus_per_node} {spec.name} per node)")
 
 
 def _parallel_plan(options: Any) -> None:

@@ -115,6 +115,7 @@ class AnalysisOptions:
     serve_batches: tuple[int, ...] = ()  # --serve: batches to estimate; (): up to the capacity
     tpot_slo_s: float | None = None     # --serve: the time-per-output-token target
     kv_dtype: str | None = None         # --serve: the KV cache's dtype; None: the model's
+    tp: int = 1                         # --serve: GPUs of the tensor-parallel group
     device: str | None = None           # roofline device ("h100", "cpu"); None: no roofline
     devices_file: str | None = None     # user JSON adding or overriding devices
     profile: str | None = None          # calibrated profile JSON (`analyze calibrate`)

@@ -38,12 +38,15 @@ from fxlens.analyzer.core.sections import Serve
 from fxlens.analyzer.cost.engine import analyze
 from fxlens.analyzer.fusion.kernels import fused_kernels
 from fxlens.analyzer.memory.liveness import liveness
+from fxlens.analyzer.plan.forward import forward_split
 from fxlens.analyzer.serve.estimate import ServeMemory, ServeRequest, serve_section
 from fxlens.analyzer.serve.formats import Formats, scale_of, served_at
-from fxlens.analyzer.serve.kernels import Kernel, Point, fit
+from fxlens.analyzer.serve.kernels import AffineStep, Kernel, Point, fit
+from fxlens.analyzer.serve.steps import Steps, sharded
 from fxlens.analyzer.time.roofline import dtype_key, node_dtype
 from fxlens.rules.fusion import kinds_of
 from fxlens.rules.kv_layouts import layers_from_config
+from fxlens.rules.parallel import PARALLEL
 from fxlens.rules.serving import KV_DTYPE_BYTES, cache_attention, weight_gemm
 
 if TYPE_CHECKING:
@@ -71,24 +74,65 @@ class ServePass:
         small = with_layers(module, min(layers, 2))
         counted = _layer_weights(small, layers)
         notes: list[str] = []
+        tp = options.tp
         ctx.on_step("serving: capturing the prefill")
         prefill_graphs = [capture(small, prefill_inputs(b, i), ctx.registry, options.methods)
                           for b in BATCHES]
-        prefill = fit([Point(b, i, _kernels(ctx, g, counted, "", notes))
-                       for b, g in zip(BATCHES, prefill_graphs, strict=True)])
+        prefill = _affine(ctx, [(b, i, g) for b, g in zip(BATCHES, prefill_graphs, strict=True)],
+                          counted, "", notes, tp)
         ctx.on_step("serving: capturing decode steps")
         step = decode_step(small)
-        decode = fit([Point(b, c, _kernels(
-            ctx, capture(step, decode_inputs(small, b, c), ctx.registry, options.methods),
-            counted, "model.", notes)) for b in BATCHES for c in (i, i + o)])
+        decode = _affine(ctx, [(b, c, capture(step, decode_inputs(small, b, c), ctx.registry,
+                                              options.methods))
+                               for b in BATCHES for c in (i, i + o)], counted, "model.", notes,
+                         tp)
         formats, weights_bytes, kv_per_token = _formats(module, options, report, notes)
-        prefill, decode = (served_at(s, formats, _reduced, _reads_cache)
-                           for s in (prefill, decode))
+        steps = Steps(served_at(prefill[0], formats, _reduced, _reads_cache),
+                      served_at(decode[0], formats, _reduced, _reads_cache), tp,
+                      spec.link_bytes_per_s(True), prefill[1], decode[1])
         workspace = liveness(prefill_graphs[0], ctx.registry).peak_activation_bytes // BATCHES[0]
+        if tp > 1:
+            weights_bytes, kv_per_token, workspace = _per_gpu(
+                module, weights_bytes, kv_per_token, workspace, tp, options.precision)
+            notes.append(f"tensor parallel over {tp} GPUs: memory figures per GPU; all-reduces "
+                         f"at {spec.link_bytes_per_s(True) / 1e9:.0f} GB/s, their per-call "
+                         f"latency not modelled")
         memory = ServeMemory(spec.memory_bytes, weights_bytes, workspace, kv_per_token)
         request = ServeRequest(i, o, tuple(options.serve_batches), options.tpot_slo_s)
-        return (serve_section(prefill, decode, spec, layers, request, memory,
-                              sorted(set(notes))),)
+        return (serve_section(steps, spec, layers, request, memory, sorted(set(notes))),)
+
+
+def _affine(ctx: Context, points: Sequence[tuple[int, int, Graph]],
+            counted: Callable[[str], float], root: str, notes: list[str], tp: int
+            ) -> tuple[AffineStep, AffineStep | None]:
+    """The captures' kernels as one affine step (on one GPU of `tp`), and the bytes each
+    step all-reduces (None on one GPU)."""
+    step = fit([Point(b, c, _kernels(ctx, g, counted, root, notes)) for b, c, g in points])
+    if tp <= 1:
+        return step, None
+    splits = [forward_split(g, PARALLEL) for _, _, g in points]
+    reduce = fit([Point(b, c, (Kernel("all-reduce", "", "", "", 0.0, float(sum(
+        size * counted(g.nodes[row].module.removeprefix(root))
+        for row, size in split.reduce_bytes.items()))),))
+        for (b, c, g), split in zip(points, splits, strict=True)])
+    return sharded(step, [k.node in splits[0].split_nodes for k in step.kernels], tp), reduce
+
+
+def _per_gpu(module: nn.Module, weights: int, kv_per_token: int, workspace: int, tp: int,
+             precision: str | None) -> tuple[int, int, int]:
+    """(weights, KV per token, workspace) on one GPU of `tp`: every weight matrix but the
+    input embedding split (attention and MLP projections, experts, the LM head; under FP8 the
+    linear layers' at one byte), the K/V heads split (replicated past the KV head count), the
+    prefill's activations split; norms, biases and the embedding replicated."""
+    lookup: Any = module
+    embedding = getattr(lookup.get_input_embeddings(), "weight", None)
+    fp8 = {id(sub.weight) for name, sub in module.named_modules()
+           if precision == "fp8" and isinstance(sub, nn.Linear)
+           and weight_gemm("aten.linear", name)}
+    split = sum(p.numel() * (1 if id(p) in fp8 else p.element_size())
+                for p in module.parameters() if p.dim() >= 2 and p is not embedding)
+    kv_heads = min(layer.kv_heads for layer in layers_from_config(module.config))
+    return (weights - split + split // tp, kv_per_token // min(tp, kv_heads), workspace // tp)
 
 
 def _formats(module: nn.Module, options: Any, report: Report, notes: list[str]
@@ -136,7 +180,7 @@ def _kernels(ctx: Context, graph: Graph, counted: Callable[[str], float], root: 
         Kernel(n.target, n.module, dtype_key(node_dtype(graph.nodes[n.id], graph),
                                              ctx.options.tf32),
                n.kernel, float(n.flops), float(n.bytes_read + n.bytes_written),
-               counted(n.module.removeprefix(root)))
+               counted(n.module.removeprefix(root)), n.id)
         for n in fused.nodes if n.status == "costed")
 
 

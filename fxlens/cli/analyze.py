@@ -200,6 +200,8 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
                        help="generated tokens per request (256)")
     serve.add_argument("--kv-dtype", metavar="DTYPE",
                        help="the KV cache's dtype: fp8, int8, fp16, bf16 (default: the model's)")
+    serve.add_argument("--tp", type=positive_int, default=1, metavar="N",
+                       help="serve over N GPUs of one node with tensor parallelism (1)")
     serve.add_argument("--tpot-slo", type=seconds, metavar="TIME",
                        help="time-per-output-token target (50ms): the headline is the batch "
                             "with most throughput that meets it")
@@ -289,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
         prune=args.prune, prune_target=args.prune_target, prune_save=args.prune_save,
         serve=args.serve, input_len=args.input_len, output_len=args.output_len,
         serve_batches=tuple(args.batch or ()) if args.serve else (), kv_dtype=args.kv_dtype,
-        tpot_slo_s=args.tpot_slo,
+        tpot_slo_s=args.tpot_slo, tp=args.tp,
     )
     if args.batch and len(args.batch) > 1 and not args.serve:
         from fxlens.analyzer.core.errors import LoadError

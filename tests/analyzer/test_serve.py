@@ -14,6 +14,7 @@ from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.core.sections import Serve
 from fxlens.analyzer.serve.estimate import ServeMemory, ServeRequest, serve_section
 from fxlens.analyzer.serve.kernels import Kernel, Point, ShapeError, fit
+from fxlens.analyzer.serve.steps import Steps
 from fxlens.cli.main import main
 from fxlens.pipeline import AnalysisOptions, run_pipeline
 from fxlens.rules.hardware import device
@@ -60,7 +61,7 @@ def test_max_batch_is_free_memory_over_the_blocks_of_a_request() -> None:
     step = fit([Point(b, 7, _kernels(b, 7, [(1e9, 1e6, 0.0, 1e3)])) for b in (2, 4)])
     memory = ServeMemory(device_bytes=80 * 2**30, weights_bytes=16 * 2**30,
                          workspace_bytes=300 * 2**20, kv_bytes_per_token=131072)
-    serve = serve_section(step, step, device("h100"), 32,
+    serve = serve_section(Steps(step, step), device("h100"), 32,
                           ServeRequest(input_len=1000, output_len=37), memory)
     per_request = math.ceil(1037 / 16) * 16 * 131072
     free = int(80 * 2**30 * 0.9) - 16 * 2**30 - 300 * 2**20
@@ -159,3 +160,48 @@ def test_the_view_draws_the_curve_of_the_batches_that_fit() -> None:
     assert list(chart.series[0].points) == fitting and len(fitting) == 3   # 1, 4, max_batch
     assert chart.marks[0].label == f"batch {serve.batch}"
     assert not serve.curve[-1].fits and serve.curve[-1].batch == 1_000_000
+
+
+def test_tensor_parallel_splits_the_linear_work_and_all_reduces_twice_per_layer() -> None:
+    """tp=2: each GPU holds half the linear weights and half the cache; a decode step moves
+    the split kernels' bytes ÷ 2 and all-reduces the two row-parallel outputs of every layer
+    (batch × hidden × 2 bytes each) at ring cost 2(t−1)/t over NVLink."""
+    one, module = _serve(serve_batches=(1,))
+    two, _ = _serve(serve_batches=(1,), tp=2)
+    linear = sum(m.weight.numel() * 2 for m in module.modules()
+                 if isinstance(m, torch.nn.Linear))
+    assert one.weights_bytes - two.weights_bytes == linear // 2
+    assert two.kv_bytes_per_token * 2 == one.kv_bytes_per_token
+    assert two.max_batch > one.max_batch
+    assert two.tpot_s < one.tpot_s                    # half the bytes, a little all-reduce
+    assert "tensor parallel over 2 GPUs" in " ".join(two.notes)
+    from fxlens.reports.views.serve import serve_verdict
+
+    assert serve_verdict(two).label == "serving on 2× h100 (TP 2)"
+    assert "per request per GPU" in serve_verdict(two).detail
+
+
+def test_a_decode_step_all_reduces_the_two_row_parallel_outputs_of_each_layer() -> None:
+    from fxlens.analyzer.capture.chain import capture
+    from fxlens.analyzer.capture.hf_decode import decode_inputs, decode_step, with_layers
+    from fxlens.analyzer.plan.forward import forward_split
+    from fxlens.rules import load_rules
+    from fxlens.rules.parallel import PARALLEL
+
+    small = with_layers(load_preset("llama-3-8b", SMALL, batch=1, seq_len=32).module, 2)
+    graph = capture(decode_step(small), decode_inputs(small, 2, 100), load_rules())
+    split = forward_split(graph, PARALLEL)
+    rows = sorted(graph.nodes[n].module for n in split.reduce_bytes)
+    assert rows == [f"model.model.layers.{i}.{m}" for i in (0, 1)
+                    for m in ("mlp.down_proj", "self_attn.o_proj")]
+    assert set(split.reduce_bytes.values()) == {2 * 1 * 256 * 2}   # batch · token · hidden · bf16
+    split_modules = {graph.nodes[n].module for n in split.split_nodes}
+    assert "model.lm_head" in split_modules                           # vocab-parallel head
+    assert not any(m.endswith("layernorm") for m in split_modules)   # norms replicated
+
+
+def test_tensor_parallel_stays_in_one_node(capsys: pytest.CaptureFixture[str],
+                                           tmp_path: object) -> None:
+    assert main(["hf:llama-3-8b", "--serve", "--device", "h100", "--tp", "16", "--out",
+                 str(tmp_path), "--no-pages"]) == 2
+    assert "stays inside one node (8 h100 per node)" in capsys.readouterr().err

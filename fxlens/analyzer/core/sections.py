@@ -688,6 +688,7 @@ class Serve(Section):
     decode_bytes_per_step: int     # at batch 1, mid-request context: weights + cache read
     prefill_flops_per_request: float
     notes: tuple[str, ...]
+    tp: int = 1                     # GPUs of the tensor-parallel group (memory figures per GPU)
 
 
 # --- validation --------------------------------------------------------------------------------

@@ -215,7 +215,7 @@ def _gemms(graph: Graph, scope: Iterable[int], knowledge: ParallelKnowledge) -> 
     return found
 
 
-def _split(graph: Graph, scope: set[int], width: int, terminal_column: bool,
+def split_unit(graph: Graph, scope: set[int], width: int, terminal_column: bool,
            knowledge: ParallelKnowledge) -> _Split:
     """Row/column pairs in `scope` (forward CALL nodes of one unit) of residual `width`."""
     gemms = _gemms(graph, sorted(scope), knowledge)
@@ -269,7 +269,7 @@ def graph_param_shape(graph: Graph, name: str) -> tuple[int, ...]:
     return next((p.spec.shape for p in graph.params if p.name == name), ())
 
 
-def _width(graph: Graph, scope: set[int]) -> int:
+def residual_width(graph: Graph, scope: set[int]) -> int:
     """The residual width of a unit: the last dimension of the largest activation entering
     it from outside."""
     best, width = -1, 0
@@ -312,7 +312,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
         members[unit].append(node_id)
     forward = {name: {n for n in members[name] if graph.nodes[n].phase == "forward"}
                for name in unit_names}
-    splits = {name: _split(graph, forward[name], _width(graph, forward[name]),
+    splits = {name: split_unit(graph, forward[name], residual_width(graph, forward[name]),
                            terminal_column=name == "post", knowledge=knowledge)
               for name in unit_names}
     split_nodes = set().union(*(s.split_nodes for s in splits.values()))

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from fxlens.analyzer.core.sections import Serve, ServePoint
-from fxlens.analyzer.serve.kernels import AffineStep
+from fxlens.analyzer.serve.steps import Steps
 from fxlens.analyzer.time.roofline import Device
 
 # NB: vLLM's default `gpu_memory_utilization` (EngineArgs): the share of the GPU's memory the
@@ -57,9 +57,10 @@ class ServeMemory:
     kv_bytes_per_token: int
 
 
-def serve_section(prefill: AffineStep, decode: AffineStep, device: Device, layers: int,
-                  request: ServeRequest, memory: ServeMemory,
-                  notes: Sequence[str] = ()) -> Serve:
+def serve_section(steps: Steps, device: Device, layers: int, request: ServeRequest,
+                  memory: ServeMemory, notes: Sequence[str] = ()) -> Serve:
+    """`memory` is per GPU (weights and KV per token on one GPU of the tensor-parallel
+    group); throughput is the group's."""
     i, o = request.input_len, request.output_len
     blocks = math.ceil((i + o) / request.block_tokens)
     per_sequence = blocks * request.block_tokens * memory.kv_bytes_per_token
@@ -67,11 +68,11 @@ def serve_section(prefill: AffineStep, decode: AffineStep, device: Device, layer
     room = usable - memory.weights_bytes - memory.workspace_bytes
     max_batch = max(room // per_sequence, 0) if per_sequence else 0
     batches = _batches(request.batches, max_batch)
-    curve = tuple(point(prefill, decode, device, request, b, max_batch) for b in batches)
+    curve = tuple(point(steps, device, request, b, max_batch) for b in batches)
     head = _headline(curve, request)
     mid = i + max(o - 2, 0) / 2
-    _, decode_bytes = decode.totals(1, mid)
-    prefill_flops, _ = prefill.totals(1, i)
+    _, decode_bytes = steps.decode.totals(1, mid)
+    prefill_flops, _ = steps.prefill.totals(1, i)
     return Serve(
         device=getattr(device, "name", ""), input_len=i, output_len=o, batch=head.batch,
         ttft_s=head.ttft_s, tpot_s=head.tpot_s, latency_s=head.latency_s,
@@ -83,17 +84,16 @@ def serve_section(prefill: AffineStep, decode: AffineStep, device: Device, layer
         block_waste_bytes=(blocks * request.block_tokens - i - o) * memory.kv_bytes_per_token,
         curve=curve, tpot_slo_s=request.tpot_slo_s, layers=layers,
         decode_bytes_per_step=int(decode_bytes), prefill_flops_per_request=prefill_flops,
-        notes=tuple(notes))
+        notes=tuple(notes), tp=steps.tp)
 
 
-def point(prefill: AffineStep, decode: AffineStep, device: Device, request: ServeRequest,
-          batch: int, max_batch: int) -> ServePoint:
+def point(steps: Steps, device: Device, request: ServeRequest, batch: int,
+          max_batch: int) -> ServePoint:
     """One batch served together (the module docstring's schedule)."""
     i, o = request.input_len, request.output_len
-    ttft = float(prefill.times_s(device, batch, [i])[0])
+    ttft = steps.prefill_s(device, batch, i)
     contexts = [i + k - 1 for k in range(1, o)]
-    steps = decode.times_s(device, batch, contexts) if contexts else None
-    decoding = float(steps.sum()) if steps is not None else 0.0
+    decoding = float(steps.decode_s(device, batch, contexts).sum()) if contexts else 0.0
     tpot = decoding / len(contexts) if contexts else 0.0
     latency = ttft + decoding
     return ServePoint(batch=batch, ttft_s=ttft, tpot_s=tpot, latency_s=latency,

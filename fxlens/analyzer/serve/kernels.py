@@ -37,6 +37,7 @@ class Kernel:
     flops: float
     bytes: float
     weight: float = 1.0
+    node: int = -1      # its first node in the captured graph
 
 
 @dataclass(frozen=True)

@@ -49,11 +49,12 @@ def serve_verdict(serve: Serve) -> Figure:
         met = head.tpot_s <= serve.tpot_slo_s
         what += (f" (the most throughput within the {_ms(serve.tpot_slo_s)} target)" if met
                  else f" — no batch meets the {_ms(serve.tpot_slo_s)} target")
+    per = " per GPU" if serve.tp > 1 else ""
     room = (f"up to {serve.max_batch} fit (KV {binary_bytes(serve.kv_bytes_per_sequence)} "
-            f"per request)" if serve.max_batch else
+            f"per request{per})" if serve.max_batch else
             "no request fits: the weights and one prefill leave no room for its KV cache")
     tone = Tone.GOOD if head.fits and serve.max_batch else Tone.BAD
-    return Figure(f"serving on {serve.device}", f"{serve.output_tokens_per_s:,.0f} tok/s",
+    return Figure(f"serving on {_gpus(serve)}", f"{serve.output_tokens_per_s:,.0f} tok/s",
                   f"{what}; {room}", tone)
 
 
@@ -62,7 +63,7 @@ def curve_table(serve: Serve) -> Table:
              f"{p.output_tokens_per_s:,.0f}", _ms(p.tpot_s), seconds(p.ttft_s),
              seconds(p.latency_s), _fits(p, serve)) for p in serve.curve]
     return Table.of(
-        f"serving · {serve.input_len}+{serve.output_len} tokens per request · {serve.device}",
+        f"serving · {serve.input_len}+{serve.output_len} tokens per request · {_gpus(serve)}",
         (Column("batch", right=True), Column("output tok/s", right=True),
          Column("TPOT", right=True), Column("TTFT", right=True),
          Column("request", right=True), Column("fits")), rows,
@@ -98,8 +99,14 @@ def memory_table(serve: Serve) -> Table:
         ("requests at once", str(serve.max_batch)),
         ("decode step, batch 1", f"reads {binary_bytes(serve.decode_bytes_per_step)}"),
     ]
-    return Table.of("serving memory", (Column("", strong=True), Column("")), rows,
+    title = "serving memory" + (" · per GPU" if serve.tp > 1 else "")
+    return Table.of(title, (Column("", strong=True), Column("")), rows,
                     show_header=False)
+
+
+def _gpus(serve: Serve) -> str:
+    """``h100``, or ``4× h100 (TP 4)``."""
+    return f"{serve.tp}× {serve.device} (TP {serve.tp})" if serve.tp > 1 else serve.device
 
 
 def _fits(point: ServePoint, serve: Serve) -> Cell:
