@@ -128,7 +128,9 @@ def test_the_slo_picks_the_fastest_batch_that_meets_it() -> None:
     (["hf:llama-3-8b", "--serve", "--device", "h100", "--input-len", "8000",
       "--output-len", "500", "--set", "num_hidden_layers=2"],
      "exceed the model's context of 8192"),
-    (["hf:bert-base", "--serve", "--device", "h100"], "--serve:"),
+    (["hf:bert-base", "--serve", "--device", "h100", "--input-len", "100", "--output-len",
+      "10"], "BertForMaskedLM does not generate text"),
+    (["hf:t5-small", "--serve", "--device", "h100"], "an encoder-decoder model"),
 ])
 def test_serving_options_that_cannot_work_are_one_line(argv: list[str], said: str,
                                                        capsys: pytest.CaptureFixture[str],

@@ -143,6 +143,10 @@ def unsupported_layout(model: nn.Module, context: int) -> str | None:
     if config is None or not hasattr(config, "to_dict"):
         return "the model has no transformers config (serving estimates read its layers)"
     text = _text_config_of(config)
+    generates = getattr(model, "can_generate", None)
+    if callable(generates) and not generates():
+        return (f"{type(model).__name__} does not generate text (transformers' can_generate() "
+                f"is false): serving estimates decoder LMs")
     if getattr(text, "is_encoder_decoder", False):
         return "an encoder-decoder model (serving covers decoder-only LMs)"
     if not getattr(text, "num_attention_heads", None):
