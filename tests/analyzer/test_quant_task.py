@@ -70,6 +70,7 @@ def _accuracy_after_a_training_forward(case: rm.Case, m: torch.nn.Module) -> flo
         return (m(*case.held_out).argmax(-1) == case.target).float().mean().item()
 
 
+@pytest.mark.slow
 def test_evaluate_sees_the_model_quantized_and_the_model_is_left_as_it_was() -> None:
     case = rm.bn_cnn(0)
     model = case.model.eval()
@@ -131,6 +132,7 @@ def test_the_verdict_is_in_the_tasks_terms_on_every_surface(tmp_path: Path,
         assert "int4_g128 weights on every layer" in surface
 
 
+@pytest.mark.slow
 def test_the_first_screen_leads_with_the_task_where_layers_disagree() -> None:
     """The GRU keeps its accuracy at int4 everywhere though some layers score "keep higher":
     the verdict says the task's answer, the per-layer scores after it."""

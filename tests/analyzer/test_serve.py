@@ -96,6 +96,7 @@ def test_throughput_rises_with_the_batch_then_saturates() -> None:
     assert all(b.tpot_s >= a.tpot_s for a, b in pairwise(powers))
 
 
+@pytest.mark.slow
 def test_fp8_weights_and_cache_halve_what_they_store() -> None:
     base, module = _serve(serve_batches=(1,))
     fp8, _ = _serve(serve_batches=(1,), precision="fp8", kv_dtype="fp8")
@@ -110,6 +111,7 @@ def test_fp8_weights_and_cache_halve_what_they_store() -> None:
     assert fp8.max_batch > base.max_batch
 
 
+@pytest.mark.slow
 def test_the_slo_picks_the_fastest_batch_that_meets_it() -> None:
     free, _ = _serve()
     target = free.curve[2].tpot_s * 1.0001
@@ -147,6 +149,7 @@ def test_a_model_without_a_config_is_refused() -> None:
         check_servable(torch.nn.Linear(2, 2), 10)
 
 
+@pytest.mark.slow
 def test_the_view_draws_the_curve_of_the_batches_that_fit() -> None:
     from fxlens.reports.view import Chart, Detail
     from fxlens.reports.views.serve import serve_view
@@ -164,6 +167,7 @@ def test_the_view_draws_the_curve_of_the_batches_that_fit() -> None:
     assert not serve.curve[-1].fits and serve.curve[-1].batch == 1_000_000
 
 
+@pytest.mark.slow
 def test_tensor_parallel_splits_the_linear_work_and_all_reduces_twice_per_layer() -> None:
     """tp=2: each GPU holds half the linear weights and half the cache; a decode step moves
     the split kernels' bytes ÷ 2 and all-reduces the two row-parallel outputs of every layer
