@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 
 from fxlens.analyzer.capture.chain import capture
@@ -81,9 +82,9 @@ class ServePass:
         prefill = _affine(ctx, [(b, i, g) for b, g in zip(BATCHES, prefill_graphs, strict=True)],
                           counted, "", notes, tp)
         ctx.on_step("serving: capturing decode steps")
-        step = decode_step(small)
-        decode = _affine(ctx, [(b, c, capture(step, decode_inputs(small, b, c), ctx.registry,
-                                              options.methods))
+        step, layout = decode_step(small), layers_from_config(small.config)
+        decode = _affine(ctx, [(b, c, capture(step, decode_inputs(small, b, c, layout),
+                                              ctx.registry, options.methods))
                                for b in BATCHES for c in (i, i + o)], counted, "model.", notes,
                          tp)
         formats, weights_bytes, kv_per_token = _formats(module, options, report, notes)
@@ -126,9 +127,7 @@ def _per_gpu(module: nn.Module, weights: int, kv_per_token: int, workspace: int,
     prefill's activations split; norms, biases and the embedding replicated."""
     lookup: Any = module
     embedding = getattr(lookup.get_input_embeddings(), "weight", None)
-    fp8 = {id(sub.weight) for name, sub in module.named_modules()
-           if precision == "fp8" and isinstance(sub, nn.Linear)
-           and weight_gemm("aten.linear", name)}
+    fp8 = {id(w) for w in _fp8_weights(module)} if precision == "fp8" else set()
     split = sum(p.numel() * (1 if id(p) in fp8 else p.element_size())
                 for p in module.parameters() if p.dim() >= 2 and p is not embedding)
     kv_heads = min(layer.kv_heads for layer in layers_from_config(module.config))
@@ -144,14 +143,18 @@ def _formats(module: nn.Module, options: Any, report: Report, notes: list[str]
     kv_bytes = KV_DTYPE_BYTES.get(options.kv_dtype or "", width)
     weight_key, weight_scale = None, 1.0
     if options.precision == "fp8":
-        reduced = sum(sub.weight.numel() for name, sub in module.named_modules()
-                      if isinstance(sub, nn.Linear) and weight_gemm("aten.linear", name))
-        weights -= reduced * (width - 1)
+        weights -= sum(w.numel() for w in _fp8_weights(module)) * (width - 1)
         weight_key, weight_scale = "fp8", scale_of(1, width)
         notes.append("fp8: linear layers' weights in FP8 at the FP8 peak; lm_head, embeddings, "
                      "norms and attention at 16 bits")
-    per_token = _kv_bytes_per_token(module) * kv_bytes // width
+    per_token = _kv_bytes_per_token(module, kv_bytes)
     return Formats(weight_key, weight_scale, scale_of(kv_bytes, width)), weights, per_token
+
+
+def _fp8_weights(module: nn.Module) -> list[torch.Tensor]:
+    """The weights FP8 serving stores in one byte: the linear layers' the rules name."""
+    return [sub.weight for name, sub in module.named_modules()
+            if isinstance(sub, nn.Linear) and weight_gemm("aten.linear", name)]
 
 
 def _reduced(kernel: Kernel) -> bool:
@@ -196,9 +199,9 @@ def _layer_weights(small: nn.Module, layers: int) -> Callable[[str], float]:
         second + ".")) else 1.0
 
 
-def _kv_bytes_per_token(module: nn.Module) -> int:
-    """K and V of one token over every layer, in the model's dtype."""
-    return sum(layer.kv_heads * (layer.k_head_dim + layer.v_head_dim) * _element_bytes(module)
+def _kv_bytes_per_token(module: nn.Module, element_bytes: int) -> int:
+    """K and V of one token over every layer, `element_bytes` per element."""
+    return sum(layer.kv_heads * (layer.k_head_dim + layer.v_head_dim) * element_bytes
                for layer in layers_from_config(module.config) if layer.kind == "attention")
 
 

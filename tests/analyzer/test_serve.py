@@ -192,10 +192,12 @@ def test_a_decode_step_all_reduces_the_two_row_parallel_outputs_of_each_layer() 
     from fxlens.analyzer.capture.hf_decode import decode_inputs, decode_step, with_layers
     from fxlens.analyzer.plan.forward import forward_split
     from fxlens.rules import load_rules
+    from fxlens.rules.kv_layouts import layers_from_config
     from fxlens.rules.parallel import PARALLEL
 
     small = with_layers(load_preset("llama-3-8b", SMALL, batch=1, seq_len=32).module, 2)
-    graph = capture(decode_step(small), decode_inputs(small, 2, 100), load_rules())
+    layout = layers_from_config(small.config)
+    graph = capture(decode_step(small), decode_inputs(small, 2, 100, layout), load_rules())
     split = forward_split(graph, PARALLEL)
     rows = sorted(graph.nodes[n].module for n in split.reduce_bytes)
     assert rows == [f"model.model.layers.{i}.{m}" for i in (0, 1)

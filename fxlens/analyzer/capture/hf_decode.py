@@ -30,12 +30,14 @@ with full attention; a sliding window wider than the context counts as full) are
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from fxlens.analyzer.core.errors import LoadError
+from fxlens.analyzer.memory.types import KVLayer
 
 ENGINE_ATTENTION = "fxlens_engine"
 
@@ -92,15 +94,13 @@ def decode_step(model: nn.Module) -> DecodeStep:
     return DecodeStep(model)
 
 
-def decode_inputs(model: nn.Module, batch: int, context: int) -> tuple[torch.Tensor, ...]:
-    """(ids, position, K₀, V₀, K₁, V₁, …) of one decode step after `context` tokens."""
-    config = _text_config(model)
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+def decode_inputs(model: nn.Module, batch: int, context: int, layers: Sequence[KVLayer]
+                  ) -> tuple[torch.Tensor, ...]:
+    """(ids, position, K₀, V₀, K₁, V₁, …) of one decode step after `context` tokens, each
+    layer's K and V shaped as its cache layout says (`layers`: one per decoder layer)."""
     dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
-    kv = [torch.empty(batch, kv_heads, context + 1, head_dim, device="meta", dtype=dtype)
-          for _ in range(2 * config.num_hidden_layers)]
+    kv = [torch.empty(batch, layer.kv_heads, context + 1, width, device="meta", dtype=dtype)
+          for layer in layers for width in (layer.k_head_dim, layer.v_head_dim)]
     ids = torch.zeros(batch, 1, dtype=torch.long, device="meta")
     return (ids, torch.tensor([context], device="meta"), *kv)
 

@@ -610,6 +610,17 @@ class TaskRun:
     keeps: bool
 
 
+def metric_lost(before: float, after: float | None, lower_is_better: bool,
+                tolerance: float) -> bool:
+    """Whether a metric of ``evaluate()`` moved from `before` to `after` (None: not returned)
+    by more than `tolerance` of |before| in its worse direction: the one rule that decides
+    a `TaskRun`'s `keeps` and names what it lost."""
+    if after is None:
+        return True
+    worse = after - before if lower_is_better else before - after
+    return worse > tolerance * abs(before)
+
+
 @dataclass(frozen=True)
 class QuantTask:
     """Quantization in the task's terms (`fxlens.analyzer.quant.task`): the metrics

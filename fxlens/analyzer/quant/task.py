@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 import torch
 from torch import nn
 
-from fxlens.analyzer.core.sections import QuantPlan, QuantTask, TaskRun
+from fxlens.analyzer.core.sections import QuantPlan, QuantTask, TaskRun, metric_lost
 from fxlens.analyzer.quant.apply import Assignment, quantized
 from fxlens.analyzer.quant.types import NumberFormatLike, QuantKnowledge
 from fxlens.analyzer.quant.weights import Layer
@@ -66,14 +66,8 @@ def task_effect(module: nn.Module, layers: Sequence[Layer], evaluate: Evaluate,
 def keeps(original: Mapping[str, float], quantized_values: Mapping[str, float],
           lower_is_better: Sequence[str], tolerance: float) -> bool:
     """Every metric within `tolerance` of its original value, in the worse direction."""
-    for name, before in original.items():
-        after = quantized_values.get(name)
-        if after is None:
-            return False
-        worse = after - before if name in lower_is_better else before - after
-        if worse > tolerance * abs(before):
-            return False
-    return True
+    return not any(metric_lost(before, quantized_values.get(name), name in lower_is_better,
+                               tolerance) for name, before in original.items())
 
 
 def _plan_run(module: nn.Module, layers: Sequence[Layer], evaluate: Evaluate,

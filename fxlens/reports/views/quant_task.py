@@ -8,7 +8,7 @@ metric stayed within the tolerance (1 % by default: MLPerf's 99 % accuracy targe
 
 from __future__ import annotations
 
-from fxlens.analyzer.core.sections import QuantTask, TaskRun
+from fxlens.analyzer.core.sections import QuantTask, TaskRun, metric_lost
 from fxlens.reports.view import Cell, Column, Table, Tone
 
 
@@ -22,7 +22,9 @@ def keeps_words(task: QuantTask, run: TaskRun) -> str:
     within = f"{task.tolerance * 100:.3g} %"
     if run.keeps:
         return f"keeps the task: every metric of evaluate() within {within}"
-    lost = [name for name in task.original if _worse(task, run, name) > task.tolerance]
+    lost = [name for name, before in task.original.items()
+            if metric_lost(before, run.values.get(name), name in task.lower_is_better,
+                           task.tolerance)]
     return f"changes the task: {', '.join(lost)} worse by more than {within}"
 
 
@@ -67,15 +69,6 @@ def _cell(task: QuantTask, run: TaskRun, name: str) -> str:
     if after is None:
         return "—"
     return _figure(after) if after == before else f"{_figure(after)} ({_change(before, after)})"
-
-
-def _worse(task: QuantTask, run: TaskRun, name: str) -> float:
-    """How much worse `run` left metric `name`, relative to its original (inf: missing)."""
-    before, after = task.original[name], run.values.get(name)
-    if after is None:
-        return float("inf")
-    worse = after - before if name in task.lower_is_better else before - after
-    return worse / abs(before) if before else (float("inf") if worse > 0 else 0.0)
 
 
 def _change(before: float, after: float) -> str:
