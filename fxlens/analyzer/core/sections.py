@@ -831,6 +831,7 @@ class PlanTime:
     mfu: float
     context_parallel_s: float = 0.0  # ring-attention sends the attention does not hide
     expert_parallel_exposed_s: float = 0.0  # the all-to-alls compute does not hide
+    recompute_s: float = 0.0        # of compute_s: the forwards run again (ckpt, ckpt=…)
     # with compression: the data-parallel transfers and their exposed part without it
     uncompressed_data_parallel_s: float | None = optional()
     uncompressed_exposed_s: float | None = optional()
@@ -866,6 +867,7 @@ class PlanLayout:
     cp: int = 1
     etp: int = 1                    # expert tensor-parallel degree
     v: int = 1                      # virtual pipeline stages per GPU
+    recompute_auto: bool = False    # its recompute chosen by ckpt=auto (none where it fit)
 
 
 @dataclass(frozen=True)

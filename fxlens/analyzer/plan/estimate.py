@@ -104,7 +104,7 @@ def _scaled(state: StateBytes, **divisors: float) -> StateBytes:
                          for f in fields(StateBytes)})
 
 
-def _is_block(unit: Unit | ModulePart) -> bool:
+def is_block(unit: Unit | ModulePart) -> bool:
     return unit.name not in ("pre", "post")
 
 
@@ -113,6 +113,7 @@ class _Stage:
     memory: PlanMemory
     compute_s: float                # every micro-batch, forward + backward (+ recompute)
     backward_s: float
+    recompute_s: float              # every micro-batch, of compute_s
     tensor_parallel: list[Collective]
     expert_parallel: list[Collective]
     context_parallel: list[Collective]
@@ -156,6 +157,7 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
     model_flops = facts.flops * s.micro_batches * s.dp
     timing = PlanTime(
         compute_s=max(e.compute_s for e in evaluated),
+        recompute_s=max(evaluated, key=lambda e: e.compute_s).recompute_s,
         tensor_parallel_s=max(sum((c.time_s for c in e.tensor_parallel), 0.0)
                               for e in evaluated),
         expert_parallel_s=max(sum((c.time_s for c in e.expert_parallel), 0.0)
@@ -225,21 +227,21 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         held = StateBytes(held.weights_bytes, 0, held.grad_bytes, 0, held.buffer_bytes)
     held_micro_batches = in_flight(s, index)
     selected = {u.name: recomputed(u.name, u.parts, s.recompute)
-                for u in units if s.recompute and _is_block(u)}
+                for u in units if s.recompute and is_block(u)}
     if s.checkpoint:
-        kept = sum(u.input_bytes / seq_div if _is_block(u) else _saved_on_gpu(u, t, seq_div)
+        kept = sum(u.input_bytes / seq_div if is_block(u) else saved_on_gpu(u, t, seq_div)
                    for u in units) / c
-        recompute = max((_saved_on_gpu(u, t, seq_div) for u in units if _is_block(u)),
+        recompute = max((saved_on_gpu(u, t, seq_div) for u in units if is_block(u)),
                         default=0.0) / c
         activations = kept * held_micro_batches + recompute
     else:
-        freed = [sum(_saved_on_gpu(part, t, seq_div) for part in parts)
+        freed = [sum(saved_on_gpu(part, t, seq_div) for part in parts)
                  for parts in selected.values()]
-        kept = sum(_saved_on_gpu(u, t, seq_div) for u in units) - sum(freed)
+        kept = sum(saved_on_gpu(u, t, seq_div) for u in units) - sum(freed)
         # one block's recomputed set lives again while that block's backward runs
         activations = (kept * held_micro_batches + max(freed, default=0.0)) / c
     total_saved = sum(u.saved_bytes for u in facts.units) or 1
-    all_saved_split = sum(_saved_on_gpu(u, t, seq_div) for u in facts.units) / c
+    all_saved_split = sum(saved_on_gpu(u, t, seq_div) for u in facts.units) / c
     transient = facts.transient_bytes * all_saved_split / total_saved
     full_grads = facts.states.grad_bytes or 1
     grads_at_peak = facts.gradients_at_peak_bytes * held.grad_bytes / full_grads
@@ -265,12 +267,12 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         gathered_bytes=gathered, communication_bytes=buckets, peak_bytes=round(peak),
         host_bytes=host,
     )
-    forward = sum(_phase_s(s, u, "forward") for u in units)
-    backward = sum(_phase_s(s, u, "backward") for u in units)
+    forward = sum(phase_s(s, u, "forward") for u in units)
+    backward = sum(phase_s(s, u, "backward") for u in units)
     if s.checkpoint:
-        recompute_s = sum(_phase_s(s, u, "forward") for u in units if _is_block(u))
+        recompute_s = sum(phase_s(s, u, "forward") for u in units if is_block(u))
     else:
-        recompute_s = sum(_phase_s(s, part, "forward")
+        recompute_s = sum(phase_s(s, part, "forward")
                           for parts in selected.values() for part in parts)
     ring, ring_exposed = ring_attention(s, device, units)
     experts = expert_parallel(s, device, units, facts.tokens, facts.experts)
@@ -281,7 +283,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     nxt = parts[index + 1][0] if index + 1 < len(parts) and parts[index + 1] else None
     return _Stage(
         memory=memory, compute_s=m * (forward + backward + recompute_s),
-        backward_s=m * backward,
+        backward_s=m * backward, recompute_s=m * recompute_s,
         tensor_parallel=tensor_parallel(s, device, units),
         expert_parallel=experts,
         expert_exposed_s=_expert_exposed_s(s, sum(c.time_s for c in experts),
@@ -335,11 +337,11 @@ def _expert_exposed_s(s: Strategy, all_to_all_s: float, forward_s: float,
     return steady * (s.micro_batches - 1) / s.micro_batches + all_to_all_s / s.micro_batches
 
 
-def _phase_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
+def phase_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
     """One micro-batch of the unit's `phase` ("forward" or "backward") on one GPU."""
     split, whole = ((u.forward_split_s, u.forward_whole_s) if phase == "forward"
                     else (u.backward_split_s, u.backward_whole_s))
-    whole /= s.tp if s.sp and _is_block(u) else 1
+    whole /= s.tp if s.sp and is_block(u) else 1
     return (split / s.tp + whole) / s.cp + _experts_s(s, u, phase)
 
 
@@ -354,7 +356,7 @@ def _experts_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
                               for g in u.expert_gemms if g.phase == phase)
 
 
-def _saved_on_gpu(unit: Unit | ModulePart, t: int, seq_div: int) -> float:
+def saved_on_gpu(unit: Unit | ModulePart, t: int, seq_div: int) -> float:
     """One micro-batch's saved activations of `unit` on one GPU before cp: the split part
     over t, the rest over t only with sequence parallel (`seq_div`)."""
     return unit.saved_split_bytes / t + unit.saved_whole_bytes / seq_div

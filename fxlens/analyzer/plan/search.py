@@ -7,10 +7,11 @@ dropped when that is not a whole number. Searched: GPU counts (powers of two up 
 ``max_gpus``, and ``max_gpus``), tp over powers of two up to a node that divide every column-
 parallel width, pp over powers of two up to the block count, ep over powers of two dividing
 the expert count and the GPUs of a stage (tp · dp, each expert whole: etp = 1), ZeRO 0–3 and
-hybrid sharding, checkpointing off and on; tensor-parallel layouts with sequence parallel (same
-transfers, less memory). CPU offload and context parallelism are not searched.
-Layouts that do not fit are dropped with the bytes they need; the rest are ranked by step
-time, or by the cost of a step (``price``), or of the whole run (``tokens``).
+hybrid sharding, recompute as ``ckpt=auto`` chooses it (none where the layout fits without,
+else the modules that make it fit for the least recompute) and full; tensor-parallel layouts
+with sequence parallel (same transfers, less memory). CPU offload and context parallelism
+are not searched. Layouts that do not fit are dropped with the bytes they need; the rest are
+ranked by step time, or by the cost of a step (``price``), or of the whole run (``tokens``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from fxlens.analyzer.core.sections import DroppedLayout, Plan, PlanLayout
-from fxlens.analyzer.plan.estimate import estimate
+from fxlens.analyzer.plan.auto_recompute import estimate_auto
 from fxlens.analyzer.plan.recompute import KINDS, recomputed
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts
@@ -81,9 +82,10 @@ def _inner(facts: ModelFacts, dp: int, tp: int, pp: int, batch: int, gpus_per_no
             shard = gpus_per_node // tp
             if (dp == 1 and zero) or (hybrid and not 1 < shard < dp):
                 continue   # nothing to shard, or hybrid would be plain ZeRO-3 or DDP
-            for checkpoint in (False, True):
+            for full in (False, True):
                 yield Strategy(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, hybrid=hybrid,
-                               sp=tp > 1, checkpoint=checkpoint, micro_batches=m)
+                               sp=tp > 1, micro_batches=m, checkpoint=full,
+                               checkpoint_auto=not full)
 
 
 def misfits(facts: ModelFacts, strategy: Strategy) -> list[str]:
@@ -131,8 +133,8 @@ def plan_section(facts: ModelFacts, request: PlanRequest, device: Links,
     reasons: Counter[str] = Counter()
     considered = 0
     if request.strategy is not None:
-        layouts.append(estimate(facts, request.strategy, device, request.tokens,
-                                request.price_per_gpu_hour))
+        layouts.append(estimate_auto(facts, request.strategy, device, request.tokens,
+                                     request.price_per_gpu_hour))
         considered = 1
         ranked_by = "requested"
         if not layouts[0].fits:   # what would fit on the same GPUs, at the same batch
@@ -165,14 +167,19 @@ def _search(facts: ModelFacts, request: PlanRequest, device: Links
     fitting: list[PlanLayout] = []
     dropped: list[tuple[int, DroppedLayout]] = []
     reasons: Counter[str] = Counter()
+    seen: set[str] = set()
     considered = 0
     for item in candidates(facts, request, device.gpus_per_node):
-        considered += 1
         if isinstance(item, DroppedLayout):
+            considered += 1
             reasons[item.reason.split(" (")[0].split(" of ")[0]] += 1
             dropped.append((1 << 62, item))
             continue
-        layout = estimate(facts, item, device, request.tokens, request.price_per_gpu_hour)
+        layout = estimate_auto(facts, item, device, request.tokens, request.price_per_gpu_hour)
+        if layout.strategy in seen:
+            continue        # ckpt=auto settled on no recompute, or on full recompute
+        seen.add(layout.strategy)
+        considered += 1
         if layout.fits:
             fitting.append(layout)
         else:

@@ -12,9 +12,10 @@ expert whole on one GPU, as published MoE recipes set it).
 ``zero`` is the ZeRO stage (0: DDP; 1: Megatron's distributed optimizer; 3: FSDP full shard),
 over the GPUs holding the same weights (dp · cp); ``hybrid`` shards ZeRO-3 inside a node and
 replicates across nodes (FSDP's HYBRID_SHARD); ``sp`` sequence parallel (with tp); ``ckpt``
-activation recomputation of every repeated block (``ckpt`` or ``ckpt=full``), or of some of
+activation recomputation of every repeated block (``ckpt`` or ``ckpt=full``), of some of
 its modules (``ckpt=norm+act``, ``ckpt=core_attn``, ``ckpt=self_attn.*``: kinds and globs as
-`fxlens.analyzer.plan.recompute` reads them); ``offload``
+`fxlens.analyzer.plan.recompute` reads them), or of the modules that make the layout fit for
+the least recompute (``ckpt=auto``: `fxlens.analyzer.plan.auto_recompute`); ``offload``
 keeps the optimizer state and master weights in host memory; ``v`` virtual stages per GPU
 (interleaved 1F1B); ``micro_batches`` per step per data-parallel rank (gradient accumulation
 when pp = 1).
@@ -67,6 +68,7 @@ class Strategy:
     sp: bool = False
     checkpoint: bool = False        # every repeated block recomputed
     recompute: tuple[str, ...] = () # selective: module kinds or path globs (plan/recompute.py)
+    checkpoint_auto: bool = False   # the least recompute that fits (plan/auto_recompute.py)
     offload: bool = False
     v: int = 1
     micro_batches: int = 1
@@ -107,6 +109,8 @@ class Strategy:
             parts.append(f"dispatch={self.dispatch}")
         if self.recompute:
             parts.append(f"ckpt={'+'.join(self.recompute)}")
+        if self.checkpoint_auto:
+            parts.append("ckpt=auto")
         if self.gradq is not None:
             parts.append(f"gradq={self.gradq}")
         if self.powersgd:
@@ -133,6 +137,8 @@ class Strategy:
         if self.checkpoint and self.recompute:
             found.append(f"ckpt (every block) and ckpt={'+'.join(self.recompute)} (selective) "
                          f"exclude each other: give one")
+        if self.checkpoint_auto and (self.checkpoint or self.recompute):
+            found.append("ckpt=auto chooses what to recompute: give it alone")
         if self.gradq is not None and self.gradq not in GRADIENT_FORMATS:
             found.append(f"gradq={self.gradq}: gradient formats are "
                          f"{' and '.join(GRADIENT_FORMATS)}")
@@ -169,6 +175,8 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
             key, _, number = (s.strip() for s in part.partition("="))
             if key == "ckpt" and number == "full":
                 _set(values, "checkpoint", True, text)
+            elif key == "ckpt" and number == "auto":
+                _set(values, "checkpoint_auto", True, text)
             elif key == "ckpt":
                 _set(values, "recompute", _selective(number), text)
             elif key in ("dispatch", "gradq"):
@@ -200,7 +208,7 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
 def _set(values: dict[str, Any], key: str, value: Any, text: str) -> None:
     """One setting; the same one given twice (``tp=2,tp=4``, ``fsdp,zero=1``) is refused."""
     if key in values:
-        name = "ckpt" if key in ("checkpoint", "recompute") else key
+        name = "ckpt" if key in ("checkpoint", "recompute", "checkpoint_auto") else key
         raise ValueError(f"{name} is given twice in {text!r}: give each setting once")
     values[key] = value
 

@@ -116,9 +116,18 @@ def _time(layout: PlanLayout) -> Table:
                f"{seconds(t.data_parallel_s)} in all, hidden behind compute where they can be"
                + (f"; expert all-to-alls {seconds(t.expert_parallel_s)} in all"
                   if t.expert_parallel_s > t.expert_parallel_exposed_s else "")
-               + _compression_note(t))
+               + _compression_note(t) + _recompute_note(layout))
     return Table.of(f"step time · {layout.strategy}", (Column("what"),
                     Column("time", right=True)), rows, caption=caption)
+
+
+def _recompute_note(layout: PlanLayout) -> str:
+    t = layout.time
+    chosen = " (what ckpt=auto chose: the least that fits)" if layout.recompute_auto else ""
+    if t.recompute_s > 0:
+        return (f". Compute includes {seconds(t.recompute_s)} of recompute{chosen}, "
+                f"{t.recompute_s / t.step_s:.1%} of the step")
+    return ". ckpt=auto: nothing recomputed, it fits as it is" if layout.recompute_auto else ""
 
 
 def _compression_note(t: PlanTime) -> str:
