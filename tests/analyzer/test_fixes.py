@@ -196,6 +196,7 @@ def test_the_selective_planner_is_offered_before_every_block_and_fits_as_printed
     fixes = training.fit.fixes
     assert fixes and fixes[0].flags == "--checkpoint auto"
     assert "--checkpoint auto" in _verdict(training)
+    assert "FLOPs recomputed" in _verdict(training)     # labelled by what it counts
     blanket = _training(GPT, dataclasses.replace(options, checkpoint=True))
     assert blanket.fit is not None and blanket.fit.fits and blanket.checkpointing is not None
     assert 0 < fixes[0].recompute_overhead < blanket.checkpointing.flops_overhead

@@ -201,7 +201,7 @@ def _fix_text(fix: FixOption) -> str:
     if fix.flags.startswith("--plan"):
         return f"{fix.flags} ({fix.change}: {binary_bytes(fix.needed_bytes)} per GPU)"
     return (f"{fix.flags} ({binary_bytes(fix.needed_bytes)}"
-            + (f", +{_share(fix.recompute_overhead)} recompute" if fix.recompute_overhead
+            + (f", +{_share(fix.recompute_overhead)} FLOPs recomputed" if fix.recompute_overhead
                else "")
             + ")")
 
