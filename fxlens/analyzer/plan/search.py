@@ -5,13 +5,16 @@ captured batch on every GPU of the largest count searched) so that layouts are c
 same work: a layout's micro-batches are ``global_batch / (captured batch · dp)`` and it is
 dropped when that is not a whole number. Searched: GPU counts (powers of two up to
 ``max_gpus``, and ``max_gpus``), tp over powers of two up to a node that divide every column-
-parallel width, pp over powers of two up to the block count, ep over powers of two dividing
-the expert count and the GPUs of a stage (tp · dp, each expert whole: etp = 1), ZeRO 0–3 and
-hybrid sharding, recompute as ``ckpt=auto`` chooses it (none where the layout fits without,
-else the modules that make it fit for the least recompute) and full; tensor-parallel layouts
-with sequence parallel (same transfers, less memory). CPU offload and context parallelism
-are not searched. Layouts that do not fit are dropped with the bytes they need; the rest are
-ranked by step time, or by the cost of a step (``price``), or of the whole run (``tokens``).
+parallel width, pp over powers of two up to the block count, cp over powers of two up to
+`CP_MAX` where the blocks attend and each GPU keeps at least `CP_MIN_TOKENS` of the sequence
+(a bound on the search, not a judgement: the estimate ranks them), ep over powers of two
+dividing the expert count and the GPUs of a stage (tp · cp · dp, each expert whole:
+etp = 1), ZeRO 0–3 (over dp · cp) and hybrid sharding, recompute as ``ckpt=auto`` chooses it
+(none where the layout fits without, else the modules that make it fit for the least
+recompute) and full; tensor-parallel layouts with sequence parallel (same transfers, less
+memory). CPU offload, expert tensor parallelism and compression are not searched. Layouts
+that do not fit are dropped with the bytes they need; the rest are ranked by step time, or by
+the cost of a step (``price``), or of the whole run (``tokens``).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from fxlens.analyzer.plan.structure import ModelFacts
 from fxlens.analyzer.plan.transfers import Links
 
 SHOWN = 8
+CP_MAX = 8              # context parallel degrees searched (Llama 3's 128k runs used 16)
+CP_MIN_TOKENS = 2048    # tokens per GPU below which splitting the sequence is not tried
 DROPPED_SHOWN = 12
 
 
@@ -65,25 +70,38 @@ def candidates(facts: ModelFacts, request: PlanRequest, gpus_per_node: int
             for pp in _powers(max(facts.blocks, 1)):
                 if n % (tp * pp):
                     continue
-                yield from _inner(facts, n // (tp * pp), tp, pp, batch, gpus_per_node)
+                for cp in context_degrees(facts, n // (tp * pp)):
+                    yield from _inner(facts, n // (tp * pp * cp), tp, pp, cp, batch,
+                                      gpus_per_node)
 
 
-def _inner(facts: ModelFacts, dp: int, tp: int, pp: int, batch: int, gpus_per_node: int
-           ) -> Iterator[Strategy | DroppedLayout]:
+def context_degrees(facts: ModelFacts, gpus: int) -> list[int]:
+    """The cp a search tries on `gpus` GPUs: 1, and where the blocks attend over sequences
+    long enough to split (`CP_MIN_TOKENS` per GPU, in 2·cp chunks for the causal load
+    balance), powers of two up to `CP_MAX`."""
+    seq = facts.tokens // max(facts.samples, 1)
+    attends = any(u.attention.kv_bytes for u in facts.units)
+    return [cp for cp in _powers(min(gpus, CP_MAX))
+            if cp == 1 or (attends and seq % (2 * cp) == 0 and seq // cp >= CP_MIN_TOKENS)]
+
+
+def _inner(facts: ModelFacts, dp: int, tp: int, pp: int, cp: int, batch: int,
+           gpus_per_node: int) -> Iterator[Strategy | DroppedLayout]:
     per_step = facts.samples * dp
     if batch % per_step:
-        yield DroppedLayout(f"dp={dp},tp={tp},pp={pp}", f"the global batch of {batch} is not "
-                            f"a multiple of dp × micro-batch = {per_step}")
+        yield DroppedLayout(f"dp={dp},tp={tp},pp={pp}" + (f",cp={cp}" if cp > 1 else ""),
+                            f"the global batch of {batch} is not a multiple of dp × "
+                            f"micro-batch = {per_step}")
         return
     m = batch // per_step
-    eps = [e for e in _powers(dp * tp) if facts.experts and facts.experts % e == 0] or [1]
+    eps = [e for e in _powers(dp * tp * cp) if facts.experts and facts.experts % e == 0] or [1]
     for ep in eps:
         for zero, hybrid in ((0, False), (1, False), (2, False), (3, False), (3, True)):
-            shard = gpus_per_node // tp
-            if (dp == 1 and zero) or (hybrid and not 1 < shard < dp):
+            shard = gpus_per_node // (tp * cp)
+            if (dp * cp == 1 and zero) or (hybrid and not 1 < shard < dp * cp):
                 continue   # nothing to shard, or hybrid would be plain ZeRO-3 or DDP
             for full in (False, True):
-                yield Strategy(dp=dp, tp=tp, pp=pp, ep=ep, zero=zero, hybrid=hybrid,
+                yield Strategy(dp=dp, tp=tp, pp=pp, cp=cp, ep=ep, zero=zero, hybrid=hybrid,
                                sp=tp > 1, micro_batches=m, checkpoint=full,
                                checkpoint_auto=not full)
 
