@@ -87,15 +87,20 @@ def command(run: dict[str, Any], strategy: str, out: Path, mode: str) -> list[st
 
 
 def predict(run: dict[str, Any]) -> dict[str, Any]:
-    """The row with, per mode, fxlens's step, its error, the fits verdict and the peak."""
+    """The row with, per mode, fxlens's step, its error, the fits verdict and the peak. A run
+    published as model TFLOP/s per GPU (Megatron's log line) is compared as a step: the
+    model's FLOPs per step (fxlens's count of the forward and backward, each micro-batch of
+    the global batch) over that rate on every GPU."""
     strategy, why = strategy_of(run)
+    tflops = run["measured"].get("model_tflops_per_gpu")
     row: dict[str, Any] = {"name": run["name"], "gpus": run["gpus"],
                            "measured_step_s": run["measured"].get("step_s"),
+                           "measured_tflops": tflops,
                            "strategy": strategy, "source": run["source"]["url"]}
-    if strategy is None or row["measured_step_s"] is None or not run["micro_batch_size"]:
-        row["skipped"] = why or ("no step time or throughput published"
-                                 if row["measured_step_s"] is None else
-                                 "no micro-batch size published")
+    published = row["measured_step_s"] is not None or tflops is not None
+    if strategy is None or not published or not run["micro_batch_size"]:
+        row["skipped"] = why or ("no micro-batch size published" if published else
+                                 "no step time or throughput published")
         return row
     for mode in MODES:
         with tempfile.TemporaryDirectory() as folder:
@@ -107,7 +112,13 @@ def predict(run: dict[str, Any]) -> dict[str, Any]:
             if done.returncode != 0:
                 row["skipped"] = f"fxlens failed: {done.stderr.strip().splitlines()[-1:]}"
                 return row
-            layout = json.loads(out.read_text())["plan"]["layouts"][0]
+            report = json.loads(out.read_text())
+            layout = report["plan"]["layouts"][0]
+        if row["measured_step_s"] is None:
+            training = report["training"]
+            micro_batches = run["global_batch_size"] // run["micro_batch_size"]
+            flops = (training["forward_flops"] + training["backward_flops"]) * micro_batches
+            row["measured_step_s"] = flops / (tflops * 1e12 * run["gpus"])
         step = layout["time"]["step_s"]
         row[mode] = {"analysis_s": seconds, "predicted_step_s": step, "fits": layout["fits"],
                      "peak_gib": layout["memory"]["peak_bytes"] / 2**30,
@@ -130,7 +141,9 @@ def table(rows: list[dict[str, Any]]) -> str:
             m = r[mode]
             cells += [f"{m['predicted_step_s']:.2f} s ({m['error']:+.0%})",
                       f"{'yes' if m['fits'] else 'no'} ({m['peak_gib']:.1f} GiB)"]
-        lines.append(head + f"`{r['strategy']}` | {r['measured_step_s']:.2f} s | "
+        derived = (f" ({r['measured_tflops']} TFLOP/s)" if r.get("measured_tflops")
+                   and r["measured_step_s"] is not None else "")
+        lines.append(head + f"`{r['strategy']}` | {r['measured_step_s']:.2f} s{derived} | "
                      + " | ".join(cells) + " |")
     for mode in MODES:
         ran = [r[mode] for r in rows if mode in r and "skipped" not in r]

@@ -221,6 +221,9 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         expert = expert.plus(_scaled(u.states_expert, **_all(experts_on_gpu)))
     shard, expert_shard = _shard_groups(s, device)
     held = _zero(dense, s.zero, shard.size).plus(_zero(expert, s.zero, expert_shard.size))
+    # the optimizer's temporaries follow the state this GPU updates (none: on the host)
+    temporaries = 0.0 if s.offload else facts.optimizer_temporaries_bytes * _updated_share(
+        facts.states, held)
     host = 0
     if s.offload:
         host = held.master_bytes + held.optimizer_bytes
@@ -245,8 +248,6 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     transient = facts.transient_bytes * all_saved_split / total_saved
     full_grads = facts.states.grad_bytes or 1
     grads_at_peak = facts.gradients_at_peak_bytes * held.grad_bytes / full_grads
-    optimizer_shard = shard.size if s.zero >= 1 else 1
-    temporaries = facts.optimizer_temporaries_bytes / (t * optimizer_shard)
     gathered = 0
     if s.zero == 3 and shard.size > 1:
         unsharded = [_unit_state(u, t, experts_on_gpu) for u in units]
@@ -377,6 +378,16 @@ def _zero(state: StateBytes, stage: int, n: int) -> StateBytes:
     return _scaled(state, weights_bytes=n if stage >= 3 else 1,
                    grad_bytes=n if stage >= 2 else 1,
                    master_bytes=n if stage >= 1 else 1, optimizer_bytes=n if stage >= 1 else 1)
+
+
+def _updated_share(full: StateBytes, held: StateBytes) -> float:
+    """The share of the model's optimizer update one GPU runs: of the optimizer state and
+    master weights it holds (its stage's layers, 1/t of split ones, 1/(ep·etp) of the
+    experts, a ZeRO shard), or of the weights for an optimizer with neither."""
+    full_state = full.master_bytes + full.optimizer_bytes
+    if full_state:
+        return (held.master_bytes + held.optimizer_bytes) / full_state
+    return held.weights_bytes / full.weights_bytes if full.weights_bytes else 0.0
 
 
 def _optimizer_s(facts: ModelFacts, s: Strategy, memory: PlanMemory) -> float:
