@@ -8,12 +8,16 @@ quantization). What is compared:
 
 - static batch: output tokens/s at the row's batch (the whole batch through prefill, then
   decoded together: `fxlens.analyzer.serve.estimate`);
-- in-flight at maximum load (batch not stated): output tokens/s at the estimate's own
-  `max_batch`, the most requests its KV cache holds;
+- in-flight at a stated concurrency (NIM): the in-flight batcher's steady state with that many
+  requests in flight (`fxlens.analyzer.serve.inflight`);
+- in-flight at maximum load (concurrency not stated): the in-flight batcher's steady state
+  with as many requests as the estimate's KV cache holds, under the engine's default caps
+  (8,192 tokens per step, 2,048 requests: TensorRT-LLM's defaults);
 - first-token rows (output 1): TTFT at batch 1.
 
 No figure here is fitted: the device's datasheet peaks and its achievable factors
-(`fxlens.rules.hardware`) time every kernel and the links every all-reduce.
+(`fxlens.rules.hardware`) time every kernel, and the links (bandwidth, NCCL's per-call
+latency: `fxlens.rules.links`) every all-reduce.
 
     .venv/bin/python bench/serving.py             # every covered row; a Markdown table
     .venv/bin/python bench/serving.py --only h100
@@ -53,11 +57,16 @@ def estimate(run: ServingRun) -> Serve:
     batches = (run.batch,) if run.batch else ()
     options = AnalysisOptions(serve=True, device=run.gpu, input_len=run.input_len,
                               output_len=max(run.output_len, 1), serve_batches=batches,
-                              precision="fp8" if run.weights == "fp8" else None,
+                              precision=_precision(run.weights),
                               kv_dtype=kv, fusion=False, tp=run.tp)
     serve = run_pipeline(loaded, options).get(Serve)
     assert serve is not None
     return serve
+
+
+def _precision(weights: str) -> str | None:
+    """The row's weights as ``--precision`` names them (None: the model's 16 bits)."""
+    return {"fp8": "fp8", "int8-w8a16": "w8a16", "int4-w4a16": "w4a16"}.get(weights)
 
 
 def compared(run: ServingRun, serve: Serve) -> tuple[str, float, float | None]:
@@ -66,10 +75,21 @@ def compared(run: ServingRun, serve: Serve) -> tuple[str, float, float | None]:
         point = _at(serve, 1)
         return "TTFT s", run.ttft_s, point.ttft_s
     assert run.output_tokens_per_s is not None
-    if not (run.batch or serve.max_batch):
-        return "tok/s", run.output_tokens_per_s, None
-    point = _at(serve, run.batch or serve.max_batch)
+    if run.batch is None:
+        load = serve.max_load
+        return "tok/s", run.output_tokens_per_s, load.output_tokens_per_s if load else None
+    point = _at(serve, run.batch)
+    if run.batching == "inflight":
+        return "tok/s", run.output_tokens_per_s, point.inflight_tokens_per_s
     return "tok/s", run.output_tokens_per_s, point.output_tokens_per_s
+
+
+def batch_label(run: ServingRun, serve: Serve) -> str:
+    """The row's batch as estimated: ``64``, ``25 in flight``, ``max (233 in flight)``."""
+    if run.batch is None:
+        load = serve.max_load
+        return f"max ({load.requests:.0f} in flight)" if load else "max"
+    return f"{run.batch} in flight" if run.batching == "inflight" else str(run.batch)
 
 
 def _at(serve: Serve, batch: int) -> ServePoint:
@@ -105,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         error = predicted / published - 1
         errors.append(error)
-        batch = run.batch or f"max ({serve.max_batch})"
+        batch = batch_label(run, serve)
         print(f"| {run.gpu} | {run.tp} | {run.model} | {run.weights}/{run.kv_dtype or '—'} | "
               f"{run.input_len}/{run.output_len} | {batch} | {what} | {_figure(published)} | "
               f"{_figure(predicted)} | {error:+.0%} |  "

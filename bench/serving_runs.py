@@ -32,7 +32,7 @@ stated fixed-length setup could be read in the time available, see the session r
   3,000 requests at 1000/1000, 1,500 at 2048/2048, 30,000 at 128/128, ...). Concurrency is
   not stated: the runtime admits as many requests as the KV cache holds (example shows
   "Max Runtime Batch Size: 4096, Max Runtime Tokens: 8192, Scheduling Policy: Guaranteed No
-  Evict"), so `batch` is None — the estimate's own max_batch belongs there. "Token Throughput"
+  Evict"), so `batch` is None — the estimate's own maximum load belongs there. "Token Throughput"
   is output tokens/s of the whole system (the page's example: 3,000 × 128 / 16.41 s).
   FP8 rows: "If you specify FP8 quantization, the KV cache will automatically be set to FP8".
   FP16 rows: engines built without quantization (KV FP16).

@@ -41,7 +41,7 @@ def check_options(options: Any) -> None:
     at_least_one("--context", options.context)
     at_least_one("--group-size", options.group_size)
     if options.precision is not None:
-        precision(options.precision)
+        _precision_for(options)
     optimizer(options.optimizer)
     device_memory(options.device_memory, options.devices_file)
     if getattr(options, "checkpoint_auto", False) or getattr(options, "checkpoint_budget", None):
@@ -70,6 +70,18 @@ PLAN_DEVICE = "h100"     # what --plan lays out on without --device
 GRANULARITIES = ("op", "module")     # what --checkpoint auto decides on
 
 
+def _precision_for(options: Any) -> None:
+    """A training policy, or (with --serve) a serving format too (`fxlens.rules.serving`)."""
+    from fxlens.rules.serving import WEIGHT_ONLY
+
+    if options.precision not in WEIGHT_ONLY:
+        precision(options.precision)
+    elif not getattr(options, "serve", False):
+        raise LoadError(f"--precision {options.precision} is a weight-only serving format: "
+                        f"add --serve (training runs at "
+                        f"{', '.join(p.value for p in Precision)})")
+
+
 def _serving(options: Any) -> None:
     """``--serve``: a device to time on, an inference run, lengths and batches ≥ 1, a
     serving precision and KV dtype the estimate knows (`fxlens.rules.serving`)."""
@@ -92,6 +104,8 @@ def _serving(options: Any) -> None:
     if options.tpot_slo_s is not None and not options.tpot_slo_s > 0:
         raise LoadError("--tpot-slo must be a time above 0 (50ms)")
     at_least_one("--tp", options.tp)
+    at_least_one("--max-num-tokens", options.max_num_tokens)
+    at_least_one("--max-num-seqs", options.max_num_seqs)
     spec = resolve_device(options.device, options.devices_file, options.profile)
     if options.tp > spec.gpus_per_node:
         raise LoadError(f"--tp {options.tp}: a tensor-parallel group stays inside one node "

@@ -78,6 +78,7 @@ from fxlens.rules.autocast import cpu_autocast, cuda_autocast
 from fxlens.rules.eager import SAME_DTYPE_OPERANDS
 from fxlens.rules.fusion import fusion_rules, kinds_of
 from fxlens.rules.hardware import DeviceSpec
+from fxlens.rules.serving import MAX_NUM_SEQS, MAX_NUM_TOKENS
 from fxlens.rules.training import CASTABLE_DTYPES, Optimizer, Precision
 from fxlens.serve_pass import ServePass
 
@@ -116,6 +117,8 @@ class AnalysisOptions:
     tpot_slo_s: float | None = None     # --serve: the time-per-output-token target
     kv_dtype: str | None = None         # --serve: the KV cache's dtype; None: the model's
     tp: int = 1                         # --serve: GPUs of the tensor-parallel group
+    max_num_tokens: int = MAX_NUM_TOKENS  # --serve: the in-flight batcher's tokens per step
+    max_num_seqs: int = MAX_NUM_SEQS    # --serve: the in-flight batcher's requests in flight
     device: str | None = None           # roofline device ("h100", "cpu"); None: no roofline
     devices_file: str | None = None     # user JSON adding or overriding devices
     profile: str | None = None          # calibrated profile JSON (`analyze calibrate`)

@@ -147,8 +147,9 @@ def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFac
             if options.precision == Precision.FP8.value else "") + ")"
          if options.fused else "ops timed and activations saved as the captured (eager) "
          "program runs them; --fused for fused kernels (Transformer Engine, torch.compile)"),
-        f"collectives: ring algorithms at {LINK_EFFICIENCY:.0%} of the link bandwidth; "
-        "latency and congestion not modelled",
+        f"collectives: ring algorithms at {LINK_EFFICIENCY:.0%} of the link bandwidth after "
+        "a per-call latency (NCCL's model: a base and a hop per ring step); congestion not "
+        "modelled",
         "gradient and ZeRO transfers overlap compute (DDP/ZeRO-1/2: the last micro-batch's "
         "backward; ZeRO-3: all of it), ring-attention sends their attention, expert "
         "all-to-alls another micro-batch's compute only with a2a-overlap; tensor- and "

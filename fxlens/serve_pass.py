@@ -11,12 +11,17 @@ is), grouped into the kernels of the default fusion plan (`fusion.kernels.fused_
 what a compiled engine launches), and each kernel rated at its dtype's and kernel class's
 achievable figures. The KV bytes per token come from the model's config (`rules.kv_layouts`)
 in the weights' dtype; the workspace is one prompt's prefill activations (half the simulated
-peak at batch 2).
+peak at batch 2). What the rules say is served differently (`rules.serving`): the weights a
+reduced ``--precision`` stores (linear layers' and experts'), the kernels reading the cache,
+a MoE layer's routed experts (their E and k from the config); the tensor-parallel link's
+bandwidth and per-call latency come from the device (`rules.links`), the in-flight batcher's
+caps from ``--max-num-tokens`` and ``--max-num-seqs``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -40,15 +45,27 @@ from fxlens.analyzer.cost.engine import analyze
 from fxlens.analyzer.fusion.kernels import fused_kernels
 from fxlens.analyzer.memory.liveness import liveness
 from fxlens.analyzer.plan.forward import forward_split
+from fxlens.analyzer.plan.transfers import Group, latency_s
 from fxlens.analyzer.serve.estimate import ServeMemory, ServeRequest, serve_section
 from fxlens.analyzer.serve.formats import Formats, scale_of, served_at
-from fxlens.analyzer.serve.kernels import AffineStep, Kernel, Point, fit
-from fxlens.analyzer.serve.steps import Steps, sharded
+from fxlens.analyzer.serve.inflight import Engine
+from fxlens.analyzer.serve.kernels import AffineStep, Kernel, Point, Routing, fit
+from fxlens.analyzer.serve.mixed import shared_rows
+from fxlens.analyzer.serve.steps import Link, Steps, sharded
 from fxlens.analyzer.time.roofline import dtype_key, node_dtype
 from fxlens.rules.fusion import kinds_of
 from fxlens.rules.kv_layouts import layers_from_config
 from fxlens.rules.parallel import PARALLEL
-from fxlens.rules.serving import KV_DTYPE_BYTES, cache_attention, weight_gemm
+from fxlens.rules.serving import (
+    KV_DTYPE_BYTES,
+    WEIGHT_FORMATS,
+    WeightFormat,
+    cache_attention,
+    expert_weight,
+    moe_routing,
+    routed_experts,
+    weight_gemm,
+)
 
 if TYPE_CHECKING:
     from fxlens.pipeline import Context
@@ -79,86 +96,120 @@ class ServePass:
         ctx.on_step("serving: capturing the prefill")
         prefill_graphs = [capture(small, prefill_inputs(b, i), ctx.registry, options.methods)
                           for b in BATCHES]
+        routing = moe_routing(small.config)
         prefill = _affine(ctx, [(b, i, g) for b, g in zip(BATCHES, prefill_graphs, strict=True)],
-                          counted, "", notes, tp)
+                          counted, "", notes, tp, routing, prefill=True)
         ctx.on_step("serving: capturing decode steps")
         step, layout = decode_step(small), layers_from_config(small.config)
         decode = _affine(ctx, [(b, c, capture(step, decode_inputs(small, b, c, layout),
                                               ctx.registry, options.methods))
                                for b in BATCHES for c in (i, i + o)], counted, "model.", notes,
-                         tp)
-        formats, weights_bytes, kv_per_token = _formats(module, options, report, notes)
-        steps = Steps(served_at(prefill[0], formats, _reduced, _reads_cache),
-                      served_at(decode[0], formats, _reduced, _reads_cache), tp,
-                      spec.link_bytes_per_s(True), prefill[1], decode[1])
+                         tp, routing)
+        stored = WEIGHT_FORMATS.get(options.precision or "")
+        formats, weights_bytes, kv_per_token = _formats(module, options, report, stored, notes)
+        served = [served_at(s[0], formats, _reduced, _reads_cache) for s in (prefill, decode)]
+        link = Link(spec.link_bytes_per_s(True), latency_s("all-reduce", Group(tp, 1), spec))
+        steps = Steps(served[0], served[1], tp, link, prefill[1], decode[1],
+                      shared_rows(served[1], served[0], _reduced))
         workspace = liveness(prefill_graphs[0], ctx.registry).peak_activation_bytes // BATCHES[0]
         if tp > 1:
             weights_bytes, kv_per_token, workspace = _per_gpu(
-                module, weights_bytes, kv_per_token, workspace, tp, options.precision)
-            notes.append(f"tensor parallel over {tp} GPUs: memory figures per GPU; all-reduces "
-                         f"at {spec.link_bytes_per_s(True) / 1e9:.0f} GB/s, their per-call "
-                         f"latency not modelled")
+                module, weights_bytes, kv_per_token, workspace, tp, stored)
+            notes.append(f"tensor parallel over {tp} GPUs: memory figures per GPU; each "
+                         f"all-reduce {link.latency_s * 1e6:.1f} µs per call (NCCL's latency "
+                         f"model) plus its bytes at {link.bytes_per_s / 1e9:.0f} GB/s")
+        if routing is not None:
+            notes.append(f"MoE: each decode step reads the experts its tokens route to, "
+                         f"E·(1 − (1 − k/E)^tokens) of E = {routing[0]} per layer (k = "
+                         f"{routing[1]}, uniform routing)")
+        engine = Engine(options.max_num_tokens, options.max_num_seqs)
+        notes.append(f"in-flight batching: at most {engine.max_num_tokens} tokens per step "
+                     f"and {engine.max_num_seqs} requests in flight (--max-num-tokens, "
+                     f"--max-num-seqs; TensorRT-LLM's defaults 8192 and 2048), prefills "
+                     f"sharing steps with decodes")
         memory = ServeMemory(spec.memory_bytes, weights_bytes, workspace, kv_per_token)
-        request = ServeRequest(i, o, tuple(options.serve_batches), options.tpot_slo_s)
-        return (serve_section(steps, spec, layers, request, memory, sorted(set(notes))),)
+        request = ServeRequest(i, o, tuple(options.serve_batches), options.tpot_slo_s,
+                               engine=engine)
+        return (serve_section(steps, spec, layers, request, memory, sorted(set(notes)),
+                              options.precision or "" if stored else ""),)
 
 
 def _affine(ctx: Context, points: Sequence[tuple[int, int, Graph]],
-            counted: Callable[[str], float], root: str, notes: list[str], tp: int
+            counted: Callable[[str], float], root: str, notes: list[str], tp: int,
+            routing: tuple[int, int] | None, prefill: bool = False
             ) -> tuple[AffineStep, AffineStep | None]:
-    """The captures' kernels as one affine step (on one GPU of `tp`), and the bytes each
-    step all-reduces (None on one GPU)."""
+    """The captures' kernels as one affine step (on one GPU of `tp`; a MoE model's expert
+    GEMMs read as `routing` routes the step's tokens), and what each step all-reduces: a
+    kernel per row-parallel output, its bytes one call's payload (None on one GPU)."""
     step = fit([Point(b, c, _kernels(ctx, g, counted, root, notes)) for b, c, g in points])
+    if routing is not None:
+        rows = tuple(r for r, k in enumerate(step.kernels) if routed_experts(k.target))
+        step = replace(step, routing=Routing(routing[0], routing[1], rows, prefill))
     if tp <= 1:
         return step, None
     splits = [forward_split(g, PARALLEL) for _, _, g in points]
-    reduce = fit([Point(b, c, (Kernel("all-reduce", "", "", "", 0.0, float(sum(
-        size * counted(g.nodes[row].module.removeprefix(root))
-        for row, size in split.reduce_bytes.items()))),))
+    reduce = fit([Point(b, c, tuple(
+        Kernel("all-reduce", module, "", "", 0.0, float(size), counted(module), row)
+        for row, size in sorted(split.reduce_bytes.items())
+        for module in [g.nodes[row].module.removeprefix(root)]))
         for (b, c, g), split in zip(points, splits, strict=True)])
     return sharded(step, [k.node in splits[0].split_nodes for k in step.kernels], tp), reduce
 
 
 def _per_gpu(module: nn.Module, weights: int, kv_per_token: int, workspace: int, tp: int,
-             precision: str | None) -> tuple[int, int, int]:
+             stored: WeightFormat | None) -> tuple[int, int, int]:
     """(weights, KV per token, workspace) on one GPU of `tp`: every weight matrix but the
-    input embedding split (attention and MLP projections, experts, the LM head; under FP8 the
-    linear layers' at one byte), the K/V heads split (replicated past the KV head count), the
-    prefill's activations split; norms, biases and the embedding replicated."""
+    input embedding split (attention and MLP projections, experts, the LM head; under a
+    reduced format the linear layers' and experts' at its bytes), the K/V heads split
+    (replicated past the KV head count), the prefill's activations split; norms, biases and
+    the embedding replicated."""
     lookup: Any = module
     embedding = getattr(lookup.get_input_embeddings(), "weight", None)
-    fp8 = {id(w) for w in _fp8_weights(module)} if precision == "fp8" else set()
-    split = sum(p.numel() * (1 if id(p) in fp8 else p.element_size())
+    reduced = {id(w) for w in _stored_weights(module)} if stored else set()
+    split = sum(p.numel() * (stored.bytes_per_weight if stored and id(p) in reduced
+                             else p.element_size())
                 for p in module.parameters() if p.dim() >= 2 and p is not embedding)
     kv_heads = min(layer.kv_heads for layer in layers_from_config(module.config))
-    return (weights - split + split // tp, kv_per_token // min(tp, kv_heads), workspace // tp)
+    return (round(weights - split + split / tp), kv_per_token // min(tp, kv_heads),
+            workspace // tp)
 
 
-def _formats(module: nn.Module, options: Any, report: Report, notes: list[str]
-             ) -> tuple[Formats, int, int]:
-    """(the formats, the weights' bytes, the KV bytes per token) served at: FP8 linear
-    weights under ``--precision fp8`` (`rules.serving`), the cache at ``--kv-dtype``."""
+def _formats(module: nn.Module, options: Any, report: Report, stored: WeightFormat | None,
+             notes: list[str]) -> tuple[Formats, int, int]:
+    """(the formats, the weights' bytes, the KV bytes per token) served at: the linear
+    layers' and experts' weights `stored` as ``--precision`` says (`rules.serving`), the
+    cache at ``--kv-dtype``."""
     width = _element_bytes(module)
-    weights = report.model.param_bytes + report.model.buffer_bytes
+    weights: float = report.model.param_bytes + report.model.buffer_bytes
     kv_bytes = KV_DTYPE_BYTES.get(options.kv_dtype or "", width)
-    weight_key, weight_scale = None, 1.0
-    if options.precision == "fp8":
-        weights -= sum(w.numel() for w in _fp8_weights(module)) * (width - 1)
-        weight_key, weight_scale = "fp8", scale_of(1, width)
-        notes.append("fp8: linear layers' weights in FP8 at the FP8 peak; lm_head, embeddings, "
-                     "norms and attention at 16 bits")
+    if stored is not None:
+        weights -= sum(w.numel() for w in _stored_weights(module)) * (
+            width - stored.bytes_per_weight)
+        notes.append(f"{options.precision}: linear layers' and experts' weights in "
+                     f"{stored.bytes_per_weight:.3g} bytes each"
+                     + (f" (one 16-bit scale per {stored.group})" if stored.group else "")
+                     + (f", their GEMMs at the {stored.compute.upper()} peak" if stored.compute
+                        else ", their GEMMs at 16 bits")
+                     + "; lm_head, embeddings, norms and attention at 16 bits")
     per_token = _kv_bytes_per_token(module, kv_bytes)
-    return Formats(weight_key, weight_scale, scale_of(kv_bytes, width)), weights, per_token
+    cache = scale_of(kv_bytes, width)
+    formats = (Formats(stored.compute, scale_of(stored.bytes_per_weight, width), cache)
+               if stored else Formats(cache_scale=cache))
+    return formats, round(weights), per_token
 
 
-def _fp8_weights(module: nn.Module) -> list[torch.Tensor]:
-    """The weights FP8 serving stores in one byte: the linear layers' the rules name."""
-    return [sub.weight for name, sub in module.named_modules()
-            if isinstance(sub, nn.Linear) and weight_gemm("aten.linear", name)]
+def _stored_weights(module: nn.Module) -> list[torch.Tensor]:
+    """The weights a reduced serving format stores: the linear layers' the rules name and
+    the MoE experts' stacked weights."""
+    linear = [sub.weight for name, sub in module.named_modules()
+              if isinstance(sub, nn.Linear) and weight_gemm("aten.linear", name)]
+    experts = [p for name, p in module.named_parameters() if expert_weight(name, p.dim())]
+    return linear + experts
 
 
 def _reduced(kernel: Kernel) -> bool:
-    return weight_gemm(kernel.target, kernel.module)
+    """A kernel reading weights a reduced format stores (and a mixed step shares)."""
+    return weight_gemm(kernel.target, kernel.module) or routed_experts(kernel.target)
 
 
 def _reads_cache(kernel: Kernel) -> bool:
@@ -180,8 +231,8 @@ def _kernels(ctx: Context, graph: Graph, counted: Callable[[str], float], root: 
     fused = fused_kernels(report, graph, kinds_of(list(graph.nodes), ctx.registry),
                           ctx.registry.lookup)
     return tuple(
-        Kernel(n.target, n.module, dtype_key(node_dtype(graph.nodes[n.id], graph),
-                                             ctx.options.tf32),
+        Kernel(n.target, n.module.removeprefix(root),
+               dtype_key(node_dtype(graph.nodes[n.id], graph), ctx.options.tf32),
                n.kernel, float(n.flops), float(n.bytes_read + n.bytes_written),
                counted(n.module.removeprefix(root)), n.id)
         for n in fused.nodes if n.status == "costed")

@@ -25,6 +25,7 @@ from fxlens.cli.args import (
     OPTIMIZERS,
     PRECISIONS,
     VIEWS,
+    WEIGHT_ONLY,
     Parser,
     add_loading_options,
     count,
@@ -116,8 +117,9 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
     training = parser.add_argument_group("training step")
     training.add_argument("--train", action="store_true",
                           help="capture the joint forward+backward graph of one training step")
-    training.add_argument("--precision", choices=PRECISIONS,
-                          help="training precision policy: amp-bf16 / amp-fp16 = 16-bit "
+    training.add_argument("--precision", choices=PRECISIONS + WEIGHT_ONLY,
+                          help="with --serve: fp8, or weight-only w8a16 / w4a16; "
+                               "training precision policy: amp-bf16 / amp-fp16 = 16-bit "
                                "weights + fp32 master copy (Megatron, apex O2); autocast-bf16 "
                                "/ autocast-fp16 = torch.autocast over fp32 weights (HF "
                                "Trainer, Accelerate, Lightning); default: fp32 for fp32 "
@@ -202,6 +204,12 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
                        help="the KV cache's dtype: fp8, int8, fp16, bf16 (default: the model's)")
     serve.add_argument("--tp", type=positive_int, default=1, metavar="N",
                        help="serve over N GPUs of one node with tensor parallelism (1)")
+    serve.add_argument("--max-num-tokens", type=positive_int, default=8192, metavar="N",
+                       help="in-flight batching: tokens per engine step, decode and prompt "
+                            "together (8192, TensorRT-LLM's max_num_tokens)")
+    serve.add_argument("--max-num-seqs", type=positive_int, default=2048, metavar="N",
+                       help="in-flight batching: requests in flight at most (2048, "
+                            "TensorRT-LLM's max_batch_size)")
     serve.add_argument("--tpot-slo", type=seconds, metavar="TIME",
                        help="time-per-output-token target (50ms): the headline is the batch "
                             "with most throughput that meets it")
@@ -291,7 +299,8 @@ def run(args: argparse.Namespace) -> int:
         prune=args.prune, prune_target=args.prune_target, prune_save=args.prune_save,
         serve=args.serve, input_len=args.input_len, output_len=args.output_len,
         serve_batches=tuple(args.batch or ()) if args.serve else (), kv_dtype=args.kv_dtype,
-        tpot_slo_s=args.tpot_slo, tp=args.tp,
+        tpot_slo_s=args.tpot_slo, tp=args.tp, max_num_tokens=args.max_num_tokens,
+        max_num_seqs=args.max_num_seqs,
     )
     if args.batch and len(args.batch) > 1 and not args.serve:
         from fxlens.analyzer.core.errors import LoadError

@@ -62,13 +62,9 @@ per aten overload call, 1.3–2.9 per view, and an ``nn.Linear`` call 4.4 µs ov
 ``F.linear`` call. `GPU_LAUNCH_S` = 10 µs, `HOST_FREE_S` = 2 µs, `HOST_MODULE_S` = 5 µs;
 `analyze calibrate` measures the machine's own.
 
-Links (for plans across GPUs): `intra_node_bytes_per_s` is one GPU's bandwidth to its node's
-peers in one direction (NVLink, Infinity Fabric, or PCIe where there is none: the datasheets'
-bidirectional totals halved); `inter_node_bytes_per_s` one GPU's share of its node's network
-in one direction (one 400 Gb/s NIC per GPU on DGX H100/H200 and MI300X platforms, 200 Gb/s on
-DGX A100; cloud instances share one NIC between all GPUs). Gigabits are divided by 8.
-NB: `LINK_EFFICIENCY` = 0.8: NCCL's bus bandwidth in nccl-tests reaches ≈ 75–90 % of the link
-rate for large messages; small messages reach far less (latency is not modelled).
+Links (for plans and serving across GPUs): bandwidth per GPU inside and across nodes and the
+fixed latency of a collective call, from `fxlens.rules.links` (datasheets, NCCL's and RCCL's
+cost models).
 
 The host CPU (``cpu``) has conservative defaults — a few-core laptop-class x86 — since no
 datasheet describes "this machine"; `analyze calibrate --device cpu` writes a profile that
@@ -86,6 +82,8 @@ from typing import Any
 
 from fxlens.analyzer.core.files import read_json
 from fxlens.analyzer.core.sections import DeviceFigures
+from fxlens.rules import links as net
+from fxlens.rules.links import GB, LINK_EFFICIENCY, US, Links
 
 GIB = 2**30
 T = 1e12
@@ -99,8 +97,6 @@ GPU_LAUNCH_S = 10e-6
 HOST_FREE_S = 2e-6
 HOST_MODULE_S = 5e-6
 CPU_LAUNCH_S = 5e-6
-LINK_EFFICIENCY = 0.8
-GB = 1e9
 MISALIGNED_GEMM = "gemm-misaligned"
 ATTENTION_FORWARD = "attention-forward"
 ATTENTION_BACKWARD = "attention-backward"
@@ -134,6 +130,9 @@ class DeviceSpec:
     intra_node_bytes_per_s: float = 0.0          # per GPU, one direction (NVLink, PCIe)
     inter_node_bytes_per_s: float = 0.0          # per GPU, one direction (the node's network)
     link_source: str = ""
+    collective_base_s: float = net.NCCL_BASE_US * US     # a collective call's fixed latency
+    intra_node_hop_s: float = 0.0                # per ring step inside a node
+    inter_node_hop_s: float = net.NCCL_NET_HOP_US * US   # per ring step across nodes
     kernel_efficiency: Mapping[str, float] = field(default_factory=dict)   # class → share
     host_free_s: float = HOST_FREE_S         # the host per free op (view), GPU timeline
     host_module_s: float = HOST_MODULE_S     # the host per module call, GPU timeline
@@ -161,6 +160,15 @@ class DeviceSpec:
         raw = self.intra_node_bytes_per_s if within_node else self.inter_node_bytes_per_s
         return raw * LINK_EFFICIENCY
 
+    def collective_latency_s(self, steps_inside: int, steps_across: int = 0) -> float:
+        """The fixed seconds of one collective call whose ring takes `steps_inside` steps
+        over the node's links and `steps_across` over the network (`fxlens.rules.links`);
+        0 for no step (a group of one)."""
+        if steps_inside + steps_across <= 0:
+            return 0.0
+        return (self.collective_base_s + steps_inside * self.intra_node_hop_s
+                + steps_across * self.inter_node_hop_s)
+
     def figures(self) -> DeviceFigures:
         """The figures a roofline records (the link figures go with a plan instead)."""
         known = {f.name for f in fields(DeviceFigures)}
@@ -174,16 +182,6 @@ class DeviceSpec:
 _MAPPINGS = ("peak_flops", "kernel_efficiency")
 
 
-@dataclass(frozen=True)
-class Links:
-    """A GPU's links: GPUs per node, GB/s per GPU in one direction inside and across nodes."""
-
-    gpus_per_node: int
-    intra_gb_s: float
-    inter_gb_s: float
-    source: str
-
-
 def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: float,
          source: str, links: Links, kernels: Mapping[str, float] | None = None) -> DeviceSpec:
     """`tflops`: dense TFLOP/s in `DTYPE_KEYS` order (fp32, tf32, bf16, fp16, fp8, int8);
@@ -193,25 +191,10 @@ def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: 
     return DeviceSpec(name, memory_gib * GIB, source, peaks, bandwidth_tb_s * T,
                       kernel_efficiency=dict(kernels or {}), gpus_per_node=links.gpus_per_node,
                       intra_node_bytes_per_s=links.intra_gb_s * GB,
-                      inter_node_bytes_per_s=links.inter_gb_s * GB, link_source=links.source)
-
-
-# NVLink totals on the datasheets are bidirectional: halved. PCIe Gen4 x16 ≈ 32 GB/s and Gen5
-# x16 ≈ 64 GB/s per direction; Gen3 x16 ≈ 16.
-DGX_H100 = Links(8, 450, 50, "NVLink 4: 900 GB/s bidirectional per GPU (H100/H200 SXM "
-                 "datasheets); DGX H100: one 400 Gb/s ConnectX-7 per GPU")
-DGX_A100 = Links(8, 300, 25, "NVLink 3: 600 GB/s bidirectional per GPU (A100 datasheet); "
-                 "DGX A100: one 200 Gb/s HDR InfiniBand per GPU")
-PCIE5_NODE = Links(8, 64, 50, "PCIe Gen5 x16 (the NVLink bridge joins pairs only); one "
-                   "400 Gb/s NIC per GPU")
-CLOUD_G2 = Links(8, 32, 100 / 8 / 8, "PCIe Gen4 x16; 8 GPUs sharing 100 Gb/s (GCP g2-standard-96)")
-CLOUD_G5 = Links(8, 32, 100 / 8 / 8, "PCIe Gen4 x16; 8 GPUs sharing 100 Gb/s (AWS g5.48xlarge)")
-CLOUD_G6E = Links(8, 32, 400 / 8 / 8, "PCIe Gen4 x16; 8 GPUs sharing 400 Gb/s (AWS "
-                  "g6e.48xlarge)")
-CLOUD_G4DN = Links(4, 16, 50 / 8 / 4, "PCIe Gen3 x16; 4 GPUs sharing 50 Gb/s (AWS g4dn.12xlarge)")
-WORKSTATION = Links(4, 32, 10 / 8, "PCIe Gen4 x16, no NVLink; 10 Gb Ethernet between machines")
-MI300X_PLATFORM = Links(8, 448, 50, "Infinity Fabric: 7 links × 128 GB/s bidirectional per GPU "
-                        "(MI300X data sheet); one 400 Gb/s NIC per GPU")
+                      inter_node_bytes_per_s=links.inter_gb_s * GB, link_source=links.source,
+                      collective_base_s=links.base_us * US,
+                      intra_node_hop_s=links.intra_hop_us * US,
+                      inter_node_hop_s=links.inter_hop_us * US)
 
 
 DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
@@ -219,41 +202,43 @@ DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
     #               fp32   tf32    bf16    fp16    fp8     int8     TB/s
     _gpu("h100", 80, (67, 494.5, 989.5, 989.5, 1979, 1979), 3.35,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 SXM5, 80 GB HBM3; dense = sparse / 2)",
-         DGX_H100, HOPPER_KERNELS),
+         net.DGX_H100, HOPPER_KERNELS),
     _gpu("h100-pcie", 80, (51, 378, 756.5, 756.5, 1513, 1513), 2.0,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 PCIe, 80 GB HBM2e; dense = sparse / 2)",
-         PCIE5_NODE, HOPPER_KERNELS),
+         net.PCIE5_NODE, HOPPER_KERNELS),
     _gpu("h200", 141, (67, 494.5, 989.5, 989.5, 1979, 1979), 4.8,
          "NVIDIA H200 Tensor Core GPU Datasheet (H200 SXM, 141 GB HBM3e; dense = sparse / 2)",
-         DGX_H100, HOPPER_KERNELS),
+         net.DGX_H100, HOPPER_KERNELS),
     # Ampere: no FP8. A100 SXM bandwidth: 1,555 GB/s (40 GB), 2,039 GB/s (80 GB).
     _gpu("a100-40gb", 40, (19.5, 156, 312, 312, 0, 624), 1.555,
-         "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 40 GB HBM2; dense figures)", DGX_A100),
+         "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 40 GB HBM2; dense figures)",
+         net.DGX_A100),
     _gpu("a100-80gb", 80, (19.5, 156, 312, 312, 0, 624), 2.039,
-         "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 80 GB HBM2e; dense figures)", DGX_A100),
+         "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 80 GB HBM2e; dense figures)",
+         net.DGX_A100),
     _gpu("l4", 24, (30.3, 60, 121, 121, 242.5, 242.5), 0.3,
-         "NVIDIA L4 Tensor Core GPU Datasheet (24 GB GDDR6; dense = sparse / 2)", CLOUD_G2),
+         "NVIDIA L4 Tensor Core GPU Datasheet (24 GB GDDR6; dense = sparse / 2)", net.CLOUD_G2),
     _gpu("l40s", 48, (91.6, 183, 362.05, 362.05, 733, 733), 0.864,
          "NVIDIA L40S GPU Datasheet (48 GB GDDR6 with ECC, 864 GB/s; dense = sparse / 2)",
-         CLOUD_G6E),
+         net.CLOUD_G6E),
     # NB: AWS publishes no per-dtype peaks for its A10G; these are the NVIDIA A10 datasheet's
     # (same GA102 die and 24 GB GDDR6 at 600 GB/s); calibrate an A10G for its own figures.
     _gpu("a10g", 24, (31.2, 62.5, 125, 125, 0, 250), 0.6,
          "Amazon EC2 G5 instance specifications (NVIDIA A10G, 24 GB GDDR6); peaks from the "
-         "NVIDIA A10 Tensor Core GPU Datasheet (dense = sparse / 2)", CLOUD_G5),
+         "NVIDIA A10 Tensor Core GPU Datasheet (dense = sparse / 2)", net.CLOUD_G5),
     # Turing: no TF32, BF16 or FP8; 65 FP16 TFLOPS and 130 INT8 TOPS are dense.
     _gpu("t4", 16, (8.1, 0, 0, 65, 0, 130), 0.32,
-         "NVIDIA T4 Tensor Core GPU Datasheet (16 GB GDDR6)", CLOUD_G4DN),
+         "NVIDIA T4 Tensor Core GPU Datasheet (16 GB GDDR6)", net.CLOUD_G4DN),
     # GeForce: FP16/BF16 with FP32 accumulate (what PyTorch uses) runs at half the FP16-accumulate
     # rate: 165.2 dense; FP8 and INT8 660.6 dense.
     _gpu("rtx4090", 24, (82.6, 82.6, 165.2, 165.2, 660.6, 660.6), 1.008,
          "NVIDIA GeForce RTX 4090 specifications (24 GB GDDR6X) and NVIDIA Ada GPU "
-         "Architecture whitepaper, Appendix A (dense, FP32 accumulate)", WORKSTATION),
+         "Architecture whitepaper, Appendix A (dense, FP32 accumulate)", net.WORKSTATION),
     # NB: fp32 is MI300X's FP32 *matrix* rate (163.4; vector 81.7): rocBLAS runs fp32 GEMMs on
     # the matrix cores. Dense = the sparsity figure halved.
     _gpu("mi300x", 192, (163.4, 653.7, 1307.4, 1307.4, 2614.9, 2614.9), 5.3,
          "AMD Instinct MI300X Accelerator Data Sheet (192 GB HBM3, 5.3 TB/s; dense figures)",
-         MI300X_PLATFORM),
+         net.MI300X_PLATFORM),
 )}
 
 ALIASES: Mapping[str, str] = {"h100-sxm": "h100", "h200-sxm": "h200", "a100": "a100-80gb",
@@ -304,7 +289,8 @@ def device(name: str, extra: Mapping[str, DeviceSpec] | None = None) -> DeviceSp
 
 _NUMBERS = ("memory_bytes", "bandwidth_bytes_per_s", "compute_efficiency",
             "bandwidth_efficiency", "launch_s", "gpus_per_node", "intra_node_bytes_per_s",
-            "inter_node_bytes_per_s", "host_free_s", "host_module_s")
+            "inter_node_bytes_per_s", "host_free_s", "host_module_s", "collective_base_s",
+            "intra_node_hop_s", "inter_node_hop_s")
 
 
 def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> DeviceSpec:

@@ -33,7 +33,8 @@ def gpt() -> Iterator[tuple[Report, ModelFacts]]:
 @dataclass(frozen=True)
 class FakeLinks:
     """A cluster as a layout reads it (`fxlens.analyzer.plan.transfers.Links`), links in
-    bytes/s: `nvlink` inside a node, `nic` per GPU across nodes."""
+    bytes/s: `nvlink` inside a node, `nic` per GPU across nodes; `base_s` and `hop_s` a
+    collective call's latency (none by default: the closed forms are the bytes')."""
 
     nvlink: float = 400e9
     nic: float = 50e9
@@ -41,5 +42,12 @@ class FakeLinks:
     memory_bytes: int = 80 << 30
     gpus_per_node: int = 8
 
+    base_s: float = 0.0
+    hop_s: float = 0.0
+
     def link_bytes_per_s(self, within_node: bool) -> float:
         return self.nvlink if within_node else self.nic
+
+    def collective_latency_s(self, steps_inside: int, steps_across: int = 0) -> float:
+        steps = steps_inside + steps_across
+        return self.base_s + steps * self.hop_s if steps else 0.0

@@ -33,6 +33,7 @@ BF16 = 2
 
 
 H100 = device("h100")
+BASE_S, NVLINK_HOP_S, NET_HOP_S = 6.6e-6, 0.6e-6, 2.7e-6   # NCCL 2.20.3's ring/LL latency
 
 
 def layout(facts: ModelFacts, text: str, gpus: int | None = None, m: int = 1) -> PlanLayout:
@@ -174,7 +175,26 @@ def test_offload_moves_optimizer_state_to_the_host(gpt: tuple[Report, ModelFacts
 def test_ring_formulas() -> None:
     assert all_reduce_s(1e9, 8, 1e11) == pytest.approx(2 * 7 / 8 * 1e9 / 1e11)
     assert one_way_s(1e9, 4, 1e11) == pytest.approx(3 / 4 * 1e9 / 1e11)
-    assert all_reduce_s(1e9, 1, 1e11) == 0.0
+    assert all_reduce_s(1e9, 1, 1e11, 1e-5) == 0.0
+    assert all_reduce_s(1e3, 2, 1e11, 7e-6) == pytest.approx(7e-6 + 1e3 / 1e11)
+
+
+@pytest.mark.parametrize("n", [2, 4, 8])
+def test_a_collective_call_costs_the_links_latency_per_ring_step(n: int) -> None:
+    """NCCL's model: a base per call and a hop per ring step, 2(n − 1) steps for an
+    all-reduce, n − 1 for a reduce-scatter; a few-KiB all-reduce is all latency."""
+    from fxlens.analyzer.plan.transfers import Group, latency_s
+
+    inside = Group(n, 1)
+    assert latency_s("all-reduce", inside, H100) == pytest.approx(
+        BASE_S + 2 * (n - 1) * NVLINK_HOP_S)
+    assert latency_s("reduce-scatter", inside, H100) == pytest.approx(
+        BASE_S + (n - 1) * NVLINK_HOP_S)
+    across = Group(2 * n, 8 // n)          # n GPUs in each of two nodes... one per n ranks
+    steps = 2 * (2 * n - 1)
+    assert latency_s("all-reduce", across, H100) == pytest.approx(
+        BASE_S + (steps - 2 * 2) * NVLINK_HOP_S + 2 * 2 * NET_HOP_S)
+    assert latency_s("all-reduce", Group(1, 1), H100) == 0.0
 
 
 def test_ddp_all_reduces_2_psi_bytes_of_gradients(gpt: tuple[Report, ModelFacts]) -> None:
@@ -183,7 +203,8 @@ def test_ddp_all_reduces_2_psi_bytes_of_gradients(gpt: tuple[Report, ModelFacts]
     assert (reduce.kind, reduce.bytes, reduce.group, reduce.across_nodes) == (
         "all-reduce", 2 * psi(facts), 8, False)
     assert reduce.time_s == pytest.approx(
-        2 * 7 / 8 * 2 * psi(facts) / (H100.intra_node_bytes_per_s * LINK_EFFICIENCY))
+        BASE_S + 2 * 7 * NVLINK_HOP_S
+        + 2 * 7 / 8 * 2 * psi(facts) / (H100.intra_node_bytes_per_s * LINK_EFFICIENCY))
 
 
 def test_zero3_moves_3_psi_per_micro_batch(gpt: tuple[Report, ModelFacts]) -> None:
@@ -198,13 +219,18 @@ def test_groups_leave_the_node_when_they_must(gpt: tuple[Report, ModelFacts]) ->
     across = layout(facts, "ddp", 16).collectives[0]
     assert not inside.across_nodes and across.across_nodes
     nvlink, nic = H100.intra_node_bytes_per_s, H100.inter_node_bytes_per_s
-    # 8 GPUs of the group in each node: 8 rings over 8 NICs, at most NVLink's rate
-    assert across.time_s / inside.time_s == pytest.approx(
-        (15 / 16) / (7 / 8) * nvlink / min(nvlink, 8 * nic))
-    # one GPU per node (tp = 8 inside it): each ring on one NIC
+    moved = 2 * psi(facts)
+    assert inside.time_s == pytest.approx(BASE_S + 14 * NVLINK_HOP_S
+                                          + 2 * 7 / 8 * moved / (nvlink * LINK_EFFICIENCY))
+    # 8 GPUs of the group in each node: 8 rings over 8 NICs, at most NVLink's rate; of the
+    # ring's 30 steps, 2 per node cross the network (NCCL's latency model)
+    assert across.time_s == pytest.approx(
+        BASE_S + 26 * NVLINK_HOP_S + 4 * NET_HOP_S
+        + 2 * 15 / 16 * moved / (min(nvlink, 8 * nic) * LINK_EFFICIENCY))
+    # one GPU per node (tp = 8 inside it): each ring on one NIC, both steps across
     (strided,) = [c for c in layout(facts, "dp=2,tp=8", 16).collectives if "DDP" in c.cause]
     assert strided.across_nodes and strided.time_s == pytest.approx(
-        all_reduce_s(strided.bytes, 2, nic * LINK_EFFICIENCY))
+        all_reduce_s(strided.bytes, 2, nic * LINK_EFFICIENCY, BASE_S + 2 * NET_HOP_S))
 
 
 def test_tensor_parallel_all_reduces_twice_per_pair(gpt: tuple[Report, ModelFacts]) -> None:
@@ -214,7 +240,8 @@ def test_tensor_parallel_all_reduces_twice_per_pair(gpt: tuple[Report, ModelFact
     assert (reduce.kind, reduce.calls) == ("all-reduce", reduces * 2 * 2)
     sp = layout(facts, "tp=2,sp", 2, m=2).collectives
     assert [c.kind for c in sp] == ["reduce-scatter", "all-gather"]
-    assert sum(c.time_s for c in sp) == pytest.approx(reduce.time_s)
+    # the same bytes and ring steps in two calls: one more base latency per all-reduce
+    assert sum(c.time_s for c in sp) == pytest.approx(reduce.time_s + reduce.calls * BASE_S)
 
 
 @pytest.mark.parametrize("m", [2, 4, 8])
@@ -408,7 +435,8 @@ def test_ring_attention_passes_k_and_v_round_the_ring(gpt: tuple[Report, ModelFa
     assert ring.kind == "p2p" and ring.group == cp and ring.bytes == kv // cp
     assert ring.calls * ring.bytes == 3 * (cp - 1) * kv // cp * len(blocks) * m
     bandwidth = H100.link_bytes_per_s(True)
-    assert ring.time_s == pytest.approx(ring.calls * ring.bytes / bandwidth)
+    send_s = BASE_S + NVLINK_HOP_S                 # one ring step per send
+    assert ring.time_s == pytest.approx(ring.calls * (send_s + ring.bytes / bandwidth))
 
 
 def test_context_parallel_ranks_share_zero_and_reduce_gradients(

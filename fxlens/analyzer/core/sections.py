@@ -666,6 +666,25 @@ class ServePoint:
     latency_s: float               # a request, first token to last
     output_tokens_per_s: float     # the batch's output tokens over its latency (all GPUs)
     fits: bool                     # its KV cache fits the memory left (≤ max_batch)
+    # the same number of requests kept in flight by an in-flight batcher (steady state)
+    inflight_tokens_per_s: float = 0.0
+    inflight_tpot_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class ServeMaxLoad:
+    """In-flight batching at maximum load (`fxlens.analyzer.serve.inflight`): as many requests
+    in flight as the KV cache and the engine's caps allow, prefills sharing steps with
+    decodes."""
+
+    requests: float                # in flight
+    decodes_per_step: float
+    prompt_tokens_per_step: float
+    step_s: float                  # mean step: the time per output token
+    output_tokens_per_s: float     # all GPUs
+    bound: str                     # "requests" (the KV cache), "max_num_seqs", "max_num_tokens"
+    max_num_tokens: int | None = optional()    # the engine's caps (None: no cap)
+    max_num_seqs: int | None = optional()
 
 
 @section("serve")
@@ -700,6 +719,8 @@ class Serve(Section):
     prefill_flops_per_request: float
     notes: tuple[str, ...]
     tp: int = 1                     # GPUs of the tensor-parallel group (memory figures per GPU)
+    max_load: ServeMaxLoad | None = optional()
+    weights_format: str = ""        # how the linear layers' weights are stored ("": as loaded)
 
 
 # --- validation --------------------------------------------------------------------------------

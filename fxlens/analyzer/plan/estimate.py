@@ -31,9 +31,9 @@ micro-batch times, the bubble being ``(p − 1)/v`` of them. Gradient and ZeRO t
 the compute it can run beside — the last micro-batch's backward for DDP and ZeRO-1/2, every
 micro-batch's compute for ZeRO-3 — and only the excess is exposed. The optimizer step scales
 with the state a GPU holds. Transfers: `fxlens.analyzer.plan.transfers`.
-NB: latency, congestion, NCCL's tree algorithms, and compute slowed by concurrent
-communication are not modelled; expert load is taken as balanced (every GPU receives its share
-of the routed rows).
+NB: congestion, NCCL's tree algorithms, and compute slowed by concurrent communication are
+not modelled (a collective's per-call latency is: `fxlens.analyzer.plan.transfers`); expert
+load is taken as balanced (every GPU receives its share of the routed rows).
 """
 
 from __future__ import annotations

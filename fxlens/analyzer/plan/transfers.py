@@ -1,6 +1,8 @@
 """The transfers of one layout, per GPU and per step (`Collective` rows), ring formulas as
 nccl-tests states them: all-reduce of S bytes over n GPUs moves ``2(n−1)/n · S``,
-reduce-scatter, all-gather and all-to-all ``(n−1)/n · S``, a point-to-point send S, each at the
+reduce-scatter, all-gather and all-to-all ``(n−1)/n · S``, a point-to-point send S, each after
+the call's fixed latency (`collective_s`: the device's base latency plus a hop per ring step,
+2(n−1) for an all-reduce, n−1 for the others, one for a send; `fxlens.rules.links`) and at the
 link bandwidth of the group: NVLink inside one node; across nodes, a ring collective whose group
 has k GPUs in each node runs k rings over k NICs (one per GPU), so its bandwidth is k × a GPU's
 NIC, at most NVLink's; an all-to-all sends the rows for other nodes through each GPU's own NIC
@@ -59,6 +61,8 @@ class Links(Protocol):
 
     def link_bytes_per_s(self, within_node: bool) -> float: ...
 
+    def collective_latency_s(self, steps_inside: int, steps_across: int = 0) -> float: ...
+
 
 @dataclass(frozen=True)
 class Group:
@@ -71,13 +75,49 @@ class Group:
         return self.size * self.stride <= gpus_per_node
 
 
-def all_reduce_s(payload: float, n: int, bandwidth: float) -> float:
-    return 2 * (n - 1) / n * payload / bandwidth if n > 1 else 0.0
+def ring_steps(kind: str, n: int) -> int:
+    """Steps of one call over n GPUs: 2(n − 1) for an all-reduce, n − 1 for a reduce-scatter,
+    all-gather or all-to-all, one for a point-to-point send; 0 for a group of one."""
+    if n <= 1:
+        return 0
+    return 2 * (n - 1) if kind == "all-reduce" else 1 if kind == "p2p" else n - 1
 
 
-def one_way_s(payload: float, n: int, bandwidth: float) -> float:
+def collective_s(kind: str, payload: float, n: int, bandwidth: float,
+                 latency_s: float = 0.0) -> float:
+    """One call of `kind` moving `payload` bytes over n GPUs: its fixed latency, then its ring
+    bytes (``2(n−1)/n`` of the payload for an all-reduce, ``(n−1)/n`` for the others, all of
+    it for a send) at `bandwidth`. The one way every collective here is timed."""
+    if n <= 1:
+        return 0.0
+    share = 2 * (n - 1) / n if kind == "all-reduce" else 1.0 if kind == "p2p" else (n - 1) / n
+    return latency_s + share * payload / bandwidth
+
+
+def all_reduce_s(payload: float, n: int, bandwidth: float, latency_s: float = 0.0) -> float:
+    return collective_s("all-reduce", payload, n, bandwidth, latency_s)
+
+
+def one_way_s(payload: float, n: int, bandwidth: float, latency_s: float = 0.0) -> float:
     """Reduce-scatter, all-gather or all-to-all of `payload` bytes over n GPUs."""
-    return (n - 1) / n * payload / bandwidth if n > 1 else 0.0
+    return collective_s("all-to-all", payload, n, bandwidth, latency_s)
+
+
+def latency_s(kind: str, group: Group, device: Links) -> float:
+    """The fixed seconds of one call over `group`: NCCL's model counts the ring's steps
+    between nodes at the network's hop (2 per node for an all-reduce, one per node boundary
+    for the others) and the rest at the node's links' hop."""
+    steps = ring_steps(kind, group.size)
+    if group.within_node(device.gpus_per_node):
+        return device.collective_latency_s(steps)
+    nodes = group.size // _members(group, device)
+    across = min(steps, 2 * nodes if kind == "all-reduce" else 1 if kind == "p2p" else nodes - 1)
+    return device.collective_latency_s(steps - across, across)
+
+
+def _members(group: Group, device: Links) -> int:
+    """GPUs of the group sharing a node."""
+    return max(1, min(group.size, device.gpus_per_node // max(group.stride, 1)))
 
 
 def collective(kind: str, cause: str, group: Group, payload: float, calls: int,
@@ -88,17 +128,17 @@ def collective(kind: str, cause: str, group: Group, payload: float, calls: int,
     # GPUs of the group sharing a node: a ring across nodes crosses each node boundary once
     # per ring, and NCCL runs one ring per NIC, so a node's k members move the bytes over k
     # NICs (nccl-tests' bus bandwidth across DGX nodes nears NVLink's with k = 8).
-    members = max(1, min(group.size, device.gpus_per_node // max(group.stride, 1)))
-    if kind == "all-reduce":
-        each = all_reduce_s(payload, group.size, nvlink if inside else min(nvlink, members * nic))
-    elif kind == "p2p":
-        each = payload / (nvlink if inside else nic)
+    members = _members(group, device)
+    latency = latency_s(kind, group, device)
+    if kind == "p2p":
+        each = collective_s(kind, payload, 2, nvlink if inside else nic, latency)
     elif kind == "all-to-all" and not inside:
         # each GPU sends its rows for other nodes through its own NIC, the rest over NVLink
-        each = max(payload * (group.size - members) / group.size / nic,
-                   payload * (members - 1) / group.size / nvlink)
+        each = latency + max(payload * (group.size - members) / group.size / nic,
+                             payload * (members - 1) / group.size / nvlink)
     else:
-        each = one_way_s(payload, group.size, nvlink if inside else min(nvlink, members * nic))
+        each = collective_s(kind, payload, group.size,
+                            nvlink if inside else min(nvlink, members * nic), latency)
     return Collective(kind=kind, cause=cause, group=group.size, across_nodes=not inside,
                       bytes=round(payload), calls=calls, time_s=each * calls,
                       overlapped=overlapped)
@@ -127,6 +167,7 @@ def ring_attention(s: Strategy, device: Links, units: Sequence[Unit]
         return [], 0.0
     group = Group(s.cp, s.tp)
     bandwidth = device.link_bytes_per_s(group.within_node(device.gpus_per_node))
+    send_s = latency_s("p2p", group, device)         # each send's fixed latency
     steps = s.cp - 1
     forward_passes = 2 if s.checkpoint else 1
     exposed = 0.0
@@ -136,8 +177,8 @@ def ring_attention(s: Strategy, device: Links, units: Sequence[Unit]
         chunk_total += chunk
         per_step_fwd = u.attention.forward_s / (s.tp * s.cp) / s.cp
         per_step_bwd = u.attention.backward_s / (s.tp * s.cp) / s.cp
-        exposed += steps * (forward_passes * max(0.0, chunk / bandwidth - per_step_fwd)
-                            + max(0.0, 2 * chunk / bandwidth - per_step_bwd))
+        exposed += steps * (forward_passes * max(0.0, send_s + chunk / bandwidth - per_step_fwd)
+                            + max(0.0, 2 * (send_s + chunk / bandwidth) - per_step_bwd))
     chunk = chunk_total / len(layers)
     calls = steps * len(layers) * (forward_passes + 2) * s.micro_batches
     ring = collective("p2p", "ring attention K/V (cp)", group, chunk, calls, device, True)
@@ -163,13 +204,14 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
                            passes * s.micro_batches, device, s.a2a_overlap)]
     # DeepEP: each token once to every node holding one of its experts (over this GPU's NIC),
     # then once to every GPU holding one (NVLink; the forwarding inside the node included)
-    members = max(1, min(group.size, device.gpus_per_node // max(group.stride, 1)))
+    members = _members(group, device)
     nodes = group.size // members
     token_bytes = payload / chosen
     per_gpu = token_bytes * distinct_holders(experts, chosen, group.size)
     across = token_bytes * distinct_holders(experts, chosen, nodes) * (nodes - 1) / nodes
-    each = max(across / device.link_bytes_per_s(False) if nodes > 1 else 0.0,
-               per_gpu * (group.size - 1) / group.size / device.link_bytes_per_s(True))
+    each = latency_s("all-to-all", group, device) + max(
+        across / device.link_bytes_per_s(False) if nodes > 1 else 0.0,
+        per_gpu * (group.size - 1) / group.size / device.link_bytes_per_s(True))
     return [Collective(kind="all-to-all", cause="expert routing (DeepEP)", group=group.size,
                        across_nodes=not inside, bytes=round(per_gpu),
                        calls=passes * s.micro_batches, time_s=each * passes * s.micro_batches,

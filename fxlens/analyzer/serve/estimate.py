@@ -9,10 +9,10 @@ Schedule (static batching: a batch's requests arrive together and finish togethe
   I + k − 1 tokens (plus its own slot): TPOT = the mean of those steps, each timed at its own
   context (`AffineStep.times_s`), as vLLM's benchmarks define it ((latency − TTFT)/(O − 1));
 - latency = TTFT + Σ decode steps; output tokens/s = b · O / latency.
-An in-flight (continuous) batcher at a steady `b` requests in flight runs the same kernels —
-each request's prefill once, O − 1 decode steps shared by `b` — so its throughput is the same
-expression up to how prefills interleave; published "max throughput" runs are compared at
-`max_batch` (bench/serving.py).
+Each point also has the in-flight (continuous) batcher's steady state with `b` requests kept in
+flight, and the section the in-flight batcher's at maximum load (`inflight.steady_state`:
+prefills sharing steps with decodes under the engine's ``max_num_tokens`` and
+``max_num_seqs``, as many requests as the KV cache holds).
 
 Capacity (paged KV cache, vLLM's scheme): the engine plans with `utilization` of the device
 (vLLM's ``gpu_memory_utilization`` default, 0.9); from it the weights and the workspace of one
@@ -27,7 +27,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from fxlens.analyzer.core.sections import Serve, ServePoint
+from fxlens.analyzer.core.sections import Serve, ServeMaxLoad, ServePoint
+from fxlens.analyzer.serve.inflight import Engine, steady_state
 from fxlens.analyzer.serve.steps import Steps
 from fxlens.analyzer.time.roofline import Device
 
@@ -47,6 +48,7 @@ class ServeRequest:
     tpot_slo_s: float | None = None
     block_tokens: int = BLOCK_TOKENS
     utilization: float = UTILIZATION
+    engine: Engine = Engine()
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,8 @@ class ServeMemory:
 
 
 def serve_section(steps: Steps, device: Device, layers: int, request: ServeRequest,
-                  memory: ServeMemory, notes: Sequence[str] = ()) -> Serve:
+                  memory: ServeMemory, notes: Sequence[str] = (), weights_format: str = ""
+                  ) -> Serve:
     """`memory` is per GPU (weights and KV per token on one GPU of the tensor-parallel
     group); throughput is the group's."""
     i, o = request.input_len, request.output_len
@@ -84,21 +87,39 @@ def serve_section(steps: Steps, device: Device, layers: int, request: ServeReque
         block_waste_bytes=(blocks * request.block_tokens - i - o) * memory.kv_bytes_per_token,
         curve=curve, tpot_slo_s=request.tpot_slo_s, layers=layers,
         decode_bytes_per_step=int(decode_bytes), prefill_flops_per_request=prefill_flops,
-        notes=tuple(notes), tp=steps.tp)
+        notes=tuple(notes), tp=steps.tp, max_load=max_load(steps, device, request, max_batch),
+        weights_format=weights_format)
+
+
+def max_load(steps: Steps, device: Device, request: ServeRequest, max_batch: int
+             ) -> ServeMaxLoad | None:
+    """The in-flight batcher with as many requests in flight as the KV cache holds (None when
+    not one fits)."""
+    if max_batch < 1:
+        return None
+    state = steady_state(steps, device, request.input_len, request.output_len, max_batch,
+                         request.engine)
+    caps = (request.engine.max_num_tokens, request.engine.max_num_seqs)
+    return ServeMaxLoad(state.requests, state.decodes, state.prompt_tokens, state.step_s,
+                        state.output_tokens_per_s, state.bound,
+                        *(int(cap) if math.isfinite(cap) else None for cap in caps))
 
 
 def point(steps: Steps, device: Device, request: ServeRequest, batch: int,
           max_batch: int) -> ServePoint:
-    """One batch served together (the module docstring's schedule)."""
+    """One batch served together (the module docstring's schedule), and kept in flight."""
     i, o = request.input_len, request.output_len
     ttft = steps.prefill_s(device, batch, i)
     contexts = [i + k - 1 for k in range(1, o)]
     decoding = float(steps.decode_s(device, batch, contexts).sum()) if contexts else 0.0
     tpot = decoding / len(contexts) if contexts else 0.0
     latency = ttft + decoding
+    inflight = steady_state(steps, device, i, o, batch, request.engine)
     return ServePoint(batch=batch, ttft_s=ttft, tpot_s=tpot, latency_s=latency,
                       output_tokens_per_s=batch * o / latency if latency > 0 else 0.0,
-                      fits=batch <= max_batch)
+                      fits=batch <= max_batch,
+                      inflight_tokens_per_s=inflight.output_tokens_per_s,
+                      inflight_tpot_s=inflight.step_s)
 
 
 def _batches(asked: Sequence[int], max_batch: int) -> list[int]:

@@ -1,11 +1,13 @@
 """A captured serving step at the number formats an engine serves it in.
 
 The captures run in the model's own dtype (bf16 or fp16). Serving in FP8 stores the chosen
-GEMMs' weights in one byte and runs them at the FP8 peak; a KV cache in FP8 or int8 is read at
-its width. Both are exact edits of the affine step (`kernels.AffineStep`): a linear kernel's
-batch- and context-independent bytes (c₀) are its weight, so they scale by the weight's new
-width; an attention kernel's context terms (c_L, c_bL) are the cache it reads, so they scale
-by the cache's. Which kernels are which comes from the rules (`fxlens.rules.serving`).
+GEMMs' weights in one byte and runs them at the FP8 peak; a weight-only format (w8a16, w4a16)
+stores them packed with their group scales and runs them at 16 bits; a KV cache in FP8 or
+int8 is read at its width. Both are exact edits of the affine step (`kernels.AffineStep`): a
+linear kernel's batch- and context-independent bytes (c₀) are its weight (a MoE layer's
+grouped GEMM's: its experts'), so they scale by the weight's new width; an attention
+kernel's context terms (c_L, c_bL) are the cache it reads, so they scale by the cache's.
+Which kernels are which comes from the rules (`fxlens.rules.serving`).
 """
 
 from __future__ import annotations
@@ -40,10 +42,11 @@ def served_at(step: AffineStep, formats: Formats, reduced: Callable[[Kernel], bo
         if reads_cache(kernel):
             moved[row, 2:] *= formats.cache_scale
         kernels.append(kernel)
-    return AffineStep(tuple(kernels), step.flops, moved, step.weights)
+    return replace(step, kernels=tuple(kernels), bytes=moved)
 
 
-def scale_of(new_bytes: int, captured_bytes: int) -> float:
+def scale_of(new_bytes: float, captured_bytes: float) -> float:
     return new_bytes / captured_bytes if captured_bytes else 1.0
+
 
 

@@ -14,6 +14,14 @@ Time of one step, as the roofline's (`fxlens.analyzer.time.roofline`): per kerne
 summed; each kernel `weight` times (a decoder layer's kernels count once per layer, captured
 once: `fxlens.analyzer.capture.hf_decode.with_layers`). No host time: engines replay a decode
 step as one CUDA graph, and a prefill's kernels are long enough to hide their launches.
+
+Routed experts (`Routing`): a MoE layer's grouped GEMM reads, as captured, every expert's
+weights (its c₀ bytes). A step reads only the experts some of its tokens route to: with T
+tokens each picking k of E experts uniformly, an expert is missed by a token with probability
+1 − k/E, so the expected share read is ``1 − (1 − k/E)^T`` (T = the batch for a decode step,
+batch × prompt for a prefill). NB: uniform routing; real routers are skewed, which reads fewer
+distinct experts at small T. The experts' FLOPs are already per routed token (the grouped
+GEMM's rows).
 """
 
 from __future__ import annotations
@@ -54,36 +62,91 @@ class ShapeError(ValueError):
 
 
 @dataclass(frozen=True)
+class Routing:
+    """Routed experts: `experts` per MoE layer, `top_k` picked by each token; `rows` the
+    kernels whose c₀ bytes are expert weights; `prefill`: a sequence brings its whole
+    context as tokens (else one token: a decode step)."""
+
+    experts: int
+    top_k: int
+    rows: tuple[int, ...]
+    prefill: bool = False
+
+    def share(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Expected share of the experts some of `tokens` routes to (uniform routing)."""
+        return 1.0 - (1.0 - self.top_k / self.experts) ** tokens.clamp(min=0.0)
+
+    def tokens(self, batch: float, contexts: torch.Tensor) -> torch.Tensor:
+        return batch * contexts if self.prefill else torch.full_like(contexts, batch)
+
+
+@dataclass(frozen=True)
 class AffineStep:
     """Per kernel, FLOPs and bytes as ``c₀ + c_b·b + c_L·L + c_bL·b·L`` (rows of `flops`
-    and `bytes`: [c₀, c_b, c_L, c_bL]); `rates` its achievable FLOP/s on the device."""
+    and `bytes`: [c₀, c_b, c_L, c_bL]); the `routing` rows' c₀ read as routed experts'."""
 
     kernels: tuple[Kernel, ...]
     flops: torch.Tensor          # (kernels, 4) float64
     bytes: torch.Tensor          # (kernels, 4) float64
     weights: torch.Tensor        # (kernels,)
+    routing: Routing | None = None
 
     def work(self, batch: float, context: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(FLOPs, bytes) per kernel at one point."""
-        basis = torch.tensor([1.0, batch, context, batch * context], dtype=torch.float64)
-        return self.flops @ basis, self.bytes @ basis
+        flops, moved = self.works(batch, [context])
+        return flops[:, 0], moved[:, 0]
 
-    def times_s(self, device: Device, batch: float, contexts: Sequence[float]) -> torch.Tensor:
-        """Seconds of one step at `batch` for each of `contexts` (summed over kernels)."""
-        rates = torch.tensor([device.achievable_flops(k.key, k.kernel) for k in self.kernels],
-                             dtype=torch.float64)
+    def works(self, batch: float, contexts: Sequence[float]) -> tuple[torch.Tensor,
+                                                                      torch.Tensor]:
+        """(FLOPs, bytes), each (kernels, contexts), at `batch` and each of `contexts`."""
         ctx = torch.tensor(list(contexts), dtype=torch.float64)
         basis = torch.stack([torch.ones_like(ctx), torch.full_like(ctx, batch), ctx,
                              batch * ctx])                               # (4, contexts)
-        flops, moved = self.flops @ basis, self.bytes @ basis           # (kernels, contexts)
-        compute = torch.where(rates[:, None] > 0, flops / rates.clamp(min=1e-30)[:, None], 0.0)
-        memory = moved / device.achievable_bandwidth
-        return (torch.maximum(compute, memory) * self.weights[:, None]).sum(0)
+        return self.flops @ basis, self.bytes @ basis - self.unread(batch, ctx)
+
+    def unread(self, batch: float, contexts: torch.Tensor) -> torch.Tensor:
+        """(kernels, contexts): the c₀ bytes of experts no token of the step routes to."""
+        missed = torch.zeros(len(self.kernels), len(contexts), dtype=torch.float64)
+        if self.routing is not None and self.routing.rows:
+            rows = list(self.routing.rows)
+            share = self.routing.share(self.routing.tokens(batch, contexts))
+            missed[rows] = self.bytes[rows, 0:1] * (1.0 - share)[None, :]
+        return missed
+
+    def weights_read(self, tokens: float) -> torch.Tensor:
+        """Per kernel, the c₀ bytes (weights) a step of `tokens` tokens reads: every routed
+        expert row only for the experts those tokens route to."""
+        read = self.bytes[:, 0].clone()
+        if self.routing is not None and self.routing.rows:
+            rows = list(self.routing.rows)
+            read[rows] *= self.routing.share(torch.tensor(float(tokens), dtype=torch.float64))
+        return read
+
+    def tokens(self, batch: float, context: float) -> float:
+        """Tokens a step at (batch, context) runs: batch × context for a prefill, the batch
+        for a decode step."""
+        prefill = self.routing is not None and self.routing.prefill
+        return batch * context if prefill else batch
+
+    def times_s(self, device: Device, batch: float, contexts: Sequence[float]) -> torch.Tensor:
+        """Seconds of one step at `batch` for each of `contexts` (summed over kernels)."""
+        flops, moved = self.works(batch, contexts)                    # (kernels, contexts)
+        return (roofline_s(device, self.kernels, flops, moved) * self.weights[:, None]).sum(0)
 
     def totals(self, batch: float, context: float) -> tuple[float, float]:
         """(FLOPs, bytes) of the whole step, kernels weighted."""
         flops, moved = self.work(batch, context)
         return float(flops @ self.weights), float(moved @ self.weights)
+
+
+def roofline_s(device: Device, kernels: Sequence[Kernel], flops: torch.Tensor,
+               moved: torch.Tensor) -> torch.Tensor:
+    """Per kernel (rows) and point (columns): max(FLOPs / achievable FLOP/s at its dtype and
+    kernel class, bytes / achievable bandwidth), unweighted."""
+    rates = torch.tensor([device.achievable_flops(k.key, k.kernel) for k in kernels],
+                         dtype=torch.float64).reshape(-1, *([1] * (flops.dim() - 1)))
+    compute = torch.where(rates > 0, flops / rates.clamp(min=1e-30), 0.0)
+    return torch.maximum(compute, moved / device.achievable_bandwidth)
 
 
 def fit(points: Sequence[Point]) -> AffineStep:

@@ -5,17 +5,18 @@ Tensor parallelism (Megatron's split, as engines shard a decoder: column-paralle
 gate/up projections, row-parallel output and down projections, attention on its share of the
 heads, the LM head vocab-parallel; `fxlens.analyzer.plan.forward`): each GPU runs the split
 kernels' FLOPs and bytes ÷ t and every other kernel (norms, residual adds, rotary, the
-embedding lookup) whole; each row-parallel GEMM's output is all-reduced over the group, ring
-bytes ``2(t−1)/t`` of it at the link's achievable bandwidth, after the kernels (not
-overlapped: a decode step waits for each all-reduce before its next norm).
-NB: an all-reduce's fixed latency (a few µs per call inside a node) is not modelled; at small
-batches, where the payload is a few KiB, it is what the collective costs.
+embedding lookup) whole; each row-parallel GEMM's output is all-reduced over the group after
+the kernels (not overlapped: a decode step waits for each all-reduce before its next norm),
+each call timed as the planner times a collective (`fxlens.analyzer.plan.transfers.
+all_reduce_s`): the link's fixed latency per call (NCCL's: 7.8 µs over 2 NVLink GPUs, 15 µs
+over 8; `fxlens.rules.links`), then ``2(t−1)/t`` of its bytes at the link's achievable
+bandwidth. A decode step of a 70B model makes 160 of them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -25,36 +26,55 @@ from fxlens.analyzer.time.roofline import Device
 
 
 @dataclass(frozen=True)
+class Link:
+    """The tensor-parallel group's link: achievable bytes/s per GPU, and the fixed seconds of
+    one all-reduce call over the group."""
+
+    bytes_per_s: float = 0.0
+    latency_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Steps:
-    """`prefill` and `decode` per GPU; `*_reduce`: the bytes one step all-reduces (one
-    kernel's bytes, affine like the others), None on one GPU."""
+    """`prefill` and `decode` per GPU; `*_reduce`: what one step all-reduces, a kernel per
+    row-parallel output whose bytes are one call's payload (affine like the others) and whose
+    weight is its calls per step; None on one GPU. `shared`: (decode, prefill) rows of the
+    kernels reading the same weights, which a step running both reads once
+    (`fxlens.analyzer.serve.mixed`)."""
 
     prefill: AffineStep
     decode: AffineStep
     tp: int = 1
-    link_bytes_per_s: float = 0.0
+    link: Link = Link()
     prefill_reduce: AffineStep | None = None
     decode_reduce: AffineStep | None = None
+    shared: tuple[tuple[int, int], ...] = ()
 
-    def prefill_s(self, device: Device, batch: int, prompt: int) -> float:
+    def prefill_s(self, device: Device, batch: float, prompt: int) -> float:
         return float(self.prefill.times_s(device, batch, [prompt])[0]
-                     + self._reduce_s(self.prefill_reduce, batch, [prompt])[0])
+                     + self.reduce_s(self.prefill_reduce, batch, [prompt])[0])
 
-    def decode_s(self, device: Device, batch: int, contexts: Sequence[int]) -> torch.Tensor:
+    def decode_s(self, device: Device, batch: float, contexts: Sequence[float]
+                 ) -> torch.Tensor:
         return (self.decode.times_s(device, batch, contexts)
-                + self._reduce_s(self.decode_reduce, batch, contexts))
+                + self.reduce_s(self.decode_reduce, batch, contexts))
 
-    def _reduce_s(self, reduce: AffineStep | None, batch: int, contexts: Sequence[int]
-                  ) -> torch.Tensor:
+    def reduce_s(self, reduce: AffineStep | None, batch: float, contexts: Sequence[float]
+                 ) -> torch.Tensor:
+        """Seconds of a step's all-reduces at `batch`, for each of `contexts`."""
         if reduce is None or self.tp <= 1:
             return torch.zeros(len(contexts), dtype=torch.float64)
-        payloads = [float(reduce.work(batch, c)[1] @ reduce.weights) for c in contexts]
-        return torch.tensor([all_reduce_s(p, self.tp, self.link_bytes_per_s) for p in payloads],
-                            dtype=torch.float64)
+        _, payloads = reduce.works(batch, contexts)                   # (calls, contexts)
+        return (self.calls_s(payloads) * reduce.weights[:, None]).sum(0)
+
+    def calls_s(self, payloads: torch.Tensor) -> torch.Tensor:
+        """Seconds of one all-reduce call of each payload (bytes): the planner's formula,
+        which is its latency plus a time per byte."""
+        per_byte = all_reduce_s(1.0, self.tp, self.link.bytes_per_s)
+        return all_reduce_s(0.0, self.tp, 1.0, self.link.latency_s) + payloads * per_byte
 
 
 def sharded(step: AffineStep, split: Sequence[bool], tp: int) -> AffineStep:
     """`step` on one GPU of `tp`: the `split` kernels' work ÷ tp."""
     scale = torch.tensor([1.0 / tp if s else 1.0 for s in split], dtype=torch.float64)
-    return AffineStep(step.kernels, step.flops * scale[:, None], step.bytes * scale[:, None],
-                      step.weights)
+    return replace(step, flops=step.flops * scale[:, None], bytes=step.bytes * scale[:, None])

@@ -4,13 +4,15 @@ then the curve over batch sizes and where the memory goes.
 
 Throughput is output tokens per second of the whole batch (every GPU); TPOT the mean time
 between a request's output tokens after the first; TTFT the batch's prefill; a batch past
-`max_batch` does not fit its KV cache and is marked so.
+`max_batch` does not fit its KV cache and is marked so. Beside each static batch, the same
+number of requests kept in flight by an in-flight batcher; and the in-flight batcher at
+maximum load, with the engine caps it was planned with.
 """
 
 from __future__ import annotations
 
 from fxlens.analyzer.core.report import Report
-from fxlens.analyzer.core.sections import Serve, ServePoint
+from fxlens.analyzer.core.sections import Serve, ServeMaxLoad, ServePoint
 from fxlens.reports.units import binary_bytes, seconds
 from fxlens.reports.view import (
     Block,
@@ -31,7 +33,10 @@ def serve_view(report: Report, detail: Detail) -> View | None:
     serve = report.get(Serve)
     if serve is None:
         return None
-    blocks: list[Block] = [curve_table(serve), curve_chart(serve), memory_table(serve)]
+    blocks: list[Block] = [curve_table(serve), curve_chart(serve)]
+    if serve.max_load is not None:
+        blocks.append(max_load_table(serve.max_load, serve))
+    blocks.append(memory_table(serve))
     if serve.notes:
         blocks.append(Table.of("serving: notes", (Column("note"),),
                                [(note,) for note in serve.notes]))
@@ -61,15 +66,44 @@ def serve_verdict(serve: Serve) -> Figure:
 def curve_table(serve: Serve) -> Table:
     rows = [(Cell(str(p.batch), Tone.STRONG if p.batch == serve.batch else Tone.PLAIN),
              f"{p.output_tokens_per_s:,.0f}", _ms(p.tpot_s), seconds(p.ttft_s),
-             seconds(p.latency_s), _fits(p, serve)) for p in serve.curve]
+             seconds(p.latency_s), f"{p.inflight_tokens_per_s:,.0f}",
+             _ms(p.inflight_tpot_s), _fits(p, serve)) for p in serve.curve]
     return Table.of(
         f"serving · {serve.input_len}+{serve.output_len} tokens per request · {_gpus(serve)}",
         (Column("batch", right=True), Column("output tok/s", right=True),
          Column("TPOT", right=True), Column("TTFT", right=True),
-         Column("request", right=True), Column("fits")), rows,
+         Column("request", right=True), Column("in flight tok/s", right=True),
+         Column("in flight TPOT", right=True), Column("fits")), rows,
         caption="a batch's requests prefilled together, then decoded together (static "
                 "batching); output tok/s: the batch's output tokens over a request's time; "
-                "TPOT: mean time per output token after the first; TTFT: the batch's prefill")
+                "TPOT: mean time per output token after the first; TTFT: the batch's "
+                "prefill; in flight: as many requests kept in flight by an in-flight "
+                "batcher, prefills sharing steps with decodes (steady state)")
+
+
+def max_load_table(load: ServeMaxLoad, serve: Serve) -> Table:
+    """The in-flight batcher at maximum load and what bounds it."""
+    caps = {"requests": "the KV cache", "max_num_seqs": "--max-num-seqs",
+            "max_num_tokens": "--max-num-tokens"}
+    rows = [
+        ("output tokens/s", f"{load.output_tokens_per_s:,.0f}"),
+        ("requests in flight",
+         f"{load.requests:,.1f} (bounded by {caps.get(load.bound, load.bound)})"),
+        ("per step", f"{load.decodes_per_step:,.1f} decode tokens, "
+                     f"{load.prompt_tokens_per_step:,.0f} prompt tokens"),
+        ("time per output token", _ms(load.step_s)),
+        ("engine caps", f"{_cap(load.max_num_tokens)} tokens per step, "
+                        f"{_cap(load.max_num_seqs)} requests"),
+    ]
+    return Table.of(f"in-flight batching at maximum load · {_gpus(serve)}",
+                    (Column("", strong=True), Column("")), rows, show_header=False,
+                    caption="steady state: each step decodes every request past its prefill "
+                            "and prefills new prompts (chunked to the token cap) with the "
+                            "weights read once; requests of one length, no scheduler time")
+
+
+def _cap(value: int | None) -> str:
+    return f"{value:,}" if value is not None else "no cap"
 
 
 def curve_chart(serve: Serve) -> Chart:
@@ -91,7 +125,8 @@ def memory_table(serve: Serve) -> Table:
     rows = [
         ("planned with", f"{binary_bytes(serve.usable_bytes)} of "
                          f"{binary_bytes(serve.device_bytes)} (the engine's share)"),
-        ("weights", binary_bytes(serve.weights_bytes)),
+        ("weights", binary_bytes(serve.weights_bytes)
+         + (f" ({serve.weights_format})" if serve.weights_format else "")),
         ("prefill workspace", f"{binary_bytes(serve.workspace_bytes)} (one prompt)"),
         ("KV cache per token", binary_bytes(serve.kv_bytes_per_token)),
         ("KV cache per request", f"{binary_bytes(serve.kv_bytes_per_sequence)} "
