@@ -1,89 +1,24 @@
-"""Structured pruning (issue 33 part 1): coupled groups from the graph, exact savings, a plan
-and the pruned module, checked against the module itself: it runs, keeps its output shapes,
-and FlopCounterMode on its eager run counts the GEMM FLOPs the plan predicted."""
+"""Structured pruning (issue 33): coupled groups from the graph (GQA KV groups, concat offsets,
+depthwise ties, blocked groups), targets, and what the report says; the plan's module on 16
+models is checked in test_prune_models.py, the groups against Torch-Pruning's in
+test_prune_torch_pruning.py, calibrated importance in test_prune_calibrated.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
 
-from fxlens.analyzer.capture.chain import capture
-from fxlens.analyzer.cost.engine import analyze
+from fxlens.analyzer.prune.groups import entry_index
 from fxlens.analyzer.prune.module import run
 from fxlens.analyzer.prune.plan import parse_target
-from fxlens.analyzer.prune.section import PruneResult, prune
-from fxlens.rules import load_rules
-from fxlens.rules.prune import knowledge
+from tests.analyzer.prune_models import concat, planned
 from tests.models import branchy, convnet, hf_zoo, lstm, mlp, tiny_gpt
-
-GEMM_RULES = ("fxlens.rules.matmul", "fxlens.rules.conv")
-
-
-class Concat(nn.Module):
-    """Two conv branches concatenated on channels, then a depthwise conv with batch norm."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(3, 16, 1)
-        self.dw = nn.Conv2d(24, 24, 3, padding=1, groups=24)
-        self.bn = nn.BatchNorm2d(24)
-        self.head = nn.Linear(24, 5)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (N, C, H, W)
-        y = torch.cat([torch.relu(self.a(x)), torch.relu(self.b(x))], dim=1)
-        y = torch.relu(self.bn(self.dw(y)))
-        return self.head(y.mean((2, 3)))
-
-
-def concat() -> tuple[nn.Module, tuple[torch.Tensor]]:
-    torch.manual_seed(0)
-    model = Concat().eval()
-    model.bn.weight.data.uniform_(0.1, 1.0)
-    return model, (torch.randn(2, 3, 8, 8),)
-
-
-MODELS: dict[str, Callable[[], Any]] = {
-    "mlp": mlp.build, "convnet": convnet.build, "tiny_gpt": tiny_gpt.build,
-    "concat": concat, "llama": hf_zoo.build_llama, "bert": hf_zoo.build_bert,
-}
-
-
-def planned(build: Callable[[], Any], target: str = "30%") -> tuple[Any, Any, PruneResult]:
-    module, inputs = build()
-    registry = load_rules()
-    graph = capture(module, inputs, registry)
-    report = analyze(graph, registry)
-    return module, inputs, prune(module, inputs, graph, report, knowledge(), registry,
-                                 parse_target(target))
-
-
-def eager_gemm_flops(module: nn.Module, inputs: Any) -> int:
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        run(module, inputs)
-    return counter.get_total_flops()
-
-
-@pytest.mark.parametrize("name", sorted(MODELS))
-def test_the_pruned_module_runs_and_costs_what_the_plan_predicted(name: str) -> None:
-    module, inputs, result = planned(MODELS[name])
-    plan = result.section.plan
-    assert plan is not None and result.module is not None and result.shrunk is not None
-    assert plan.met and plan.params_after < plan.params_before
-    assert run(result.module, inputs) == run(module, inputs)
-    assert sum(p.numel() for p in result.module.parameters()) == plan.params_after
-    registry = load_rules()
-    recaptured = analyze(capture(result.module, inputs, registry), registry)
-    assert recaptured.totals.flops == plan.flops_after
-    shrunk = result.shrunk
-    predicted = sum(costed.flops for node, costed in zip(shrunk.graph.calls(),
-                                                          shrunk.report.nodes, strict=True)
-                    if getattr(registry.lookup(node), "__module__", "") in GEMM_RULES)
-    assert eager_gemm_flops(result.module, inputs) == predicted
 
 
 def test_a_recorded_graph_runs_pruned_and_warns_that_its_branches_may_move() -> None:
@@ -159,8 +94,6 @@ def test_bad_targets_are_refused(text: str) -> None:
 
 def test_the_first_screen_states_the_plan_or_why_nothing_prunes(
         tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
-    import json
-
     from fxlens.cli.main import main
 
     assert main([convnet.__file__, "--prune-target", "30%", "--out", str(tmp_path / "c"),
@@ -171,3 +104,97 @@ def test_the_first_screen_states_the_plan_or_why_nothing_prunes(
     assert "pruning plan (30%)" in first and f"−{cut:.1%} params" in first
     assert main([lstm.__file__, "--prune", "--out", str(tmp_path / "l"), "--no-pages"]) == 0
     assert "no prunable group" in capsys.readouterr().out.split("└")[0]   # in the summary box
+
+
+def test_an_unreachable_target_through_the_cli_says_how_far_it_got(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fxlens.cli import console
+    from fxlens.cli.main import main
+
+    monkeypatch.setattr(console.out, "width", 250)        # one table row a line
+    assert main([mlp.__file__, "--prune-target", "99.9%flops", "--out", str(tmp_path),
+                 "--no-pages"]) == 0
+    plan = json.loads((tmp_path / "report.json").read_text())["prune"]["plan"]
+    got = 1 - plan["flops_after"] / plan["flops_before"]
+    assert not plan["met"] and 0.9 < got < 0.999
+    out = capsys.readouterr().out
+    assert f"−{got:.1%} flops (target not met)" in out                 # the first screen
+    assert f"not met: −{got:.1%} flops with every removable unit gone" in out
+
+
+def test_a_model_without_prunable_group_says_so_in_one_line_through_the_cli(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from fxlens.cli import console
+    from fxlens.cli.main import main
+
+    monkeypatch.setattr(console.out, "width", 250)
+    assert main([lstm.__file__, "--prune-target", "30%", "--out", str(tmp_path),
+                 "--no-pages", "--show", "prune"]) == 0
+    out = capsys.readouterr().out
+    section = out[out.index("structured pruning\n"):]
+    lines = [line for line in section.splitlines() if "│" in line]
+    assert len(lines) == 1 and "no prunable group: aten.gru has no pruning rule" in lines[0]
+    report = json.loads((tmp_path / "report.json").read_text())["prune"]
+    assert report["groups"] == [] and "plan" not in report
+
+
+def test_a_grouped_conv_loses_the_same_channel_of_every_group() -> None:
+    """convnet's grouped conv (groups=4, 16 → 32): removing a unit must leave 4 equal
+    groups, so one unit is channel j of every group on both sides."""
+    _, _, result = planned(convnet.build, None)
+    by_member = {(m.param, m.dim): g for g in result.groups for m in g.members}
+    stem, out = by_member[("stem.0.weight", 0)], by_member[("grouped.weight", 0)]
+    assert (stem.units, out.units) == (4, 8)
+    unit = {(m.param, m.dim, e) for m in stem.members for e in entry_index(m, [1])}
+    assert {e for p, d, e in unit if p == "stem.0.weight"} == {1, 5, 9, 13}
+    assert {e for p, d, e in unit if p == "grouped.weight" and d == 1} == {1}
+    assert {e for m in out.members if m.param == "depthwise.weight"
+            for e in entry_index(m, [2])} == {2, 10, 18, 26}
+
+
+@pytest.mark.slow
+def test_prune_save_writes_a_module_fxlens_analyses_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from fxlens.cli.main import main
+
+    saved = tmp_path / "pruned.pt"
+    assert main([convnet.__file__, "--prune-target", "30%flops", "--prune-save", str(saved),
+                 "--out", str(tmp_path / "a"), "--no-pages", "--quiet"]) == 0
+    section = json.loads((tmp_path / "a" / "report.json").read_text())["prune"]
+    assert section["saved_to"] == str(saved)
+    again = tmp_path / "again.py"
+    again.write_text(f"import torch\nmodel = torch.load({str(saved)!r}, weights_only=False)\n"
+                     "example_inputs = (torch.randn(2, 3, 32, 32),)\n")
+    monkeypatch.syspath_prepend(str(Path(convnet.__file__).parent))   # as for any pickle:
+    try:                                                  # where the model file imports
+        assert main([str(again), "--out", str(tmp_path / "b"), "--no-pages", "--quiet"]) == 0
+    finally:
+        sys.modules.pop("convnet", None)
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    plan = section["plan"]
+    assert report["model"]["params"] == plan["params_after"] < plan["params_before"]
+    assert report["totals"]["flops"] == plan["flops_after"] <= 0.7 * plan["flops_before"]
+
+
+class Padded(nn.Module):
+    """conv → pad → conv; `pad` pads the spatial dims, or the channels too."""
+
+    def __init__(self, pad: tuple[int, ...]) -> None:
+        super().__init__()
+        self.pad = pad
+        self.a, self.b = nn.Conv2d(3, 8, 3), nn.Conv2d(8 + sum(pad[4:]), 4, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x: (N, C, H, W)
+        return self.b(nn.functional.pad(torch.relu_(self.a(x)), self.pad))
+
+
+@pytest.mark.parametrize("pad, prunable", [((1, 1, 1, 1), True), ((1, 1, 1, 1, 0, 2), False)])
+def test_padding_keeps_the_channels_it_does_not_pad(pad: tuple[int, ...],
+                                                    prunable: bool) -> None:
+    torch.manual_seed(0)
+    result = planned(lambda: (Padded(pad).eval(), (torch.randn(1, 3, 8, 8),)), None)[2]
+    groups = {m.param for g in result.groups for m in g.members}
+    assert ("a.weight" in groups) is prunable
+    assert ("padded" in result.section.blocked) is not prunable

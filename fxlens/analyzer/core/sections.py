@@ -954,7 +954,8 @@ class PruneGroup:
     members: tuple[PruneMember, ...]
     params_per_unit: int           # exact savings of removing one unit (params)
     flops_per_unit: int            # … and forward FLOPs
-    importance_basis: str          # "L2 of the weights", "|γ| of the batch norm", "none"
+    importance_basis: str          # "L2 of the weights", "|γ| of the batch norm", "none",
+                                   # "calibrated damage"
     importance_min: float
     importance_median: float
     removed: int = 0               # units the plan removes
@@ -996,6 +997,20 @@ class PrunePlan:
     flops_after: int
     alignment: tuple[PruneAlignment, ...]
     ranking: str                   # how units were ranked across groups
+    # the plan's removal measured on the calibration batches (`PruneCalibration.metric`)
+    damage: float | None = optional()
+
+
+@dataclass(frozen=True)
+class PruneCalibration:
+    """How calibrated importance was measured (`fxlens.analyzer.prune.calibrated`)."""
+
+    source: str                    # "calibration()" or "example inputs"
+    batches: int
+    metric: str                    # "kl" or "sqnr", as --quant-calibrate's auto rule picks
+    metric_unit: str               # "KL of the outputs, nats", "relative output error power"
+    units_measured: int            # each removed alone and forwarded; the rest interpolated
+    units_total: int
 
 
 @section("prune")
@@ -1006,7 +1021,8 @@ class Prune(Section):
     groups: tuple[PruneGroup, ...]
     blocked: Mapping[str, int]     # why coupled parameter axes cannot be pruned → how many
     blocks: tuple[PruneBlock, ...]
-    importance: str                # "data-free" (part 2: "calibrated")
+    importance: str                # "data-free" or "calibrated": the score that ranks
     notes: tuple[str, ...]
     plan: PrunePlan | None = optional()
     saved_to: str | None = optional()
+    calibration: PruneCalibration | None = optional()

@@ -10,7 +10,8 @@ Torch-Pruning's group norm), or, where a batch norm scales the group, the sum of
 over the unit (network slimming: a channel the norm scales to ~0 carries ~nothing). Units are
 compared across groups after dividing by their group's mean, so a wide and a narrow group
 compete on how each unit stands in its own group. Calibrated importance (removing a unit and
-forwarding calibration batches) is part 2: it plugs in as another `Scorer`.
+forwarding calibration batches, `fxlens.analyzer.prune.calibrated`) replaces it where there is
+calibration data, and is comparable across groups as it is.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +40,7 @@ class Found:
     conv: bool = False                 # a member has more than two dims (a conv weight)
     importance: tuple[float, ...] = ()
     basis: str = "none"
+    comparable: bool = False           # importance on one scale across groups (calibrated)
 
 
 def find_groups(traced: Traced) -> tuple[list[Found], dict[str, int]]:
@@ -79,9 +81,6 @@ def entry_index(member: PruneMember, units: Sequence[int]) -> list[int]:
     return [member.start + (u - member.first_unit) * member.width + i
             for u in units if member.first_unit <= u < member.first_unit + member.units
             for i in range(member.width)]
-
-
-Scorer = Callable[[Found, Mapping[str, torch.Tensor]], tuple[tuple[float, ...], str]]
 
 
 def data_free(group: Found, tensors: Mapping[str, torch.Tensor],

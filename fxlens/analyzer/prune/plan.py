@@ -1,8 +1,9 @@
 """A pruning plan: the least important units across groups that reach a target share of the
 parameters or forward FLOPs, and what the pruned graph costs.
 
-Units are ranked across groups by their importance divided by their group's mean (each group
-keeps its most important unit, so no group vanishes). The plan removes the k least important;
+Units are ranked across groups by their importance divided by their group's mean, or by their
+calibrated damage as measured (each group keeps its most important unit, so no group
+vanishes). The plan removes the k least important;
 k is the smallest that reaches the target, found by bisection over exact re-costs of the
 pruned graph (`fxlens.analyzer.prune.shrink`): cost never grows as units go, and the result is
 exact by the rules' count, not a sum of per-unit estimates (which over-count where two groups
@@ -20,7 +21,8 @@ from dataclasses import dataclass
 from fxlens.analyzer.core.graph import Graph
 from fxlens.analyzer.core.sections import PruneAlignment
 from fxlens.analyzer.prune.groups import Found
-from fxlens.analyzer.prune.shrink import Removal, Shrunk
+from fxlens.analyzer.prune.shrink import Shrunk
+from fxlens.analyzer.prune.types import Removal
 
 BASES = ("params", "flops")
 _TARGET = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*(params|flops)?\s*$")
@@ -52,11 +54,12 @@ class Choice:
 
 def ranked_units(groups: Sequence[Found]) -> list[tuple[int, int]]:
     """(group root, unit) from least to most important across groups, each group's most
-    important unit left out."""
+    important unit left out; data-free scores divided by their group's mean first (calibrated
+    damages are on one scale already)."""
     scored = []
     for group in groups:
         values = group.importance or (1.0,) * group.units
-        mean = statistics.fmean(values) or 1.0
+        mean = 1.0 if group.comparable else statistics.fmean(values) or 1.0
         order = sorted(range(group.units), key=lambda u: (values[u], u))
         scored += [(values[u] / mean, group.root, u) for u in order[:-1]]
     return [(root, unit) for _, root, unit in sorted(scored)]

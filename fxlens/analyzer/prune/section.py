@@ -3,9 +3,10 @@ could go whole, and a plan for a target share of parameters or FLOPs.
 
 Steps: trace the channel spaces through the forward graph (`trace`), read the groups and their
 data-free importance (`groups`), probe that one unit of each can really be removed from the
-module (`module.probe`), cost one unit's removal per group exactly (`shrink`), then, with a
-target, choose the units (`plan`) and build the pruned module. Calibrated importance (part 2)
-plugs in where `with_importance` is called: a `groups.Scorer` that forwards batches.
+module (`module.probe`), with calibration data measure each unit's damage (`calibrated`: then
+that ranks), cost one unit's removal per group exactly (`shrink`), then, with a target, choose
+the units (`plan`), measure the plan's damage on the calibration batches, and build the pruned
+module.
 """
 
 from __future__ import annotations
@@ -21,13 +22,25 @@ from torch import nn
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, repeated_blocks
 from fxlens.analyzer.core.report import Report
-from fxlens.analyzer.core.sections import Prune, PruneBlock, PruneGroup, PrunePlan
+from fxlens.analyzer.core.sections import (
+    Prune,
+    PruneBlock,
+    PruneCalibration,
+    PruneGroup,
+    PrunePlan,
+)
+from fxlens.analyzer.prune.calibrated import (
+    METRIC_UNITS,
+    CalibrationData,
+    removal_damage,
+    unit_damages,
+)
 from fxlens.analyzer.prune.groups import Found, describe, find_groups, with_importance
 from fxlens.analyzer.prune.module import probe, pruned_module, run
 from fxlens.analyzer.prune.plan import Target, alignment, choose, ranked_units
-from fxlens.analyzer.prune.shrink import Removal, Shrunk, costed
+from fxlens.analyzer.prune.shrink import Shrunk, costed
 from fxlens.analyzer.prune.trace import Traced, trace
-from fxlens.analyzer.prune.types import PruneKnowledge
+from fxlens.analyzer.prune.types import PruneKnowledge, Removal
 
 
 @dataclass(frozen=True)
@@ -35,41 +48,70 @@ class PruneResult:
     section: Prune
     module: nn.Module | None        # the pruned module, where a plan was asked for
     shrunk: Shrunk | None           # the planned graph and its costs
+    groups: tuple[Found, ...] = ()  # the offered groups, each unit's importance
 
 
 def prune(module: nn.Module, inputs: Any, graph: Graph, report: Report,
           knowledge: PruneKnowledge, registry: CostRegistry, target: Target | None,
-          on_step: Callable[[str], None] = lambda _: None) -> PruneResult:
+          on_step: Callable[[str], None] = lambda _: None,
+          calibration: CalibrationData | None = None) -> PruneResult:
     on_step("finding coupled channels, heads and neurons")
     traced = trace(graph, knowledge)
     found, blocked = find_groups(traced)
     tensors = {**dict(module.named_parameters(remove_duplicate=False)),
                **dict(module.named_buffers(remove_duplicate=False))}
     found = with_importance(found, tensors, _scale_params(graph, knowledge))
-    notes = []
-    if any(t.is_meta for t in tensors.values()):
-        notes.append("weights on the meta device: groups not probed, units ranked by position")
-    else:
-        on_step("probing that each group can be pruned")
-        failed = probe(lambda r: pruned_module(module, found, r, knowledge), inputs,
-                       run(module, inputs), found)
-        for why in failed.values():
-            blocked[why] = blocked.get(why, 0) + 1
-        found = [g for g in found if g.root not in failed]
+    meta = any(t.is_meta for t in tensors.values())
+    found, notes = _probed(module, inputs, found, blocked, knowledge, meta, on_step)
     if "record" in graph.capture_method:
         notes.append("captured by recording one eager run: a pruned model may take other "
                      "branches than the plan costed")
+    measured = None
+    if calibration is not None and found and not meta:
+        found, measured = _calibrated(module, found, calibration, knowledge, on_step)
     evaluate = _evaluator(traced, knowledge, registry)
     groups = _groups(found, graph, report, evaluate)
     plan, pruned, shrunk = None, None, None
     if target is not None and found:
         on_step(f"choosing units to remove for {target.text}")
-        plan, shrunk, removal = _plan(found, graph, report, target, evaluate, knowledge)
+        plan, shrunk, removal = _plan(found, graph, report, target, evaluate, knowledge,
+                                      measured)
+        if measured is not None and calibration is not None:
+            on_step("measuring the plan's damage on the calibration batches")
+            plan = dataclasses.replace(plan, damage=removal_damage(
+                module, found, removal, calibration, knowledge))
         pruned = pruned_module(module, found, removal, knowledge)
         groups = tuple(_removed(g, removal) for g in groups)
     section = Prune(groups=groups, blocked=blocked, blocks=_blocks(graph, report, knowledge),
-                    importance="data-free", notes=tuple(notes), plan=plan)
-    return PruneResult(section, pruned, shrunk)
+                    importance="data-free" if measured is None else "calibrated",
+                    notes=tuple(notes), plan=plan, calibration=measured)
+    return PruneResult(section, pruned, shrunk, tuple(found))
+
+
+def _probed(module: nn.Module, inputs: Any, found: list[Found], blocked: dict[str, int],
+            knowledge: PruneKnowledge, meta: bool, on_step: Callable[[str], None]
+            ) -> tuple[list[Found], list[str]]:
+    """The groups whose one-unit removal runs (the others counted in `blocked`), and notes."""
+    if meta:
+        return found, ["weights on the meta device: groups not probed, units ranked by "
+                       "position"]
+    on_step("probing that each group can be pruned")
+    failed = probe(module, found, inputs, run(module, inputs), knowledge)
+    for why in failed.values():
+        blocked[why] = blocked.get(why, 0) + 1
+    return [g for g in found if g.root not in failed], []
+
+
+def _calibrated(module: nn.Module, found: Sequence[Found], data: CalibrationData,
+                knowledge: PruneKnowledge, on_step: Callable[[str], None]
+                ) -> tuple[list[Found], PruneCalibration]:
+    """The groups with their measured damage per unit as importance, and how it was got."""
+    damages = unit_damages(module, found, data, knowledge, on_step)
+    basis = f"calibrated damage ({METRIC_UNITS[data.metric]})"
+    out = [dataclasses.replace(g, importance=damages.per_unit[g.root], basis=basis,
+                               comparable=True) for g in found]
+    return out, PruneCalibration(data.source, len(data.batches), data.metric,
+                                 METRIC_UNITS[data.metric], damages.measured, damages.total)
 
 
 def _evaluator(traced: Traced, knowledge: PruneKnowledge, registry: CostRegistry
@@ -108,8 +150,8 @@ def ranked_or_last(group: Found) -> int:
 
 
 def _plan(found: Sequence[Found], graph: Graph, report: Report, target: Target,
-          evaluate: Callable[[Removal], Shrunk], knowledge: PruneKnowledge
-          ) -> tuple[PrunePlan, Shrunk, Removal]:
+          evaluate: Callable[[Removal], Shrunk], knowledge: PruneKnowledge,
+          measured: PruneCalibration | None) -> tuple[PrunePlan, Shrunk, Removal]:
     before = report.model.params if target.basis == "params" else report.totals.flops
     choice = choose(found, target, before, evaluate)
     plan = PrunePlan(
@@ -119,7 +161,10 @@ def _plan(found: Sequence[Found], graph: Graph, report: Report, target: Target,
         flops_after=choice.shrunk.report.totals.flops,
         alignment=alignment(found, choice.removal, graph, choice.shrunk.graph,
                             knowledge.alignments),
-        ranking="data-free importance ÷ its group's mean, least first; each group keeps one")
+        ranking=("data-free importance ÷ its group's mean" if measured is None else
+                 f"calibrated damage of removing the unit alone ({measured.metric_unit}, "
+                 f"{measured.batches} {measured.source} batches)")
+        + ", least first; each group keeps one")
     return plan, choice.shrunk, choice.removal
 
 

@@ -20,9 +20,7 @@ from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorSpec
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.cost.engine import analyze
 from fxlens.analyzer.prune.trace import Traced
-from fxlens.analyzer.prune.types import Axes, Layout, PruneKnowledge
-
-Removal = Mapping[int, frozenset[int]]    # group root → its units removed
+from fxlens.analyzer.prune.types import Axes, Layout, PruneKnowledge, Removal
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,12 @@ consecutive parts, each a space of its own (a fused QKV projection's rows become
 A pinned space can never lose a unit; its reason says why. A conflict (axes that would need
 units cut inside a unit, or widths that do not divide) pins the spaces involved, never guesses.
 
-Known limitations: a unit of one space maps to a contiguous run of another's (heads, KV
-groups), never to a strided set (a grouped convolution's channels per group).
+A layout may repeat one space (a grouped convolution's channels: the same space once per
+convolution group), so one unit can cover a strided set of an axis's entries; joins are made
+on the roots as they stand after the joins before them.
+
+Known limitations: within one atom a unit maps to a contiguous run of entries (heads, KV
+groups); a stride inside a unit (channels interleaved by a reshape) is pinned.
 """
 
 from __future__ import annotations
@@ -132,7 +136,13 @@ class Spaces:
             self.pin(a + b, "axes that cannot be aligned")
             return
         for x, y in zip(ra, rb, strict=True):
-            self._join(x, y)
+            # an earlier join may have hung either side under another root (a layout that
+            # repeats one space, as a grouped convolution's): join the current roots
+            now_x, now_y = self.resolve((x,)), self.resolve((y,))
+            if len(now_x) == len(now_y) == 1:
+                self._join(now_x[0], now_y[0])
+            else:
+                self.pin(now_x + now_y, "axes that cannot be aligned")
 
     def _join(self, x: Atom, y: Atom) -> None:
         whole = (x.start == 0 and x.count == self.size[x.space]

@@ -41,6 +41,7 @@ class Atom:
 
 Layout = tuple[Atom, ...]
 Axes = tuple[Layout, ...]          # one layout per dimension of a tensor
+Removal = Mapping[int, frozenset[int]]    # group root → its units removed
 
 
 def entries(layout: Layout) -> int:
