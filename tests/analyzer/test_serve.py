@@ -261,6 +261,7 @@ def test_weight_only_formats_read_packed_weights_and_their_group_scales() -> Non
         assert packed.weights_format == precision
 
 
+@pytest.mark.slow     # three whole serving pipelines, 5 s each
 def test_max_load_keeps_the_most_requests_the_caps_allow_in_flight() -> None:
     """This model's KV cache holds far more than 8,192 tokens a step admit: r = 8192 /
     (512 + 64 − 1) requests a step, r·64 in flight; with --max-num-seqs 100, 100."""
