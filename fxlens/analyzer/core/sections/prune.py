@@ -1,0 +1,109 @@
+"""Structured pruning: coupled groups, importance, the plan (``prune``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fxlens.analyzer.core.codec import optional
+from fxlens.analyzer.core.section import Section, section
+
+
+@dataclass(frozen=True)
+class PruneMember:
+    """Where one group's units sit in one parameter or buffer: along `dim`, unit
+    ``first_unit + i`` is entries ``start + i·width … start + (i+1)·width - 1``."""
+
+    param: str
+    dim: int
+    start: int
+    width: int
+    first_unit: int
+    units: int
+
+
+@dataclass(frozen=True)
+class PruneGroup:
+    """Units that must be removed together (`fxlens.analyzer.prune.groups`)."""
+
+    id: int
+    kind: str                      # "channels", "neurons", "heads", "kv groups"
+    name: str                      # the modules it spans (their common path)
+    block: str                     # the repeated block it lies in ("" outside any)
+    units: int
+    unit: str                      # what one unit is: "1 channel", "1 head = 16 rows"…
+    members: tuple[PruneMember, ...]
+    params_per_unit: int           # exact savings of removing one unit (params)
+    flops_per_unit: int            # … and forward FLOPs
+    importance_basis: str          # "L2 of the weights", "|γ| of the batch norm", "none",
+                                   # "calibrated damage"
+    importance_min: float
+    importance_median: float
+    removed: int = 0               # units the plan removes
+
+
+@dataclass(frozen=True)
+class PruneBlock:
+    """A repeated block whose removal leaves the residual stream intact."""
+
+    path: str
+    params: int
+    flops: int
+
+
+@dataclass(frozen=True)
+class PruneAlignment:
+    """A member dimension the plan moves off a multiple the kernels like."""
+
+    group: int
+    param: str
+    dim: int
+    before: int
+    after: int
+    multiple: int
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    """The least important units across groups that reach `target`."""
+
+    target: str                    # as asked: "30%", "30%flops"
+    basis: str                     # "params" or "flops"
+    share: float                   # of the basis to remove, 0…1
+    met: bool
+    units_removed: int
+    params_before: int
+    params_after: int
+    flops_before: int
+    flops_after: int
+    alignment: tuple[PruneAlignment, ...]
+    ranking: str                   # how units were ranked across groups
+    # the plan's removal measured on the calibration batches (`PruneCalibration.metric`)
+    damage: float | None = optional()
+
+
+@dataclass(frozen=True)
+class PruneCalibration:
+    """How calibrated importance was measured (`fxlens.analyzer.prune.calibrated`)."""
+
+    source: str                    # "calibration()" or "example inputs"
+    batches: int
+    metric: str                    # "kl" or "sqnr", as --quant-calibrate's auto rule picks
+    metric_unit: str               # "KL of the outputs, nats", "relative output error power"
+    units_measured: int            # each removed alone and forwarded; the rest interpolated
+    units_total: int
+
+
+@section("prune")
+@dataclass(frozen=True)
+class Prune(Section):
+    """Structured pruning what-if (see `fxlens.analyzer.prune.section`)."""
+
+    groups: tuple[PruneGroup, ...]
+    blocked: Mapping[str, int]     # why coupled parameter axes cannot be pruned → how many
+    blocks: tuple[PruneBlock, ...]
+    importance: str                # "data-free" or "calibrated": the score that ranks
+    notes: tuple[str, ...]
+    plan: PrunePlan | None = optional()
+    saved_to: str | None = optional()
+    calibration: PruneCalibration | None = optional()
