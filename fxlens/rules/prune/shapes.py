@@ -167,27 +167,28 @@ def index(call: AxisCall) -> None:
     call.output(idx[0] + x[1:])
 
 
-def index_add(call: AxisCall) -> None:
-    x, src = call.axes("self"), call.axes("source")
-    assert x is not None and src is not None
+def _picked_along_dim(call: AxisCall, other: str, reason: str) -> tuple[Axes, Axes]:
+    """``self`` and `other`, whose dims meet but for ``dim``, along which `self`'s entries
+    are picked by value (pinned for `reason`)."""
+    x, y = call.axes("self"), call.axes(other)
+    assert x is not None and y is not None
     dim = call.arg("dim") % len(x)
-    call.pin(x[dim], "rows picked by value")
-    for d, (a, b) in enumerate(zip(x, src, strict=True)):
+    call.pin(x[dim], reason)
+    for d, (a, b) in enumerate(zip(x, y, strict=True)):
         if d != dim:
             call.unify(a, b)
+    return x, y
+
+
+def index_add(call: AxisCall) -> None:
+    x, _ = _picked_along_dim(call, "source", "rows picked by value")
     call.output(x)
 
 
 def gather(call: AxisCall) -> None:
     """``gather(x, dim, index)``: the output has the index's shape; x's `dim` is picked by
     value, its other dims meet the index's."""
-    x, idx = call.axes("self"), call.axes("index")
-    assert x is not None and idx is not None
-    dim = call.arg("dim") % len(x)
-    call.pin(x[dim], "entries picked by value")
-    for d, (a, b) in enumerate(zip(x, idx, strict=True)):
-        if d != dim:
-            call.unify(a, b)
+    _, idx = _picked_along_dim(call, "index", "entries picked by value")
     call.output(idx)
 
 
