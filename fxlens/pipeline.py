@@ -237,7 +237,9 @@ class TrainingStep:
             foreach=ctx.targets_gpu(),   # torch.optim's default on a GPU, not on a CPU
         )
         training = training_section(ctx.step, report, memory, ctx.registry, settings)
-        if training.fit is not None and not training.fit.fits:
+        # one GPU's fixes; with --plan the plan's layouts are the answer (and the fix finder's
+        # selective solves on a big MoE step take minutes)
+        if training.fit is not None and not training.fit.fits and not options.plan:
             ctx.on_step("re-estimating the changes that would make the step fit")
             alternatives = checks.fix_alternatives(settings.precision_name,
                                                    settings.optimizer_name)
@@ -245,7 +247,7 @@ class TrainingStep:
             fixes = training_fixes(ctx.step, report, memory, ctx.registry, settings,
                                    alternatives, resizable="batch" in ctx.loaded.resizable,
                                    planner=planner)
-            if not fixes and not ctx.options.plan:
+            if not fixes:
                 sharded = sharded_fix(ctx, report, training, device_name)
                 fixes = (sharded,) if sharded is not None else ()
             training = dataclasses.replace(

@@ -216,3 +216,13 @@ def test_a_run_checkpointing_selectively_gets_fixes_under_its_policy() -> None:
     assert all("--checkpoint" not in words for words in flags), flags
     assert any("--checkpoint-budget" in words for words in flags), flags
     _check_applied(GPT, options, training)
+
+
+def test_with_a_plan_one_gpus_fixes_are_not_searched() -> None:
+    """Under --plan the plan's layouts answer "does it fit"; the single-GPU fix finder (whose
+    selective solves take minutes on a big MoE step) is not run."""
+    base = AnalysisOptions(train=True, precision="fp32", sizes={"batch": 16, "seq_len": 128})
+    options, training = _fixes_at(GPT, base, 0.8)
+    assert training.fit is not None and training.fit.fixes
+    planned = _training(GPT, dataclasses.replace(options, plan=True, gpus=2, strategy="ddp"))
+    assert planned.fit is not None and not planned.fit.fits and planned.fit.fixes == ()
