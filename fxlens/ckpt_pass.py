@@ -62,12 +62,14 @@ class CheckpointPass:
 
 
 def _section(ctx: Context, report: Report, training: Training, request: Request,
-             problem: Problem | ModuleProblem) -> SelectiveCheckpointing:
-    """The section for `request`'s budget, by op or by module as the problem was built."""
+             problem: Problem | ModuleProblem, curve: bool = True) -> SelectiveCheckpointing:
+    """The section for `request`'s budget, by op or by module as the problem was built
+    (without the memory–time curve when not `curve`: by op, the curve's solves are skipped)."""
     assert ctx.step is not None
     if isinstance(problem, ModuleProblem):
         return module_checkpointing(ctx.step, report, ctx.registry, training, request, problem)
-    return selective_checkpointing(ctx.step, report, ctx.registry, training, request, problem)
+    return selective_checkpointing(ctx.step, report, ctx.registry, training, request, problem,
+                                   curve)
 
 
 def shared_problem(ctx: Context, report: Report, request: Request
@@ -108,7 +110,7 @@ def selective_planner(ctx: Context, report: Report, training: Training, device_n
 
     def plan(changed: Training, budget_bytes: int) -> SelectiveCheckpointing:
         at = dataclasses.replace(request, budget_bytes=budget_bytes)
-        return _section(ctx, report, changed, at, problem)
+        return _section(ctx, report, changed, at, problem, curve=False)
 
     return SelectivePlanner(plan, own[1] if own else None,
                             f"--checkpoint-budget {device_name}" if device_name else "")

@@ -98,15 +98,19 @@ class _Plan:
 
 def selective_checkpointing(step: TrainingGraph, report: Report, registry: CostRegistry,
                             training: Training, request: Request,
-                            problem: Problem | None = None) -> SelectiveCheckpointing:
-    """The policy for `request`'s budget on `training`'s step, and the curve; `problem`: the
-    step's (`checkpoint_problem`) where the caller built it already."""
+                            problem: Problem | None = None, curve: bool = True
+                            ) -> SelectiveCheckpointing:
+    """The policy for `request`'s budget on `training`'s step, and the curve (left empty
+    without `curve`: the fix finder asks for one budget per change it weighs, and the curve's
+    ten solves were most of its time on a big step); `problem`: the step's
+    (`checkpoint_problem`) where the caller built it already."""
     shared = problem or checkpoint_problem(step, report, registry, request)
     breakdown = training.peak_breakdown
     plan = _Plan(shared, breakdown.persistent_bytes, breakdown.optimizer_phase_bytes)
     least = _step(plan, plan.shared.problem.peak(()))
     before = _step(plan, plan.shared.plain_fwd_bwd)
-    budgets = [least + (before - least) * k // (CURVE_POINTS - 1) for k in range(CURVE_POINTS)]
+    budgets = [least + (before - least) * k // (CURVE_POINTS - 1)
+               for k in range(CURVE_POINTS)] if curve else []
     solved = {budget: _solve(plan, budget, before, NODE_LIMIT if budget == request.budget_bytes
                              else CURVE_NODE_LIMIT)
               for budget in dict.fromkeys([request.budget_bytes, *budgets])}
