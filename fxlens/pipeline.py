@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from torch import nn
+
 from fxlens import checks
 from fxlens.analyzer.capture.chain import METHODS, capture
 from fxlens.analyzer.capture.check import check_scale, mixed_dtypes
@@ -371,16 +373,8 @@ def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
     ctx.device_spec()   # a bad --device fails before the capture, not after
     check_scale(loaded.module, loaded.name, options.allow_large)
     if options.train:
-        precision = checks.precision_of(options.precision, loaded.module)
-        working = precision.spec.weight_dtype
-        cast: str | None = working if working in CASTABLE_DTYPES else "bfloat16"
-        floating = {p.dtype for p in loaded.module.parameters() if p.is_floating_point()}
-        if options.precision is None and len(floating) > 1:
-            cast = None   # a model mixing dtypes on purpose is recorded as it is
-        on_gpu = ctx.targets_gpu()
-        ctx.step = capture_training(loaded.module, loaded.step_inputs, ctx.registry, cast, on_step,
-                                    fused_attention=on_gpu,
-                                    autocast=_autocast(precision, on_gpu))
+        precision, cast = _step_cast(ctx)
+        ctx.step = record_training_step(ctx, loaded.module, on_step)
         try:
             mixed_dtypes(ctx.step.graph, SAME_DTYPE_OPERANDS)
         except LoadError as error:
@@ -432,6 +426,29 @@ def _eager_peak(loaded: LoadedModel, simulated: MeasuredMemory | None) -> EagerP
         log.warning("eager memory simulation failed: %s", error)
         return EagerPeak(peak_bytes=None, error=f"{type(error).__name__}: {error}"[:300])
     return EagerPeak(peak_bytes=simulated.peak_bytes, peak_op=simulated.peak_op)
+
+
+def record_training_step(ctx: Context, module: nn.Module,
+                         on_step: Callable[[str], None] = lambda _: None) -> TrainingGraph:
+    """`module`'s training step on the run's inputs, recorded as the run records its own:
+    weights cast to the precision's working dtype, its autocast, the attention kernels of the
+    device it targets (the pruning pass records its pruned modules so)."""
+    precision, cast = _step_cast(ctx)
+    on_gpu = ctx.targets_gpu()
+    return capture_training(module, ctx.loaded.step_inputs, ctx.registry, cast, on_step,
+                            fused_attention=on_gpu, autocast=_autocast(precision, on_gpu))
+
+
+def _step_cast(ctx: Context) -> tuple[Precision, str | None]:
+    """The run's precision and the dtype its step casts the weights to (None: a model mixing
+    dtypes on purpose, with no --precision, is recorded as it is)."""
+    options, module = ctx.options, ctx.loaded.module
+    precision = checks.precision_of(options.precision, module)
+    working = precision.spec.weight_dtype
+    floating = {p.dtype for p in module.parameters() if p.is_floating_point()}
+    if options.precision is None and len(floating) > 1:
+        return precision, None
+    return precision, working if working in CASTABLE_DTYPES else "bfloat16"
 
 
 def _autocast(precision: Precision, on_gpu: bool) -> Autocast | None:

@@ -9,7 +9,10 @@ metric ``--quant-calibrate``'s ``auto`` rule picks from one forward (KL over log
 the output error power); without it the data-free scores rank.
 
 The forward is costed here on its own when the run analyses a training step (the plan speaks
-of forward FLOPs); otherwise the run's report already holds those costs.
+of forward FLOPs); otherwise the run's report already holds those costs. With ``--train``
+each removal's training step is recorded as the run records its own (same precision cast,
+autocast and attention kernels), and the run's step is the baseline; with ``--device`` the
+roofline of the same device rates the times (`fxlens.analyzer.prune.savings`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from fxlens.analyzer.cost.engine import analyze
 
 if TYPE_CHECKING:
     from fxlens.analyzer.prune.calibrated import CalibrationData
+    from fxlens.analyzer.prune.savings import StepCapture
     from fxlens.pipeline import Context
 
 
@@ -56,7 +60,9 @@ class PrunePass:
         forward = report if ctx.step is None else analyze(graph, ctx.registry)
         calibration = calibration_data(ctx.loaded, ctx.registry)
         result = prune(ctx.loaded.module, ctx.loaded.inputs, graph, forward, knowledge(),
-                       ctx.registry, target, ctx.on_step, calibration)
+                       ctx.registry, target, ctx.on_step, calibration, _step_capture(ctx),
+                       ctx.device_spec(), options.tf32,
+                       ctx.step)
         section = result.section
         if options.prune_save and result.module is not None:
             path = Path(options.prune_save)
@@ -69,6 +75,15 @@ class PrunePass:
                 *section.notes, f"nothing written to {options.prune_save}: no unit can be "
                 "removed"))
         return (section,)
+
+
+def _step_capture(ctx: Context) -> StepCapture | None:
+    """With --train, a module's training step recorded as the run records its own."""
+    if ctx.step is None:
+        return None
+    from fxlens.pipeline import record_training_step
+
+    return lambda module: record_training_step(ctx, module)
 
 
 def calibration_data(loaded: LoadedModel, registry: CostRegistry | None = None

@@ -65,6 +65,11 @@ def ranked_units(groups: Sequence[Found]) -> list[tuple[int, int]]:
     return [(root, unit) for _, root, unit in sorted(scored)]
 
 
+def value(shrunk: Shrunk, target: Target) -> int:
+    """What `target` counts of a pruned graph."""
+    return shrunk.params if target.basis == "params" else shrunk.report.totals.flops
+
+
 def choose(groups: Sequence[Found], target: Target, before: int,
            evaluate: Callable[[Removal], Shrunk]) -> Choice:
     """The fewest least-important units whose removal reaches `target` of `before`."""
@@ -77,17 +82,14 @@ def choose(groups: Sequence[Found], target: Target, before: int,
             out.setdefault(root, set()).add(unit)
         return {root: frozenset(u) for root, u in out.items()}
 
-    def value(shrunk: Shrunk) -> int:
-        return shrunk.params if target.basis == "params" else shrunk.report.totals.flops
-
     most = evaluate(removal(len(units)))
-    if value(most) > goal:
+    if value(most, target) > goal:
         return Choice(removal(len(units)), most, False, len(units))
     lo, hi, best = 0, len(units), most
     while lo < hi:
         mid = (lo + hi) // 2
         shrunk = evaluate(removal(mid))
-        if value(shrunk) <= goal:
+        if value(shrunk, target) <= goal:
             hi, best = mid, shrunk
         else:
             lo = mid + 1

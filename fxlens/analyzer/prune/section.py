@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, repeated_blocks
 from fxlens.analyzer.core.report import Report
@@ -35,12 +36,23 @@ from fxlens.analyzer.prune.calibrated import (
     removal_damage,
     unit_damages,
 )
+from fxlens.analyzer.prune.cuts import EXACT, Cut, aligned_cuts, group_order, pick
+from fxlens.analyzer.prune.cuts import measured as measured_cut
 from fxlens.analyzer.prune.groups import Found, describe, find_groups, with_importance
 from fxlens.analyzer.prune.module import probe, pruned_module, run
-from fxlens.analyzer.prune.plan import Target, alignment, choose, ranked_units
+from fxlens.analyzer.prune.plan import Target, alignment, choose, ranked_units, value
+from fxlens.analyzer.prune.savings import (
+    Meter,
+    StepCapture,
+    StepCosts,
+    aligned_step,
+    cache_element_bytes,
+    kv_bytes_per_token,
+)
 from fxlens.analyzer.prune.shrink import Shrunk, costed
 from fxlens.analyzer.prune.trace import Traced, trace
 from fxlens.analyzer.prune.types import PruneKnowledge, Removal
+from fxlens.analyzer.time.roofline import Device
 
 
 @dataclass(frozen=True)
@@ -54,7 +66,11 @@ class PruneResult:
 def prune(module: nn.Module, inputs: Any, graph: Graph, report: Report,
           knowledge: PruneKnowledge, registry: CostRegistry, target: Target | None,
           on_step: Callable[[str], None] = lambda _: None,
-          calibration: CalibrationData | None = None) -> PruneResult:
+          calibration: CalibrationData | None = None, step: StepCapture | None = None,
+          device: Device | None = None, tf32: bool = False,
+          recorded: TrainingGraph | None = None) -> PruneResult:
+    """`step` records a training step of a module (`recorded`: the original's, when the
+    run has it), `device` rates times (`fxlens.analyzer.prune.savings`)."""
     on_step("finding coupled channels, heads and neurons")
     traced = trace(graph, knowledge)
     found, blocked = find_groups(traced)
@@ -70,11 +86,15 @@ def prune(module: nn.Module, inputs: Any, graph: Graph, report: Report,
     if calibration is not None and found and not meta:
         found, measured = _calibrated(module, found, calibration, knowledge, on_step)
     evaluate = _evaluator(traced, knowledge, registry)
-    groups = _groups(found, graph, report, evaluate)
+    meter = Meter(module, found, knowledge, registry, step, device, tf32)
+    if found and step is not None:
+        on_step("recording the training step of each group's one-unit removal")
+    base = _base(meter, graph, report, recorded)
+    groups = _groups(found, graph, report, evaluate, meter, base)
     plan, pruned, shrunk = None, None, None
     if target is not None and found:
         on_step(f"choosing units to remove for {target.text}")
-        plan, shrunk, removal = _plan(found, graph, report, target, evaluate, knowledge,
+        plan, shrunk, removal = _plan(found, graph, report, target, evaluate, meter, base,
                                       measured)
         if measured is not None and calibration is not None:
             on_step("measuring the plan's damage on the calibration batches")
@@ -125,23 +145,73 @@ def _scale_params(graph: Graph, knowledge: PruneKnowledge) -> frozenset[str]:
                      in knowledge.scale_types)
 
 
+@dataclass(frozen=True)
+class _Base:
+    """The original model's figures that removals are measured against."""
+
+    forward_s: float | None
+    kv_bytes_per_token: int | None
+    kv_element_bytes: float
+    step: StepCosts | None
+
+
+def _base(meter: Meter, graph: Graph, report: Report, recorded: TrainingGraph | None
+          ) -> _Base:
+    element = cache_element_bytes(graph)
+    step = meter.step_costs(recorded) if recorded is not None else meter.training({})
+    return _Base(meter.forward_s(report, graph), kv_bytes_per_token(graph, element), element,
+                 step)
+
+
 def _groups(found: Sequence[Found], graph: Graph, report: Report,
-            evaluate: Callable[[Removal], Shrunk]) -> tuple[PruneGroup, ...]:
+            evaluate: Callable[[Removal], Shrunk], meter: Meter, base: _Base
+            ) -> tuple[PruneGroup, ...]:
     blocks = repeated_blocks(graph.module_types)
     out = []
     for group in found:
         kind, unit, name = describe(group)
-        one = evaluate({group.root: frozenset({ranked_or_last(group)})})
-        values = group.importance or (1.0,)
-        out.append(PruneGroup(
-            id=group.root, kind=kind, name=name,
-            block=next((b for b in blocks if name == b or name.startswith(b + ".")), ""),
+        removal = {group.root: frozenset({ranked_or_last(group)})}
+        one = evaluate(removal)
+        values = group.importance or (1.0,) * group.units
+        block = next((b for b in blocks if name == b or name.startswith(b + ".")), "")
+        row = PruneGroup(
+            id=group.root, kind=kind, name=name, block=block,
             units=group.units, unit=unit, members=group.members,
             params_per_unit=report.model.params - one.params,
             flops_per_unit=report.totals.flops - one.report.totals.flops,
             importance_basis=group.basis, importance_min=min(values),
-            importance_median=statistics.median(values)))
+            importance_median=statistics.median(values))
+        alike = ((name[len(block):], kind, unit, group.units, row.params_per_unit,
+                  row.flops_per_unit) if block else None)
+        out.append(_saved(row, group, one, meter.training(removal, alike), meter, base,
+                          evaluate, graph))
     return tuple(out)
+
+
+def _saved(row: PruneGroup, group: Found, one: Shrunk, step: StepCosts | None, meter: Meter,
+           base: _Base, evaluate: Callable[[Removal], Shrunk], graph: Graph) -> PruneGroup:
+    """`row` with what one unit saves beyond params and forward FLOPs, and its aligned step."""
+    kv = kv_bytes_per_token(one.graph, base.kv_element_bytes)
+    aligned = aligned_step(group, graph, meter.knowledge.aligned_bytes)
+    time_aligned = None
+    if aligned > 1 and base.forward_s is not None:
+        shrunk = evaluate({group.root: frozenset(group_order(group)[:aligned])})
+        time_aligned = _less(base.forward_s, meter.forward_s(shrunk.report, shrunk.graph))
+    return dataclasses.replace(
+        row, train_flops_per_unit=_less(_field(base.step, "flops"), _field(step, "flops")),
+        saved_bytes_per_unit=_less(_field(base.step, "saved_bytes"),
+                                   _field(step, "saved_bytes")),
+        kv_bytes_per_token_per_unit=_less(base.kv_bytes_per_token, kv),
+        time_s_per_unit=_less(base.forward_s, meter.forward_s(one.report, one.graph)),
+        aligned_units=aligned, time_s_per_aligned=time_aligned)
+
+
+def _field(step: StepCosts | None, name: str) -> Any:
+    return None if step is None else getattr(step, name)
+
+
+def _less(before: Any, after: Any) -> Any:
+    return None if before is None or after is None else before - after
 
 
 def ranked_or_last(group: Found) -> int:
@@ -150,22 +220,46 @@ def ranked_or_last(group: Found) -> int:
 
 
 def _plan(found: Sequence[Found], graph: Graph, report: Report, target: Target,
-          evaluate: Callable[[Removal], Shrunk], knowledge: PruneKnowledge,
+          evaluate: Callable[[Removal], Shrunk], meter: Meter, base: _Base,
           measured: PruneCalibration | None) -> tuple[PrunePlan, Shrunk, Removal]:
     before = report.model.params if target.basis == "params" else report.totals.flops
     choice = choose(found, target, before, evaluate)
+    goal = before * (1 - target.share)
+
+    def cut(how: str, removal: Removal, shrunk: Shrunk | None = None) -> Cut:
+        return measured_cut(how, removal, evaluate,
+                            lambda s: choice.met and value(s, target) <= goal,
+                            lambda s: meter.forward_s(s.report, s.graph),
+                            lambda s: meter.misaligned(s.report), shrunk)
+
+    steps = {g.root: aligned_step(g, graph, meter.knowledge.aligned_bytes) for g in found}
+    exact = cut(EXACT, choice.removal, choice.shrunk)
+    chosen, other = pick(exact, [cut(how, r) for how, r
+                                 in aligned_cuts(found, choice.removal, steps)])
+    shrunk = chosen.shrunk
+    step = meter.training(chosen.removal)
+    kv = kv_bytes_per_token(shrunk.graph, base.kv_element_bytes)
     plan = PrunePlan(
-        target=target.text, basis=target.basis, share=target.share, met=choice.met,
-        units_removed=choice.units, params_before=report.model.params,
-        params_after=choice.shrunk.params, flops_before=report.totals.flops,
-        flops_after=choice.shrunk.report.totals.flops,
-        alignment=alignment(found, choice.removal, graph, choice.shrunk.graph,
-                            knowledge.alignments),
+        target=target.text, basis=target.basis, share=target.share, met=chosen.met,
+        units_removed=chosen.units, params_before=report.model.params,
+        params_after=shrunk.params, flops_before=report.totals.flops,
+        flops_after=shrunk.report.totals.flops,
+        alignment=alignment(found, chosen.removal, graph, shrunk.graph,
+                            meter.knowledge.alignments),
         ranking=("data-free importance ÷ its group's mean" if measured is None else
                  f"calibrated damage of removing the unit alone ({measured.metric_unit}, "
                  f"{measured.batches} {measured.source} batches)")
-        + ", least first; each group keeps one")
-    return plan, choice.shrunk, choice.removal
+        + ", least first; each group keeps one", cut=chosen.how,
+        train_flops_before=_field(base.step, "flops"), train_flops_after=_field(step, "flops"),
+        saved_bytes_before=_field(base.step, "saved_bytes"),
+        saved_bytes_after=_field(step, "saved_bytes"),
+        kv_bytes_per_token_before=base.kv_bytes_per_token, kv_bytes_per_token_after=kv,
+        device=meter.device.name if meter.device is not None else None,
+        forward_s_before=base.forward_s, forward_s_after=chosen.forward_s,
+        train_s_before=_field(base.step, "time_s"), train_s_after=_field(step, "time_s"),
+        misaligned_before=meter.misaligned(report), misaligned_after=chosen.misaligned,
+        alternative=other.to_section() if other is not None else None)
+    return plan, shrunk, chosen.removal
 
 
 def _removed(group: PruneGroup, removal: Removal) -> PruneGroup:

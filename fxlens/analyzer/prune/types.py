@@ -86,6 +86,10 @@ class PruneKnowledge:
     residual_ops: frozenset[str]             # a block whose input meets one is residual
     # dims the kernels like: a member dim that was a multiple and stops being one is noted
     alignments: tuple[int, ...] = (128, 64, 8)
+    # the row alignment (bytes) below which the matmul rules mark a GEMM with the kernel
+    # class `misaligned_kernel`, rated at the device's share for it
+    aligned_bytes: int = 16
+    misaligned_kernel: str = "gemm-misaligned"
     # `args` of a node whose tensors changed shape, fixed to match (a depthwise conv's groups)
     resize_args: Callable[[Node, Sequence[tuple[int, ...]], Sequence[tuple[int, ...]]],
                           Mapping[str, Any]] | None = None

@@ -3,7 +3,11 @@ after, how far an unmet target got, its damage measured on the calibration batch
 coupled groups with what one unit of each saves (alike groups of repeated blocks in one row),
 which score ranks (data-free, or the calibrated damage of removing each unit alone), blocks
 that could go whole, why the other parameter axes stay, and the dims the plan moves off a
-multiple the kernels like. A model with no prunable group gets one line saying why."""
+multiple the kernels like. Where measured: each unit's training-step FLOPs and saved
+activations, KV cache per token and forward time on the device (negative where the cut alone
+misaligns a GEMM, with the aligned step's time beside), and the plan's before/after of each,
+the cut it took (exact or kernel-aligned) and the one it did not. A model with no prunable
+group gets one line saying why."""
 
 from __future__ import annotations
 
@@ -15,10 +19,11 @@ from fxlens.analyzer.core.sections import (
     Prune,
     PruneBlock,
     PruneCalibration,
+    PruneCut,
     PruneGroup,
     PrunePlan,
 )
-from fxlens.reports.units import percent, si
+from fxlens.reports.units import binary_bytes, percent, seconds, si
 from fxlens.reports.view import Cell, Column, Detail, Figure, Table, Tone, View, columns
 
 SHOWN_REASONS = 6
@@ -69,6 +74,11 @@ def prune_verdict(section: Prune) -> Figure | None:
     after = plan.params_after if plan.basis == "params" else plan.flops_after
     got = 1 - after / before if before else 0.0
     value = f"−{got:.1%} {plan.basis}" + ("" if plan.met else " (target not met)")
+    if plan.forward_s_before is not None and plan.forward_s_after is not None:
+        detail = (f"forward {_time_change(plan.forward_s_before, plan.forward_s_after)} on "
+                  f"{plan.device}" + (f" ({plan.cut} cut)" if plan.cut != "exact" else "")
+                  + "; " + detail)
+        value += f", {_saved_time(plan.forward_s_before, plan.forward_s_after)} time"
     return Figure(f"pruning plan ({plan.target})", value, detail,
                   Tone.GOOD if plan.met else Tone.BAD)
 
@@ -93,6 +103,7 @@ def _plan(plan: PrunePlan, saved_to: str | None, calibration: PruneCalibration |
          "exact: the pruned graph re-costed by the same rules"),
         ("units removed", str(plan.units_removed), plan.ranking),
     ]
+    rows += _plan_savings(plan)
     if plan.damage is not None and calibration is not None:
         rows.append(("predicted damage", _damage(plan.damage, calibration),
                      f"the plan's removal measured on the {calibration.batches} "
@@ -110,6 +121,68 @@ def _plan(plan: PrunePlan, saved_to: str | None, calibration: PruneCalibration |
                                      Column("")), rows, show_header=False)
 
 
+def _plan_savings(plan: PrunePlan) -> list[tuple[str | Cell, ...]]:
+    """Training step, KV cache, device time and the cut not taken, where measured."""
+    rows: list[tuple[str | Cell, ...]] = []
+    if plan.train_flops_before is not None and plan.train_flops_after is not None:
+        rows.append(("training-step FLOPs", _change(plan.train_flops_before,
+                                                    plan.train_flops_after, "FLOP"),
+                     "forward + backward, the pruned step recorded and re-costed"))
+    if plan.saved_bytes_before is not None and plan.saved_bytes_after is not None:
+        rows.append(("saved activations", _bytes_change(plan.saved_bytes_before,
+                                                        plan.saved_bytes_after),
+                     "what autograd keeps for the backward, one step"))
+    if plan.kv_bytes_per_token_before and plan.kv_bytes_per_token_after is not None:
+        rows.append(("KV cache per token", _bytes_change(plan.kv_bytes_per_token_before,
+                                                         plan.kv_bytes_per_token_after),
+                     "K and V of every causal attention layer, one sequence"))
+    if plan.forward_s_before is not None and plan.forward_s_after is not None:
+        rows.append((Cell(f"forward on {plan.device}", Tone.STRONG),
+                     _time_change(plan.forward_s_before, plan.forward_s_after),
+                     "roofline of the pruned graph" + (
+                         f"; {plan.misaligned_after} GEMMs on misaligned kernels"
+                         if plan.misaligned_after else "")))
+    if plan.train_s_before is not None and plan.train_s_after is not None:
+        rows.append((f"training step on {plan.device}",
+                     _time_change(plan.train_s_before, plan.train_s_after),
+                     "forward + backward, optimizer step left out"))
+    if plan.alternative is not None:
+        rows.append(_alternative(plan, plan.alternative))
+    return rows
+
+
+def _alternative(plan: PrunePlan, cut: PruneCut) -> tuple[str | Cell, ...]:
+    time = (f", forward {seconds(cut.forward_s_after)}"
+            if cut.forward_s_after is not None else "")
+    misaligned = f", {cut.misaligned} GEMMs misaligned" if cut.misaligned else ""
+    share = percent(plan.params_before - cut.params_after, plan.params_before)
+    what = (f"{cut.units_removed} units, params −{share}" + time + misaligned
+            + ("" if cut.met else ", target not met"))
+    if plan.cut != "exact":
+        why = (f"taken: the {plan.cut} cut keeps the 16-byte rows the fast GEMM kernels "
+               f"need; the exact cut would be {what}")
+        return ("kernel-aligned cut", Cell(plan.cut, Tone.GOOD), why)
+    why = ("each group's kept width a multiple of 8 (16-bit) entries" + (
+        "; --device rates whether it is faster" if cut.forward_s_after is None else
+        "; not faster on this device, so not taken"))
+    return (f"offered: {cut.how} cut", what, why)
+
+
+def _time_change(before: float, after: float) -> str:
+    return f"{seconds(before)} → {seconds(after)} ({_saved_time(before, after)})"
+
+
+def _saved_time(before: float, after: float) -> str:
+    if after > before:
+        return f"+{percent(after - before, before)} slower"
+    return f"−{percent(before - after, before)}"
+
+
+def _bytes_change(before: int, after: int) -> str:
+    return (f"{binary_bytes(before)} → {binary_bytes(after)} "
+            f"(−{percent(before - after, before)})")
+
+
 def _damage(value: float, calibration: PruneCalibration | None) -> str:
     """A damage in its metric's words: KL in nats, or the error power with its SQNR."""
     if calibration is not None and calibration.metric == "kl":
@@ -125,21 +198,52 @@ def _change(before: int, after: int, unit: str = "") -> str:
 def _groups(groups: Sequence[PruneGroup], planned: bool,
             calibration: PruneCalibration | None) -> Table:
     rows = []
+    training = any(g.train_flops_per_unit is not None for g in groups)
+    kv = any(g.kv_bytes_per_token_per_unit for g in groups)
+    timed = any(g.time_s_per_unit is not None for g in groups)
     for name, alike in _alike(groups):
         g = alike[0]
-        row = [name, g.unit, str(g.units), f"{si(g.params_per_unit)} · "
+        row: list[str | Cell] = [name, g.unit, str(g.units), f"{si(g.params_per_unit)} · "
                f"{si(g.flops_per_unit, 'FLOP')}"]
+        if training:
+            row.append(f"{si(g.train_flops_per_unit or 0, 'FLOP')} · "
+                       f"{binary_bytes(g.saved_bytes_per_unit or 0)}")
+        if kv:
+            row.append(binary_bytes(g.kv_bytes_per_token_per_unit or 0))
+        if timed:
+            row.append(_unit_time(g))
         if calibration is not None:
             row.append(", ".join(f"{x.importance_min:.2g}" for x in alike))
         if planned:
             row.append(", ".join(str(x.removed) for x in alike))
         rows.append(tuple(row))
-    extra = (["least damage"] if calibration is not None else []) + (
-        ["removed"] if planned else [])
+    extra = ((["training step"] if training else []) + (["KV/token"] if kv else [])
+             + (["forward time"] if timed else [])
+             + (["least damage"] if calibration is not None else [])
+             + (["removed"] if planned else []))
+    caption = ("one unit saves: params · forward FLOPs" + (
+        "; training step: its FLOPs (forward + backward) · saved activations" if training
+        else "; --train adds the training step's FLOPs and saved activations") + (
+        "; KV/token: K and V cache bytes per token" if kv else "") + (
+        "; forward time on the device by the roofline, per unit and per aligned step (a "
+        "negative time: the cut leaves the fast GEMM kernels' 16-byte rows)" if timed else "")
+        + "; exact, that group alone; " + _ranking(calibration))
     return Table.of("coupled groups", columns(("group", "unit"), ["units", "one unit saves"]
                                               + extra),
-                    rows, caption="one unit saves: params · forward FLOPs, exact, that group "
-                                  "alone; " + _ranking(calibration))
+                    rows, caption=caption)
+
+
+def _unit_time(group: PruneGroup) -> str | Cell:
+    """Time one unit saves, and an aligned step's where the unit alone misaligns."""
+    one = group.time_s_per_unit or 0.0
+    text = _signed_s(one)
+    if group.aligned_units > 1 and group.time_s_per_aligned is not None:
+        text += f"; {group.aligned_units} units: {_signed_s(group.time_s_per_aligned)}"
+    return Cell(text, Tone.WARN) if one < 0 else text
+
+
+def _signed_s(value: float) -> str:
+    return f"−{seconds(-value)}" if value < 0 else seconds(value)
 
 
 def _ranking(calibration: PruneCalibration | None) -> str:
@@ -161,7 +265,8 @@ def _alike(groups: Sequence[PruneGroup]) -> list[tuple[str, list[PruneGroup]]]:
     for g in groups:
         local = g.name[len(g.block):] if g.block else g.name
         key = (bool(g.block), local if g.block else g.id, g.kind, g.unit, g.units,
-               g.params_per_unit, g.flops_per_unit)
+               g.params_per_unit, g.flops_per_unit, g.train_flops_per_unit,
+               g.kv_bytes_per_token_per_unit)
         merged.setdefault(key, []).append(g)
     out = []
     for alike in merged.values():

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from fxlens.analyzer.prune.types import AxisRule, PruneKnowledge
+from fxlens.rules.hardware import MISALIGNED_GEMM
+from fxlens.rules.matmul import TENSOR_CORE_ALIGNMENT_BYTES
 from fxlens.rules.pointwise import POINTWISE
 from fxlens.rules.prune.layers import (
     attention,
@@ -115,5 +117,7 @@ def knowledge() -> PruneKnowledge:
         scale_types=BATCH_NORM_TYPES,
         residual_ops=frozenset(RESIDUAL_OPS),
         alignments=KERNEL_ALIGNMENTS,
+        aligned_bytes=TENSOR_CORE_ALIGNMENT_BYTES,
+        misaligned_kernel=MISALIGNED_GEMM,
         resize_args=resize_args,
     )

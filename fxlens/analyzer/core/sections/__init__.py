@@ -43,6 +43,7 @@ from fxlens.analyzer.core.sections.prune import (
     PruneAlignment,
     PruneBlock,
     PruneCalibration,
+    PruneCut,
     PruneGroup,
     PruneMember,
     PrunePlan,
@@ -161,5 +162,6 @@ __all__ = [
     "PruneAlignment",
     "PrunePlan",
     "PruneCalibration",
+    "PruneCut",
     "Prune",
 ]

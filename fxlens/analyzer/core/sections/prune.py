@@ -40,6 +40,16 @@ class PruneGroup:
     importance_min: float
     importance_median: float
     removed: int = 0               # units the plan removes
+    # one unit's removal, exact, beside params and forward FLOPs (`fxlens.analyzer.prune.
+    # savings`): the training step's FLOPs (forward + backward) and saved activations (with
+    # --train), KV-cache bytes per token (causal attention only), and the forward's roofline
+    # time on --device (negative: the cut moves a GEMM off its aligned kernels)
+    train_flops_per_unit: int | None = optional()
+    saved_bytes_per_unit: int | None = optional()
+    kv_bytes_per_token_per_unit: int | None = optional()
+    time_s_per_unit: float | None = optional()
+    aligned_units: int = 1         # units whose removal keeps aligned dims aligned
+    time_s_per_aligned: float | None = optional()   # … and the time that removal saves
 
 
 @dataclass(frozen=True)
@@ -64,6 +74,19 @@ class PruneAlignment:
 
 
 @dataclass(frozen=True)
+class PruneCut:
+    """The cut a plan did not take: the exact one, or the nearest aligned one."""
+
+    how: str                       # "exact", "aligned, rounded up", "aligned, rounded down"
+    units_removed: int
+    params_after: int
+    flops_after: int
+    met: bool
+    misaligned: int                # forward GEMMs off their aligned kernels
+    forward_s_after: float | None = optional()
+
+
+@dataclass(frozen=True)
 class PrunePlan:
     """The least important units across groups that reach `target`."""
 
@@ -80,6 +103,21 @@ class PrunePlan:
     ranking: str                   # how units were ranked across groups
     # the plan's removal measured on the calibration batches (`PruneCalibration.metric`)
     damage: float | None = optional()
+    cut: str = "exact"             # how the removal was made (`PruneCut.how`)
+    train_flops_before: int | None = optional()     # the training step (with --train)
+    train_flops_after: int | None = optional()
+    saved_bytes_before: int | None = optional()
+    saved_bytes_after: int | None = optional()
+    kv_bytes_per_token_before: int | None = optional()
+    kv_bytes_per_token_after: int | None = optional()
+    device: str | None = optional()                 # roofline times on it (--device)
+    forward_s_before: float | None = optional()
+    forward_s_after: float | None = optional()
+    train_s_before: float | None = optional()       # forward + backward, no optimizer
+    train_s_after: float | None = optional()
+    misaligned_before: int = 0     # forward GEMMs rated as misaligned
+    misaligned_after: int = 0
+    alternative: PruneCut | None = optional()
 
 
 @dataclass(frozen=True)
