@@ -102,8 +102,9 @@ def selective_checkpointing(step: TrainingGraph, report: Report, registry: CostR
                             ) -> SelectiveCheckpointing:
     """The policy for `request`'s budget on `training`'s step, and the curve (left empty
     without `curve`: the fix finder asks for one budget per change it weighs, and the curve's
-    ten solves were most of its time on a big step); `problem`: the step's
-    (`checkpoint_problem`) where the caller built it already."""
+    ten solves were most of its time on a big step; its one solve then stops at the curve's
+    node limit, the policy's peak still simulated exactly, its gap to the bound reported);
+    `problem`: the step's (`checkpoint_problem`) where the caller built it already."""
     shared = problem or checkpoint_problem(step, report, registry, request)
     breakdown = training.peak_breakdown
     plan = _Plan(shared, breakdown.persistent_bytes, breakdown.optimizer_phase_bytes)
@@ -111,7 +112,8 @@ def selective_checkpointing(step: TrainingGraph, report: Report, registry: CostR
     before = _step(plan, plan.shared.plain_fwd_bwd)
     budgets = [least + (before - least) * k // (CURVE_POINTS - 1)
                for k in range(CURVE_POINTS)] if curve else []
-    solved = {budget: _solve(plan, budget, before, NODE_LIMIT if budget == request.budget_bytes
+    own_limit = NODE_LIMIT if curve else CURVE_NODE_LIMIT   # a fix's policy: found, not proved
+    solved = {budget: _solve(plan, budget, before, own_limit if budget == request.budget_bytes
                              else CURVE_NODE_LIMIT)
               for budget in dict.fromkeys([request.budget_bytes, *budgets])}
     pool = _pool(plan, solved.values())
