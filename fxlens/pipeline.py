@@ -32,14 +32,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from torch import nn
-
 from fxlens import checks
 from fxlens.analyzer.capture.chain import METHODS, capture
 from fxlens.analyzer.capture.check import check_scale, mixed_dtypes
 from fxlens.analyzer.capture.load import calibration_batches, task_metrics
-from fxlens.analyzer.capture.training import TrainingGraph, capture_training
-from fxlens.analyzer.capture.types import Autocast
+from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.beside import MIN_WAIT_S, Beside, beside, result_or_none
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.errors import LoadError
@@ -76,13 +73,13 @@ from fxlens.kv_pass import KVCachePass
 from fxlens.plan_pass import PlanPass, sharded_fix
 from fxlens.prune_pass import PrunePass
 from fxlens.rules import load_rules
-from fxlens.rules.autocast import cpu_autocast, cuda_autocast
 from fxlens.rules.eager import SAME_DTYPE_OPERANDS
 from fxlens.rules.fusion import fusion_rules, kinds_of
 from fxlens.rules.hardware import DeviceSpec
 from fxlens.rules.serving import MAX_NUM_SEQS, MAX_NUM_TOKENS
-from fxlens.rules.training import CASTABLE_DTYPES, Optimizer, Precision
+from fxlens.rules.training import Optimizer, Precision
 from fxlens.serve_pass import ServePass
+from fxlens.step_recording import record_training_step, step_cast
 
 log = logging.getLogger(__name__)
 
@@ -373,7 +370,7 @@ def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
     ctx.device_spec()   # a bad --device fails before the capture, not after
     check_scale(loaded.module, loaded.name, options.allow_large)
     if options.train:
-        precision, cast = _step_cast(ctx)
+        precision, cast = step_cast(ctx)
         ctx.step = record_training_step(ctx, loaded.module, on_step)
         try:
             mixed_dtypes(ctx.step.graph, SAME_DTYPE_OPERANDS)
@@ -426,38 +423,6 @@ def _eager_peak(loaded: LoadedModel, simulated: MeasuredMemory | None) -> EagerP
         log.warning("eager memory simulation failed: %s", error)
         return EagerPeak(peak_bytes=None, error=f"{type(error).__name__}: {error}"[:300])
     return EagerPeak(peak_bytes=simulated.peak_bytes, peak_op=simulated.peak_op)
-
-
-def record_training_step(ctx: Context, module: nn.Module,
-                         on_step: Callable[[str], None] = lambda _: None) -> TrainingGraph:
-    """`module`'s training step on the run's inputs, recorded as the run records its own:
-    weights cast to the precision's working dtype, its autocast, the attention kernels of the
-    device it targets (the pruning pass records its pruned modules so)."""
-    precision, cast = _step_cast(ctx)
-    on_gpu = ctx.targets_gpu()
-    return capture_training(module, ctx.loaded.step_inputs, ctx.registry, cast, on_step,
-                            fused_attention=on_gpu, autocast=_autocast(precision, on_gpu))
-
-
-def _step_cast(ctx: Context) -> tuple[Precision, str | None]:
-    """The run's precision and the dtype its step casts the weights to (None: a model mixing
-    dtypes on purpose, with no --precision, is recorded as it is)."""
-    options, module = ctx.options, ctx.loaded.module
-    precision = checks.precision_of(options.precision, module)
-    working = precision.spec.weight_dtype
-    floating = {p.dtype for p in module.parameters() if p.is_floating_point()}
-    if options.precision is None and len(floating) > 1:
-        return precision, None
-    return precision, working if working in CASTABLE_DTYPES else "bfloat16"
-
-
-def _autocast(precision: Precision, on_gpu: bool) -> Autocast | None:
-    """The autocast a precision records its step under: CUDA's op lists where the analysis
-    targets a GPU (the default), CPU's as they are where it targets a CPU."""
-    dtype = precision.spec.autocast_dtype
-    if dtype is None:
-        return None
-    return cuda_autocast(dtype) if on_gpu else cpu_autocast(dtype)
 
 
 def resolve_device(name: str, devices_file: str | None = None, profile: str | None = None

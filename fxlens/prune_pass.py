@@ -81,7 +81,7 @@ def _step_capture(ctx: Context) -> StepCapture | None:
     """With --train, a module's training step recorded as the run records its own."""
     if ctx.step is None:
         return None
-    from fxlens.pipeline import record_training_step
+    from fxlens.step_recording import record_training_step
 
     return lambda module: record_training_step(ctx, module)
 

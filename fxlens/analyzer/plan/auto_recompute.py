@@ -72,10 +72,10 @@ def estimate_auto(facts: ModelFacts, strategy: Strategy, device: Links,
         layout = estimate(facts, s, device, tokens, price_per_gpu_hour)
         return replace(layout, recompute_auto=True)
 
-    plain = run(replace(strategy, checkpoint_auto=False))
+    base = replace(strategy, checkpoint_auto=False)
+    plain = run(base)
     if plain.fits:
         return plain
-    base = replace(strategy, checkpoint_auto=False)
     options = [c for c in frontier(facts, base) if c.patterns]
     first = _first_fitting(options, lambda c: run(replace(base, recompute=c.patterns)))
     if first is not None:

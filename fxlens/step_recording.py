@@ -1,0 +1,53 @@
+"""The run's training step, recorded as `analyze --train` records it: the weights cast to the
+precision's working dtype (none for a model mixing dtypes on purpose without --precision),
+the precision's autocast (CUDA's op lists when the analysis targets a GPU, CPU's otherwise)
+and the attention kernels of that device. The pipeline records the model so, and the pruning
+pass its pruned modules, so that both steps compare."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from torch import nn
+
+from fxlens import checks
+from fxlens.analyzer.capture.training import TrainingGraph, capture_training
+from fxlens.analyzer.capture.types import Autocast
+from fxlens.rules.autocast import cpu_autocast, cuda_autocast
+from fxlens.rules.training import CASTABLE_DTYPES, Precision
+
+if TYPE_CHECKING:
+    from fxlens.pipeline import Context
+
+
+def record_training_step(ctx: Context, module: nn.Module,
+                         on_step: Callable[[str], None] = lambda _: None) -> TrainingGraph:
+    """`module`'s training step on the run's inputs, recorded as the run records its own:
+    weights cast to the precision's working dtype, its autocast, the attention kernels of the
+    device it targets (the pruning pass records its pruned modules so)."""
+    precision, cast = step_cast(ctx)
+    on_gpu = ctx.targets_gpu()
+    return capture_training(module, ctx.loaded.step_inputs, ctx.registry, cast, on_step,
+                            fused_attention=on_gpu, autocast=_autocast(precision, on_gpu))
+
+
+def step_cast(ctx: Context) -> tuple[Precision, str | None]:
+    """The run's precision and the dtype its step casts the weights to (None: a model mixing
+    dtypes on purpose, with no --precision, is recorded as it is)."""
+    options, module = ctx.options, ctx.loaded.module
+    precision = checks.precision_of(options.precision, module)
+    working = precision.spec.weight_dtype
+    floating = {p.dtype for p in module.parameters() if p.is_floating_point()}
+    if options.precision is None and len(floating) > 1:
+        return precision, None
+    return precision, working if working in CASTABLE_DTYPES else "bfloat16"
+
+
+def _autocast(precision: Precision, on_gpu: bool) -> Autocast | None:
+    """The autocast a precision records its step under: CUDA's op lists where the analysis
+    targets a GPU (the default), CPU's as they are where it targets a CPU."""
+    dtype = precision.spec.autocast_dtype
+    if dtype is None:
+        return None
+    return cuda_autocast(dtype) if on_gpu else cpu_autocast(dtype)
