@@ -200,7 +200,7 @@ def device_memory(text: str | None, devices_file: str | None = None,
         spec = device(text, load_devices(Path(devices_file)) if devices_file else None)
     except ValueError as error:
         raise LoadError(f"{flag}: {error}") from None
-    return spec.name, spec.memory_bytes
+    return spec.name, spec.usable_bytes
 
 
 def checkpoint_budget(options: Any) -> tuple[str, int]:
@@ -221,8 +221,8 @@ def checkpoint_budget(options: Any) -> tuple[str, int]:
             return f"{flag} {text}", size
     if options.device is not None:
         spec = resolve_device(options.device, options.devices_file, options.profile)
-        if spec.memory_bytes:
-            return f"{spec.name}'s memory (--device)", spec.memory_bytes
+        if spec.usable_bytes:
+            return f"{spec.name}'s usable memory (--device)", spec.usable_bytes
     raise LoadError("--checkpoint auto needs a memory budget: --checkpoint-budget 70GiB (or a "
                     "GPU name: h100), or a device to fill (--device-mem, --device)")
 

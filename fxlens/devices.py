@@ -31,6 +31,7 @@ from fxlens.analyzer.time.device_calibration import Calibration, allow_tf32, cal
 from fxlens.analyzer.time.validate import RunSettings, prepare, run_graph, validation_section
 from fxlens.pipeline import AnalysisOptions, Context, resolve_device, run_context
 from fxlens.rules.hardware import (
+    CONTEXT_BYTES,
     DTYPE_KEYS,
     MISALIGNED_GEMM,
     DeviceSpec,
@@ -77,6 +78,7 @@ def profile_spec(measured: Calibration) -> DeviceSpec:
         peak_flops={k: measured.peak_flops.get(k, 0.0) for k in DTYPE_KEYS},
         bandwidth_bytes_per_s=measured.bandwidth_bytes_per_s,
         kind="gpu" if measured.device == "cuda" else "cpu",
+        context_bytes=CONTEXT_BYTES if measured.device == "cuda" else 0,
         compute_efficiency=1.0, bandwidth_efficiency=1.0,
         launch_s=measured.launch_s, calibrated=True,
         kernel_efficiency=({MISALIGNED_GEMM: measured.misaligned_gemm_share}

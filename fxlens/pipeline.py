@@ -227,7 +227,7 @@ class TrainingStep:
                                                            options.devices_file)
         spec = ctx.device_spec()
         if device_bytes is None and spec is not None:     # --device h100 implies its memory
-            device_name, device_bytes = spec.name, spec.memory_bytes
+            device_name, device_bytes = spec.name, spec.usable_bytes
         settings = StepSettings(
             precision_name=precision.value, precision=precision.spec,
             optimizer_name=options.optimizer, optimizer=checks.optimizer(options.optimizer).spec,

@@ -183,7 +183,7 @@ def sharded_fix(ctx: Context, report: Report, training: Training, device_name: s
         spec = checks.resolve_device(device_name, ctx.options.devices_file, None)
     except LoadError:
         return None      # a size (--device-mem 80GiB), not a GPU: no links to plan with
-    if spec.inter_node_bytes_per_s <= 0 or spec.memory_bytes != fit.device_bytes:
+    if spec.inter_node_bytes_per_s <= 0 or spec.usable_bytes != fit.device_bytes:
         return None
     facts = plan_facts(ctx, report.with_(training), spec)
     state = training.state_bytes

@@ -186,7 +186,7 @@ def figures(report: Any) -> dict[str, Any]:
     roofline = report.get(Roofline)
     if roofline is not None:
         out.update(time_s=roofline.totals.total_s, mfu=roofline.mfu,
-                   fits=out["peak_bytes"] <= roofline.device.memory_bytes)
+                   fits=out["peak_bytes"] <= roofline.device.capacity_bytes)
     plan = report.get(Plan)
     if plan is not None and plan.layouts:
         first = plan.layouts[0]

@@ -318,8 +318,8 @@ def _device_room(report: Report) -> tuple[str, int] | None:
     if training is not None and training.fit is not None:
         name, capacity = training.fit.device, training.fit.device_bytes
         resident = training.peak_breakdown.persistent_bytes
-    elif roofline is not None and roofline.device.memory_bytes > 0:
-        name, capacity = roofline.device.name, roofline.device.memory_bytes
+    elif roofline is not None and roofline.device.capacity_bytes > 0:
+        name, capacity = roofline.device.name, roofline.device.capacity_bytes
         resident = (training.peak_breakdown.persistent_bytes if training is not None else
                     report.model.param_bytes + report.model.buffer_bytes)
     else:

@@ -11,9 +11,20 @@ sizes, and what the driver reports is more than the decimal reading allows (an R
 zai-org/CogVideo#36, where 24·10⁹ B would be only 22.35 GiB). So every capacity here is the
 datasheet number read as GiB (2³⁰ bytes). Bandwidths are decimal (1 TB/s = 10¹² B/s) and
 FLOP/s too, as the datasheets print them.
-NB: the capacity a program can use is smaller: the driver and ECC reserve some (≈ 79.1 GiB
-of an "80 GB" H100 or A100, ≈ 14.7 GiB of a T4 with ECC on, as torch reports them), and a
-CUDA context takes a few hundred MiB more. Keep some of the headroom `fits` reports.
+Usable memory (`DeviceSpec.usable_bytes`): every fits verdict and memory budget compares with
+what a training or inference process can allocate, not the datasheet: the driver and ECC keep
+some (`reported_bytes`: the total PyTorch sees, `torch.cuda.get_device_properties().total_memory`,
+printed as "total capacity" in its out-of-memory message) and each process's CUDA context and
+libraries take more outside PyTorch's allocator (`context_bytes`). Reported totals, where
+sourced: H100 SXM 79.11 GiB (vllm-project/vllm#27508, "NVIDIA H100 80GB HBM3"); H200 139.80
+GiB (measured here: bench/gpu/runs/h200-2026-11-27-final-profile.json); A100 80 GB 79.15 GiB
+(meta-pytorch/torchrec#3580: "total= 81050mb"); A100 40 GB 39.50 GiB (TianheWu/CoSeR#10);
+RTX 4090 23.68 GiB (zai-org/CogVideo#36); T4 14.56 GiB with ECC on (Zheng-Chong/CatVTON#133).
+Others keep the datasheet figure (unsourced: `analyze calibrate` records the real one).
+`CONTEXT_BYTES` = 1 GiB: nvidia-smi's per-process use less PyTorch's reserved memory was
+903 and 997 MiB on the two A100 ranks of meta-pytorch/torchrec#3580 (CUDA context, cuBLAS
+and NCCL buffers); a process without NCCL takes less. The caching allocator's fragmentation
+(reserved but unallocated) is not modelled: the peaks are allocated bytes.
 
 Peaks are *dense*: datasheets print tensor-core figures "with sparsity" (2:4 structured, 2×),
 which dense models never get; every figure below is the sparse one halved where the datasheet
@@ -104,6 +115,7 @@ GROUPED_GEMM = "gemm-grouped"
 KERNEL_CLASSES = (MISALIGNED_GEMM, ATTENTION_FORWARD, ATTENTION_BACKWARD, GROUPED_GEMM)
 HOPPER_KERNELS: Mapping[str, float] = {MISALIGNED_GEMM: 0.1, ATTENTION_FORWARD: 0.55,
                                        ATTENTION_BACKWARD: 0.45, GROUPED_GEMM: 0.5}
+CONTEXT_BYTES = GIB
 
 
 @dataclass(frozen=True)
@@ -136,6 +148,18 @@ class DeviceSpec:
     kernel_efficiency: Mapping[str, float] = field(default_factory=dict)   # class → share
     host_free_s: float = HOST_FREE_S         # the host per free op (view), GPU timeline
     host_module_s: float = HOST_MODULE_S     # the host per module call, GPU timeline
+    reported_bytes: int = 0                  # what the driver gives PyTorch; 0: memory_bytes
+    context_bytes: int = 0                   # per process outside PyTorch's allocator
+
+    @property
+    def usable_bytes(self) -> int:
+        """What one process can allocate: the driver's total less the CUDA context (module
+        docstring); every fits verdict and memory budget reads this."""
+        return max((self.reported_bytes or self.memory_bytes) - self.context_bytes, 0)
+
+    def with_usable(self, usable_bytes: int) -> DeviceSpec:
+        """This device with exactly `usable_bytes` to allocate (a budget as given)."""
+        return replace(self, memory_bytes=usable_bytes, reported_bytes=0, context_bytes=0)
 
     def peak(self, key: str) -> tuple[float, str]:
         """Datasheet dense FLOP/s for dtype `key` and the key whose figure it is (after
@@ -172,7 +196,8 @@ class DeviceSpec:
     def figures(self) -> DeviceFigures:
         """The figures a roofline records (the link figures go with a plan instead)."""
         known = {f.name for f in fields(DeviceFigures)}
-        return DeviceFigures(**{k: v for k, v in self.to_json().items() if k in known})
+        return DeviceFigures(**{k: v for k, v in self.to_json().items() if k in known},
+                             usable_bytes=self.usable_bytes)
 
     def to_json(self) -> dict[str, Any]:
         return {f.name: (dict(getattr(self, f.name)) if f.name in _MAPPINGS
@@ -183,12 +208,15 @@ _MAPPINGS = ("peak_flops", "kernel_efficiency")
 
 
 def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: float,
-         source: str, links: Links, kernels: Mapping[str, float] | None = None) -> DeviceSpec:
+         source: str, links: Links, kernels: Mapping[str, float] | None = None,
+         reported_gib: float = 0.0) -> DeviceSpec:
     """`tflops`: dense TFLOP/s in `DTYPE_KEYS` order (fp32, tf32, bf16, fp16, fp8, int8);
-    `kernels`: the kernel classes' shares of the peak (`KERNEL_CLASSES`)."""
+    `kernels`: the kernel classes' shares of the peak (`KERNEL_CLASSES`); `reported_gib`:
+    the total the driver gives PyTorch where sourced (module docstring)."""
     assert len(tflops) == len(DTYPE_KEYS)
     peaks = {k: v * T for k, v in zip(DTYPE_KEYS, tflops, strict=True)}
     return DeviceSpec(name, memory_gib * GIB, source, peaks, bandwidth_tb_s * T,
+                      reported_bytes=round(reported_gib * GIB), context_bytes=CONTEXT_BYTES,
                       kernel_efficiency=dict(kernels or {}), gpus_per_node=links.gpus_per_node,
                       intra_node_bytes_per_s=links.intra_gb_s * GB,
                       inter_node_bytes_per_s=links.inter_gb_s * GB, link_source=links.source,
@@ -202,20 +230,20 @@ DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
     #               fp32   tf32    bf16    fp16    fp8     int8     TB/s
     _gpu("h100", 80, (67, 494.5, 989.5, 989.5, 1979, 1979), 3.35,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 SXM5, 80 GB HBM3; dense = sparse / 2)",
-         net.DGX_H100, HOPPER_KERNELS),
+         net.DGX_H100, HOPPER_KERNELS, reported_gib=79.11),
     _gpu("h100-pcie", 80, (51, 378, 756.5, 756.5, 1513, 1513), 2.0,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 PCIe, 80 GB HBM2e; dense = sparse / 2)",
          net.PCIE5_NODE, HOPPER_KERNELS),
     _gpu("h200", 141, (67, 494.5, 989.5, 989.5, 1979, 1979), 4.8,
          "NVIDIA H200 Tensor Core GPU Datasheet (H200 SXM, 141 GB HBM3e; dense = sparse / 2)",
-         net.DGX_H100, HOPPER_KERNELS),
+         net.DGX_H100, HOPPER_KERNELS, reported_gib=139.80),
     # Ampere: no FP8. A100 SXM bandwidth: 1,555 GB/s (40 GB), 2,039 GB/s (80 GB).
     _gpu("a100-40gb", 40, (19.5, 156, 312, 312, 0, 624), 1.555,
          "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 40 GB HBM2; dense figures)",
-         net.DGX_A100),
+         net.DGX_A100, reported_gib=39.50),
     _gpu("a100-80gb", 80, (19.5, 156, 312, 312, 0, 624), 2.039,
          "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 80 GB HBM2e; dense figures)",
-         net.DGX_A100),
+         net.DGX_A100, reported_gib=79.15),
     _gpu("l4", 24, (30.3, 60, 121, 121, 242.5, 242.5), 0.3,
          "NVIDIA L4 Tensor Core GPU Datasheet (24 GB GDDR6; dense = sparse / 2)", net.CLOUD_G2),
     _gpu("l40s", 48, (91.6, 183, 362.05, 362.05, 733, 733), 0.864,
@@ -228,12 +256,14 @@ DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
          "NVIDIA A10 Tensor Core GPU Datasheet (dense = sparse / 2)", net.CLOUD_G5),
     # Turing: no TF32, BF16 or FP8; 65 FP16 TFLOPS and 130 INT8 TOPS are dense.
     _gpu("t4", 16, (8.1, 0, 0, 65, 0, 130), 0.32,
-         "NVIDIA T4 Tensor Core GPU Datasheet (16 GB GDDR6)", net.CLOUD_G4DN),
+         "NVIDIA T4 Tensor Core GPU Datasheet (16 GB GDDR6)", net.CLOUD_G4DN,
+         reported_gib=14.56),
     # GeForce: FP16/BF16 with FP32 accumulate (what PyTorch uses) runs at half the FP16-accumulate
     # rate: 165.2 dense; FP8 and INT8 660.6 dense.
     _gpu("rtx4090", 24, (82.6, 82.6, 165.2, 165.2, 660.6, 660.6), 1.008,
          "NVIDIA GeForce RTX 4090 specifications (24 GB GDDR6X) and NVIDIA Ada GPU "
-         "Architecture whitepaper, Appendix A (dense, FP32 accumulate)", net.WORKSTATION),
+         "Architecture whitepaper, Appendix A (dense, FP32 accumulate)", net.WORKSTATION,
+         reported_gib=23.68),
     # NB: fp32 is MI300X's FP32 *matrix* rate (163.4; vector 81.7): rocBLAS runs fp32 GEMMs on
     # the matrix cores. Dense = the sparsity figure halved.
     _gpu("mi300x", 192, (163.4, 653.7, 1307.4, 1307.4, 2614.9, 2614.9), 5.3,
@@ -290,7 +320,7 @@ def device(name: str, extra: Mapping[str, DeviceSpec] | None = None) -> DeviceSp
 _NUMBERS = ("memory_bytes", "bandwidth_bytes_per_s", "compute_efficiency",
             "bandwidth_efficiency", "launch_s", "gpus_per_node", "intra_node_bytes_per_s",
             "inter_node_bytes_per_s", "host_free_s", "host_module_s", "collective_base_s",
-            "intra_node_hop_s", "inter_node_hop_s")
+            "intra_node_hop_s", "inter_node_hop_s", "reported_bytes", "context_bytes")
 
 
 def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> DeviceSpec:
@@ -309,7 +339,7 @@ def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> D
     values: dict[str, Any] = {k: _number(k, data[k]) for k in _NUMBERS if k in data}
     if "kernel_efficiency" in data:
         values["kernel_efficiency"] = _kernel_shares(data["kernel_efficiency"])
-    for whole in ("memory_bytes", "gpus_per_node"):
+    for whole in ("memory_bytes", "gpus_per_node", "reported_bytes", "context_bytes"):
         if whole in values:
             values[whole] = int(values[whole])
     values.update({k: _typed(k, data[k]) for k in ("name", "source", "kind", "calibrated",
@@ -320,6 +350,9 @@ def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> D
         values.setdefault("source", "user device file")
         return _usable(DeviceSpec(peak_flops=full_peaks, **values))
     merged = {**base.peak_flops, **{k: _number(f"peak_flops.{k}", v) for k, v in peaks.items()}}
+    if "memory_bytes" in values:       # the user's capacity replaces the sourced one
+        values.setdefault("reported_bytes", 0)
+        values.setdefault("context_bytes", 0)
     return _usable(replace(base, peak_flops=merged, **values))
 
 

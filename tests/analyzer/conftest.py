@@ -39,7 +39,7 @@ class FakeLinks:
     nvlink: float = 400e9
     nic: float = 50e9
     name: str = "test"
-    memory_bytes: int = 80 << 30
+    usable_bytes: int = 80 << 30
     gpus_per_node: int = 8
 
     base_s: float = 0.0

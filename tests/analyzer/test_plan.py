@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -287,14 +286,14 @@ def test_search_ranks_fitting_layouts_and_says_why_others_dropped(
     report, facts = gpt
     from fxlens.analyzer.plan.search import PlanRequest, plan_section
 
-    tight = replace(H100, memory_bytes=layout(facts, "fsdp", 4).memory.peak_bytes + 1)
+    tight = H100.with_usable(layout(facts, "fsdp", 4).memory.peak_bytes + 1)
     plan = plan_section(facts, PlanRequest(gpus=4), tight, (), LINK_EFFICIENCY, "", 1.0, 1.0)
     assert plan.layouts and all(layout.fits for layout in plan.layouts)
     steps = [layout.time.step_s / layout.time.tokens_per_step for layout in plan.layouts]
     assert steps == sorted(steps)
     assert plan.dropped_by_reason["does not fit"] >= 1
     too_big = [d for d in plan.dropped if d.reason == "does not fit"]
-    assert too_big and all(d.needed_bytes is not None and d.needed_bytes > tight.memory_bytes
+    assert too_big and all(d.needed_bytes is not None and d.needed_bytes > tight.usable_bytes
                            for d in too_big)
 
 
@@ -304,7 +303,7 @@ def test_a_requested_layout_that_does_not_fit_names_one_that_does(
     from fxlens.analyzer.plan.search import PlanRequest, plan_section
     from fxlens.reports.views.plan import plan_verdict
 
-    tight = replace(H100, memory_bytes=layout(facts, "fsdp", 4).memory.peak_bytes + 1)
+    tight = H100.with_usable(layout(facts, "fsdp", 4).memory.peak_bytes + 1)
     plan = plan_section(facts, PlanRequest(strategy=parse("ddp", 4)), tight, (),
                         LINK_EFFICIENCY, "", 1.0, 1.0)
     assert not plan.layouts[0].fits and plan.layouts[1].fits

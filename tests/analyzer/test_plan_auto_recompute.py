@@ -97,7 +97,7 @@ def test_the_fastest_layout_that_fits_at_every_budget(gpt: Facts) -> None:
     peaks = []
     for i in range(10):
         budget = full + (plain - 1 - full) * i // 9
-        device = dataclasses.replace(H100, memory_bytes=budget)
+        device = H100.with_usable(budget)
         chosen = estimate_auto(facts, dataclasses.replace(base, checkpoint_auto=True), device)
         fitting = [x for x in layouts if x.memory.peak_bytes <= budget]
         assert chosen.fits and chosen.recompute_auto
@@ -109,7 +109,7 @@ def test_the_fastest_layout_that_fits_at_every_budget(gpt: Facts) -> None:
 
 def test_nothing_fits_gives_the_least_peak(gpt: Facts) -> None:
     _, facts = gpt
-    device = dataclasses.replace(H100, memory_bytes=1)
+    device = H100.with_usable(1)
     chosen = estimate_auto(facts, parse("dp=2,ckpt=auto"), device)
     full = estimate(facts, parse("dp=2,ckpt"), device)
     assert not chosen.fits and chosen.memory.peak_bytes <= full.memory.peak_bytes
@@ -122,7 +122,7 @@ def test_the_search_offers_selective_recompute_where_only_it_fits(gpt: Facts) ->
     plain = [estimate(facts, dataclasses.replace(s, checkpoint_auto=False), H100)
              for s in candidates(facts, PlanRequest(gpus=2), 8)
              if isinstance(s, Strategy) and s.checkpoint_auto]
-    device = dataclasses.replace(H100, memory_bytes=min(x.memory.peak_bytes for x in plain) - 1)
+    device = H100.with_usable(min(x.memory.peak_bytes for x in plain) - 1)
     plan = plan_section(facts, PlanRequest(gpus=2), device, (), 0.8, "test", 1.0, 1.0)
     assert plan.layouts and all(x.fits for x in plan.layouts)
     assert any(x.recompute_auto and "ckpt=" in x.strategy and x.time.recompute_s > 0

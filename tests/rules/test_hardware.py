@@ -103,6 +103,39 @@ def test_user_file_overrides_and_adds_devices(tmp_path: Path) -> None:
     assert l40s.peak("fp8") == (3.62e14, "bf16")
 
 
+# what PyTorch reports as the total (its out-of-memory message's "total capacity"), sourced in
+# fxlens/rules/hardware.py; the CUDA context's GiB comes off it
+REPORTED_GIB = {"h100": 79.11, "h200": 139.80, "a100-80gb": 79.15, "a100-40gb": 39.50,
+                "rtx4090": 23.68, "t4": 14.56}
+
+
+@pytest.mark.parametrize("name", REQUIRED)
+def test_usable_memory_is_the_drivers_total_less_the_cuda_context(name: str) -> None:
+    spec = device(name)
+    total = round(REPORTED_GIB[name] * 2**30) if name in REPORTED_GIB else spec.memory_bytes
+    context = 0 if name == "cpu" else 2**30
+    assert spec.usable_bytes == total - context
+    assert spec.usable_bytes < spec.memory_bytes or name == "cpu"
+    assert spec.figures().capacity_bytes == spec.usable_bytes   # what a report records
+
+
+def test_a_users_memory_figure_is_the_budget_as_given(tmp_path: Path) -> None:
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps({"devices": {
+        "h100": {"memory_bytes": 64 * 2**30},
+        "lab-gpu": {"memory_bytes": 48 * 2**30, "bandwidth_bytes_per_s": 1e12,
+                    "peak_flops": {"fp32": 1e13}},
+        "lab-driver": {"memory_bytes": 48 * 2**30, "reported_bytes": 47 * 2**30,
+                       "context_bytes": 2**29, "bandwidth_bytes_per_s": 1e12,
+                       "peak_flops": {"fp32": 1e13}},
+    }}))
+    extra = load_devices(path)
+    assert device("h100", extra).usable_bytes == 64 * 2**30   # not the sourced 79.11 GiB
+    assert device("lab-gpu", extra).usable_bytes == 48 * 2**30
+    assert device("lab-driver", extra).usable_bytes == 47 * 2**30 - 2**29
+    assert DEVICES["h100"].with_usable(10).usable_bytes == 10
+
+
 @pytest.mark.parametrize("bad", [
     {"devices": {"x": {"peak_flops": {"fp4": 1.0}}}},
     {"devices": {"x": {"bandwidth": 1.0}}},

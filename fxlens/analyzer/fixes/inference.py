@@ -38,12 +38,12 @@ def inference_fit(report: Report) -> InferenceFit | None:
     weights = report.model.param_bytes + report.model.buffer_bytes
     per_batch = memory.activation_peak_bytes + (cache.total_bytes if cache is not None else 0)
     batch = cache.batch if cache is not None else leading_batch(report)
-    fit = InferenceFit(device=device.name, device_bytes=device.memory_bytes,
+    fit = InferenceFit(device=device.name, device_bytes=device.capacity_bytes,
                        needed_bytes=weights + per_batch, weights_bytes=weights, batch=batch,
                        decode_bytes=cache.decode_step.total_bytes if cache else None)
     if not fit.judged or fit.fits or batch is None or "batch" not in report.model.resizable:
         return fit
-    smaller = _largest_batch(weights, per_batch / batch, device.memory_bytes, batch)
+    smaller = _largest_batch(weights, per_batch / batch, device.capacity_bytes, batch)
     if smaller is None:
         return fit
     needed = weights + round(per_batch * smaller / batch)

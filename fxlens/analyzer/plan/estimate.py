@@ -176,7 +176,7 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
     )
     collectives = tuple(worst.tensor_parallel + worst.context_parallel + worst.expert_parallel
                         + busiest.data_parallel + ([p2p] if p2p else []))
-    headroom = device.memory_bytes - worst.memory.peak_bytes
+    headroom = device.usable_bytes - worst.memory.peak_bytes
     return PlanLayout(
         strategy=s.label, gpus=s.gpus, nodes=math.ceil(s.gpus / device.gpus_per_node),
         dp=s.dp, tp=s.tp, pp=s.pp, ep=s.ep, zero=s.zero, micro_batches=s.micro_batches,

@@ -166,7 +166,7 @@ def plan_section(facts: ModelFacts, request: PlanRequest, device: Links,
         layouts = fitting[:SHOWN]
         ranked_by = _objective_name(request)
     return Plan(
-        device=device.name, device_bytes=device.memory_bytes,
+        device=device.name, device_bytes=device.usable_bytes,
         gpus_per_node=device.gpus_per_node, intra_node_bytes_per_s=intra,
         inter_node_bytes_per_s=inter, link_efficiency=link_efficiency, link_source=link_source,
         micro_batch_samples=facts.samples, micro_batch_tokens=facts.tokens, blocks=facts.blocks,

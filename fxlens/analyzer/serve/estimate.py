@@ -53,10 +53,15 @@ class ServeRequest:
 
 @dataclass(frozen=True)
 class ServeMemory:
+    """Per GPU. `device_bytes`: the total the driver gives the process (the engine's share,
+    `ServeRequest.utilization`, is of this, as vLLM's ``gpu_memory_utilization`` is);
+    `context_bytes`: what the process holds outside PyTorch's allocator, inside that share."""
+
     device_bytes: int
     weights_bytes: int
     workspace_bytes: int
     kv_bytes_per_token: int
+    context_bytes: int = 0
 
 
 def serve_section(steps: Steps, device: Device, layers: int, request: ServeRequest,
@@ -68,7 +73,7 @@ def serve_section(steps: Steps, device: Device, layers: int, request: ServeReque
     blocks = math.ceil((i + o) / request.block_tokens)
     per_sequence = blocks * request.block_tokens * memory.kv_bytes_per_token
     usable = int(memory.device_bytes * request.utilization)
-    room = usable - memory.weights_bytes - memory.workspace_bytes
+    room = usable - memory.weights_bytes - memory.workspace_bytes - memory.context_bytes
     max_batch = max(room // per_sequence, 0) if per_sequence else 0
     batches = _batches(request.batches, max_batch)
     curve = tuple(point(steps, device, request, b, max_batch) for b in batches)
@@ -83,6 +88,7 @@ def serve_section(steps: Steps, device: Device, layers: int, request: ServeReque
         device_bytes=memory.device_bytes, usable_bytes=usable,
         weights_bytes=memory.weights_bytes, workspace_bytes=memory.workspace_bytes,
         kv_bytes_per_token=memory.kv_bytes_per_token, kv_bytes_per_sequence=per_sequence,
+        context_bytes=memory.context_bytes,
         block_tokens=request.block_tokens,
         block_waste_bytes=(blocks * request.block_tokens - i - o) * memory.kv_bytes_per_token,
         curve=curve, tpot_slo_s=request.tpot_slo_s, layers=layers,

@@ -163,7 +163,7 @@ def training_fit(training: Training, sac: SelectiveCheckpointing | None = None) 
     (the fit is re-stated for it, `fxlens.ckpt_pass`)."""
     fit = training.fit
     assert fit is not None
-    where = f"{fit.device} ({binary_bytes(fit.device_bytes)})"
+    where = f"{fit.device} ({binary_bytes(fit.device_bytes)} usable)"
     checkpointed = ((" with selective checkpointing" if sac is not None else
                      " with checkpointing") if fit.with_checkpointing else "")
     if fit.fits:
@@ -221,7 +221,7 @@ def _inference_fit(report: Report) -> Figure | None:
     if fit is None or not fit.judged:
         return None
     label = f"fits {fit.device}"
-    needs = f"needs {binary_bytes(fit.needed_bytes)} of {binary_bytes(fit.device_bytes)}"
+    needs = f"needs {binary_bytes(fit.needed_bytes)} of {binary_bytes(fit.device_bytes)} usable"
     if fit.fits:
         return Figure(label, "yes", needs, Tone.GOOD)
     parts = [needs]

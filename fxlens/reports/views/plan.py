@@ -75,7 +75,7 @@ def _layouts(plan: Plan) -> Table:
                + ("; no run: the inputs hold no token tensor" if plan.tokens is not None
                   and not plan.micro_batch_tokens else "")
                + "; every assumption under --full and in the JSON.")
-    return Table.of(f"plan · {plan.device} ({binary_bytes(plan.device_bytes)}) · {what}",
+    return Table.of(f"plan · {plan.device} ({binary_bytes(plan.device_bytes)} usable) · {what}",
                     columns(("layout",), tuple(heads)), rows, caption=caption)
 
 
@@ -95,7 +95,7 @@ def _memory(layout: PlanLayout, plan: Plan) -> Table:
     verdict = (f"fits, {binary_bytes(layout.headroom_bytes)} free" if layout.fits else
                f"{binary_bytes(-layout.headroom_bytes)} over")
     return Table.of(f"memory per GPU · {layout.strategy} · stage {m.stage} "
-                    f"({verdict} of {binary_bytes(plan.device_bytes)})",
+                    f"({verdict} of {binary_bytes(plan.device_bytes)} usable)",
                     (Column("what"), Column("bytes", right=True)), rows)
 
 
@@ -154,7 +154,7 @@ def _transfers(layout: PlanLayout) -> Table:
 def _dropped(plan: Plan, top: int) -> Table:
     rows = [(d.strategy, d.reason if d.needed_bytes is None else
              f"needs {binary_bytes(d.needed_bytes)} per GPU of "
-             f"{binary_bytes(plan.device_bytes)}") for d in plan.dropped[:top]]
+             f"{binary_bytes(plan.device_bytes)} usable") for d in plan.dropped[:top]]
     reasons = ", ".join(f"{n} {reason}" for reason, n in plan.dropped_by_reason.items())
     return Table.of(f"dropped layouts ({sum(plan.dropped_by_reason.values())}: {reasons})",
                     (Column("layout"), Column("why")), rows)
@@ -172,7 +172,7 @@ def plan_verdict(plan: Plan) -> Figure:
            + (f", ${si(first.run.cost)}" if first.run.cost is not None else "")
            if first.run is not None else "")
     summary = (f"{first.strategy}: {binary_bytes(first.memory.peak_bytes)} per GPU of "
-               f"{binary_bytes(plan.device_bytes)}; step {seconds(t.step_s)}, MFU "
+               f"{binary_bytes(plan.device_bytes)} usable; step {seconds(t.step_s)}, MFU "
                f"{t.mfu:.1%}{run}")
     label = f"plan: {first.gpus}× {plan.device}"
     if first.fits:

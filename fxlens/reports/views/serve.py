@@ -128,6 +128,7 @@ def memory_table(serve: Serve) -> Table:
         ("weights", binary_bytes(serve.weights_bytes)
          + (f" ({serve.weights_format})" if serve.weights_format else "")),
         ("prefill workspace", f"{binary_bytes(serve.workspace_bytes)} (one prompt)"),
+        *([("CUDA context", binary_bytes(serve.context_bytes))] if serve.context_bytes else []),
         ("KV cache per token", binary_bytes(serve.kv_bytes_per_token)),
         ("KV cache per request", f"{binary_bytes(serve.kv_bytes_per_sequence)} "
                                  f"({serve.block_tokens}-token blocks{waste})"),

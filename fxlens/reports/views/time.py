@@ -65,7 +65,10 @@ def roofline_summary(section: Roofline) -> Table:
                       sorted(device.kernel_efficiency.items()))
     caption = (f"{device.source} · efficiency: compute {device.compute_efficiency}{kernels}, "
                f"bandwidth {device.bandwidth_efficiency}; launch {seconds(device.launch_s)} "
-               "per kernel")
+               "per kernel"
+               + (f" · memory {binary_bytes(device.capacity_bytes)} usable of "
+                  f"{binary_bytes(device.memory_bytes)} (the driver's reserve and the CUDA "
+                  f"context out)" if device.capacity_bytes < device.memory_bytes else ""))
     return Table.of(f"roofline · {device.name} ({figures})",
                     (Column("", strong=True), Column("", right=True), Column("")), rows,
                     caption=caption, show_header=False)

@@ -73,3 +73,4 @@ class Serve(Section):
     tp: int = 1                     # GPUs of the tensor-parallel group (memory figures per GPU)
     max_load: ServeMaxLoad | None = optional()
     weights_format: str = ""        # how the linear layers' weights are stored ("": as loaded)
+    context_bytes: int = 0          # the process outside PyTorch's allocator (CUDA context)

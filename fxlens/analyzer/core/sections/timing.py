@@ -29,6 +29,12 @@ class DeviceFigures:
     kernel_efficiency: Mapping[str, float] = field(default_factory=dict)   # class → share
     host_free_s: float = 0.0        # the host per free op (a view), on a GPU
     host_module_s: float = 0.0      # the host per module call, on a GPU
+    usable_bytes: int = 0           # what one process can allocate; 0: a report before it
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The memory fits verdicts compare with: usable where recorded, else the total."""
+        return self.usable_bytes or self.memory_bytes
 
 
 @dataclass(frozen=True)
