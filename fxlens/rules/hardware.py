@@ -66,6 +66,12 @@ lists that share in `kernel_efficiency` (a share of the *datasheet* peak, like t
   the measured module also runs taken out by their bytes: 0.52–0.61 of the dense peak forward
   and 0.45–0.50 backward (the weight gradient reduces over the rows); Qwen3-30B's narrower
   experts about 0.3. 0.5 for the Hopper entries (forward and backward are the same op).
+Dtype shares (`dtype_efficiency`): a dtype whose GEMMs reach a share of *its* peak other than
+`compute_efficiency`. Hopper's fp8 GEMMs do not keep pace with their doubled peak: `analyze
+calibrate` on an H200 (bench/gpu/runs/h200-2026-11-27-final-profile.json, 8192³,
+``torch._scaled_mm`` e4m3 with bf16 out) reached 1,290 TFLOP/s, 0.65 of the 1,979 dense peak,
+where bf16 reached 762, 0.77 of 989.5 (and aligned model GEMMs 0.71–0.80 above); 0.65 for fp8
+on the Hopper entries. A kernel class's share, where it has one, comes first.
 NB: host costs of an eager run on a GPU (`fxlens.analyzer.time.host`): a CUDA kernel launch
 costs ≈ 2–5 µs of CPU time and PyTorch's eager dispatch ≈ 5–10 µs per op on top. Measured
 from Python on two H200 hosts (bench/gpu, 2026-11-27): 7.0–9.0 µs per ``torch.add``, 8.1–12.0
@@ -115,6 +121,7 @@ GROUPED_GEMM = "gemm-grouped"
 KERNEL_CLASSES = (MISALIGNED_GEMM, ATTENTION_FORWARD, ATTENTION_BACKWARD, GROUPED_GEMM)
 HOPPER_KERNELS: Mapping[str, float] = {MISALIGNED_GEMM: 0.1, ATTENTION_FORWARD: 0.55,
                                        ATTENTION_BACKWARD: 0.45, GROUPED_GEMM: 0.5}
+HOPPER_DTYPES: Mapping[str, float] = {"fp8": 0.65}
 CONTEXT_BYTES = GIB
 
 
@@ -146,6 +153,7 @@ class DeviceSpec:
     intra_node_hop_s: float = 0.0                # per ring step inside a node
     inter_node_hop_s: float = net.NCCL_NET_HOP_US * US   # per ring step across nodes
     kernel_efficiency: Mapping[str, float] = field(default_factory=dict)   # class → share
+    dtype_efficiency: Mapping[str, float] = field(default_factory=dict)    # dtype key → share
     host_free_s: float = HOST_FREE_S         # the host per free op (view), GPU timeline
     host_module_s: float = HOST_MODULE_S     # the host per module call, GPU timeline
     reported_bytes: int = 0                  # what the driver gives PyTorch; 0: memory_bytes
@@ -172,7 +180,8 @@ class DeviceSpec:
     def achievable_flops(self, key: str, kernel: str = "") -> float:
         """FLOP/s real kernels reach at dtype `key`; a kernel class of `kernel_efficiency`
         (e.g. ``gemm-misaligned``) reaches its own share of the peak."""
-        share = self.kernel_efficiency.get(kernel, self.compute_efficiency)
+        share = self.kernel_efficiency.get(
+            kernel, self.dtype_efficiency.get(key, self.compute_efficiency))
         return self.peak(key)[0] * share
 
     @property
@@ -204,12 +213,12 @@ class DeviceSpec:
                          else getattr(self, f.name)) for f in fields(self)}
 
 
-_MAPPINGS = ("peak_flops", "kernel_efficiency")
+_MAPPINGS = ("peak_flops", "kernel_efficiency", "dtype_efficiency")
 
 
 def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: float,
          source: str, links: Links, kernels: Mapping[str, float] | None = None,
-         reported_gib: float = 0.0) -> DeviceSpec:
+         reported_gib: float = 0.0, dtypes: Mapping[str, float] | None = None) -> DeviceSpec:
     """`tflops`: dense TFLOP/s in `DTYPE_KEYS` order (fp32, tf32, bf16, fp16, fp8, int8);
     `kernels`: the kernel classes' shares of the peak (`KERNEL_CLASSES`); `reported_gib`:
     the total the driver gives PyTorch where sourced (module docstring)."""
@@ -217,7 +226,8 @@ def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: 
     peaks = {k: v * T for k, v in zip(DTYPE_KEYS, tflops, strict=True)}
     return DeviceSpec(name, memory_gib * GIB, source, peaks, bandwidth_tb_s * T,
                       reported_bytes=round(reported_gib * GIB), context_bytes=CONTEXT_BYTES,
-                      kernel_efficiency=dict(kernels or {}), gpus_per_node=links.gpus_per_node,
+                      kernel_efficiency=dict(kernels or {}), dtype_efficiency=dict(dtypes or {}),
+                      gpus_per_node=links.gpus_per_node,
                       intra_node_bytes_per_s=links.intra_gb_s * GB,
                       inter_node_bytes_per_s=links.inter_gb_s * GB, link_source=links.source,
                       collective_base_s=links.base_us * US,
@@ -230,13 +240,13 @@ DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
     #               fp32   tf32    bf16    fp16    fp8     int8     TB/s
     _gpu("h100", 80, (67, 494.5, 989.5, 989.5, 1979, 1979), 3.35,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 SXM5, 80 GB HBM3; dense = sparse / 2)",
-         net.DGX_H100, HOPPER_KERNELS, reported_gib=79.11),
+         net.DGX_H100, HOPPER_KERNELS, reported_gib=79.11, dtypes=HOPPER_DTYPES),
     _gpu("h100-pcie", 80, (51, 378, 756.5, 756.5, 1513, 1513), 2.0,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 PCIe, 80 GB HBM2e; dense = sparse / 2)",
-         net.PCIE5_NODE, HOPPER_KERNELS),
+         net.PCIE5_NODE, HOPPER_KERNELS, dtypes=HOPPER_DTYPES),
     _gpu("h200", 141, (67, 494.5, 989.5, 989.5, 1979, 1979), 4.8,
          "NVIDIA H200 Tensor Core GPU Datasheet (H200 SXM, 141 GB HBM3e; dense = sparse / 2)",
-         net.DGX_H100, HOPPER_KERNELS, reported_gib=139.80),
+         net.DGX_H100, HOPPER_KERNELS, reported_gib=139.80, dtypes=HOPPER_DTYPES),
     # Ampere: no FP8. A100 SXM bandwidth: 1,555 GB/s (40 GB), 2,039 GB/s (80 GB).
     _gpu("a100-40gb", 40, (19.5, 156, 312, 312, 0, 624), 1.555,
          "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 40 GB HBM2; dense figures)",
@@ -339,6 +349,8 @@ def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> D
     values: dict[str, Any] = {k: _number(k, data[k]) for k in _NUMBERS if k in data}
     if "kernel_efficiency" in data:
         values["kernel_efficiency"] = _kernel_shares(data["kernel_efficiency"])
+    if "dtype_efficiency" in data:
+        values["dtype_efficiency"] = _dtype_shares(data["dtype_efficiency"])
     for whole in ("memory_bytes", "gpus_per_node", "reported_bytes", "context_bytes"):
         if whole in values:
             values[whole] = int(values[whole])
@@ -363,6 +375,16 @@ def _kernel_shares(data: Any) -> dict[str, float]:
     if bad:
         raise ValueError(f"unknown kernel class(es) {sorted(bad)}; known: {KERNEL_CLASSES}")
     return {k: _number(f"kernel_efficiency.{k}", v) for k, v in data.items()}
+
+
+def _dtype_shares(data: Any) -> dict[str, float]:
+    if not isinstance(data, Mapping):
+        raise ValueError("dtype_efficiency must be an object of dtype key → share")
+    bad = set(data) - set(DTYPE_KEYS)
+    if bad:
+        raise ValueError(f"unknown dtype key(s) {sorted(bad)} in dtype_efficiency; "
+                         f"known: {DTYPE_KEYS}")
+    return {k: _number(f"dtype_efficiency.{k}", v) for k, v in data.items()}
 
 
 def _number(name: str, value: Any) -> float:

@@ -119,6 +119,21 @@ def test_usable_memory_is_the_drivers_total_less_the_cuda_context(name: str) -> 
     assert spec.figures().capacity_bytes == spec.usable_bytes   # what a report records
 
 
+def test_hopper_fp8_gemms_reach_their_measured_share_of_the_fp8_peak(tmp_path: Path) -> None:
+    h100 = device("h100")
+    assert h100.achievable_flops("fp8") == pytest.approx(0.65 * 1979 * T)
+    assert h100.achievable_flops("bf16") == pytest.approx(GEMM_EFFICIENCY * 989.5 * T)
+    assert h100.achievable_flops("fp8", "gemm-misaligned") == pytest.approx(0.1 * 1979 * T)
+    assert device("a100-80gb").dtype_efficiency == {}       # unmeasured: the rule of thumb
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps({"devices": {"h100": {"dtype_efficiency": {"bf16": 0.8}}}}))
+    mine = device("h100", load_devices(path))
+    assert mine.achievable_flops("bf16") == pytest.approx(0.8 * 989.5 * T)
+    path.write_text(json.dumps({"devices": {"h100": {"dtype_efficiency": {"fp4": 0.8}}}}))
+    with pytest.raises(ValueError, match="fp4"):
+        load_devices(path)
+
+
 def test_a_users_memory_figure_is_the_budget_as_given(tmp_path: Path) -> None:
     path = tmp_path / "devices.json"
     path.write_text(json.dumps({"devices": {

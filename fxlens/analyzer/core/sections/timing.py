@@ -30,6 +30,7 @@ class DeviceFigures:
     host_free_s: float = 0.0        # the host per free op (a view), on a GPU
     host_module_s: float = 0.0      # the host per module call, on a GPU
     usable_bytes: int = 0           # what one process can allocate; 0: a report before it
+    dtype_efficiency: Mapping[str, float] = field(default_factory=dict)    # key → share
 
     @property
     def capacity_bytes(self) -> int:
