@@ -151,7 +151,8 @@ def table(rows: list[dict[str, Any]]) -> str:
         fits = sum(m["fits"] for m in ran)
         if errors:
             lines.append(f"\n{mode}: median absolute error {statistics.median(errors):.0%} over "
-                         f"{len(errors)} runs; {fits} of {len(errors)} fit in 80 GB (all ran).")
+                         f"{len(errors)} runs; {fits} of {len(errors)} fit in an H100's usable "
+                         f"memory (all ran on 80 GB H100s).")
     return "\n".join(lines)
 
 
@@ -159,6 +160,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="*", help="run names to run (default: all)")
     parser.add_argument("--out", type=Path, default=HERE / "results.json")
+    parser.add_argument("--merge", action="store_true",
+                        help="replace the --only rows in --out's results, keep the others, "
+                             "and print the whole table")
     args = parser.parse_args()
     runs = json.loads((HERE / "runs.json").read_text())["runs"]
     rows = []
@@ -169,6 +173,10 @@ def main() -> None:
         said = {m: round(row[m]["error"], 3) for m in MODES if m in row}
         print(f"{row['name']}: {said or row.get('skipped')}", file=sys.stderr)
         rows.append(row)
+    if args.merge and args.out.exists():
+        fresh = {r["name"]: r for r in rows}
+        kept = json.loads(args.out.read_text())
+        rows = [fresh.pop(r["name"], r) for r in kept] + list(fresh.values())
     args.out.write_text(json.dumps(rows, indent=1) + "\n")
     print(table(rows))
 

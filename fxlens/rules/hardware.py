@@ -72,6 +72,10 @@ calibrate` on an H200 (bench/gpu/runs/h200-2026-11-27-final-profile.json, 8192³
 ``torch._scaled_mm`` e4m3 with bf16 out) reached 1,290 TFLOP/s, 0.65 of the 1,979 dense peak,
 where bf16 reached 762, 0.77 of 989.5 (and aligned model GEMMs 0.71–0.80 above); 0.65 for fp8
 on the Hopper entries. A kernel class's share, where it has one, comes first.
+Multiprocessors (`multiprocessors`, what a plan prices overlapped communication kernels
+against): 132 SMs on an H100 or H200 SXM, 114 on an H100 PCIe (NVIDIA H100 Tensor Core GPU
+Architecture whitepaper), 108 on an A100 (NVIDIA A100 Tensor Core GPU Architecture
+whitepaper); 0 (unknown) elsewhere.
 NB: host costs of an eager run on a GPU (`fxlens.analyzer.time.host`): a CUDA kernel launch
 costs ≈ 2–5 µs of CPU time and PyTorch's eager dispatch ≈ 5–10 µs per op on top. Measured
 from Python on two H200 hosts (bench/gpu, 2026-11-27): 7.0–9.0 µs per ``torch.add``, 8.1–12.0
@@ -157,6 +161,7 @@ class DeviceSpec:
     host_free_s: float = HOST_FREE_S         # the host per free op (view), GPU timeline
     host_module_s: float = HOST_MODULE_S     # the host per module call, GPU timeline
     reported_bytes: int = 0                  # what the driver gives PyTorch; 0: memory_bytes
+    multiprocessors: int = 0                 # SMs (CUs); 0: unknown
     context_bytes: int = 0                   # per process outside PyTorch's allocator
 
     @property
@@ -218,7 +223,8 @@ _MAPPINGS = ("peak_flops", "kernel_efficiency", "dtype_efficiency")
 
 def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: float,
          source: str, links: Links, kernels: Mapping[str, float] | None = None,
-         reported_gib: float = 0.0, dtypes: Mapping[str, float] | None = None) -> DeviceSpec:
+         reported_gib: float = 0.0, dtypes: Mapping[str, float] | None = None,
+         multiprocessors: int = 0) -> DeviceSpec:
     """`tflops`: dense TFLOP/s in `DTYPE_KEYS` order (fp32, tf32, bf16, fp16, fp8, int8);
     `kernels`: the kernel classes' shares of the peak (`KERNEL_CLASSES`); `reported_gib`:
     the total the driver gives PyTorch where sourced (module docstring)."""
@@ -226,6 +232,7 @@ def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: 
     peaks = {k: v * T for k, v in zip(DTYPE_KEYS, tflops, strict=True)}
     return DeviceSpec(name, memory_gib * GIB, source, peaks, bandwidth_tb_s * T,
                       reported_bytes=round(reported_gib * GIB), context_bytes=CONTEXT_BYTES,
+                      multiprocessors=multiprocessors,
                       kernel_efficiency=dict(kernels or {}), dtype_efficiency=dict(dtypes or {}),
                       gpus_per_node=links.gpus_per_node,
                       intra_node_bytes_per_s=links.intra_gb_s * GB,
@@ -240,20 +247,22 @@ DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
     #               fp32   tf32    bf16    fp16    fp8     int8     TB/s
     _gpu("h100", 80, (67, 494.5, 989.5, 989.5, 1979, 1979), 3.35,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 SXM5, 80 GB HBM3; dense = sparse / 2)",
-         net.DGX_H100, HOPPER_KERNELS, reported_gib=79.11, dtypes=HOPPER_DTYPES),
+         net.DGX_H100, HOPPER_KERNELS, reported_gib=79.11, dtypes=HOPPER_DTYPES,
+         multiprocessors=132),
     _gpu("h100-pcie", 80, (51, 378, 756.5, 756.5, 1513, 1513), 2.0,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 PCIe, 80 GB HBM2e; dense = sparse / 2)",
-         net.PCIE5_NODE, HOPPER_KERNELS, dtypes=HOPPER_DTYPES),
+         net.PCIE5_NODE, HOPPER_KERNELS, dtypes=HOPPER_DTYPES, multiprocessors=114),
     _gpu("h200", 141, (67, 494.5, 989.5, 989.5, 1979, 1979), 4.8,
          "NVIDIA H200 Tensor Core GPU Datasheet (H200 SXM, 141 GB HBM3e; dense = sparse / 2)",
-         net.DGX_H100, HOPPER_KERNELS, reported_gib=139.80, dtypes=HOPPER_DTYPES),
+         net.DGX_H100, HOPPER_KERNELS, reported_gib=139.80, dtypes=HOPPER_DTYPES,
+         multiprocessors=132),
     # Ampere: no FP8. A100 SXM bandwidth: 1,555 GB/s (40 GB), 2,039 GB/s (80 GB).
     _gpu("a100-40gb", 40, (19.5, 156, 312, 312, 0, 624), 1.555,
          "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 40 GB HBM2; dense figures)",
-         net.DGX_A100, reported_gib=39.50),
+         net.DGX_A100, reported_gib=39.50, multiprocessors=108),
     _gpu("a100-80gb", 80, (19.5, 156, 312, 312, 0, 624), 2.039,
          "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 80 GB HBM2e; dense figures)",
-         net.DGX_A100, reported_gib=79.15),
+         net.DGX_A100, reported_gib=79.15, multiprocessors=108),
     _gpu("l4", 24, (30.3, 60, 121, 121, 242.5, 242.5), 0.3,
          "NVIDIA L4 Tensor Core GPU Datasheet (24 GB GDDR6; dense = sparse / 2)", net.CLOUD_G2),
     _gpu("l40s", 48, (91.6, 183, 362.05, 362.05, 733, 733), 0.864,
@@ -330,7 +339,8 @@ def device(name: str, extra: Mapping[str, DeviceSpec] | None = None) -> DeviceSp
 _NUMBERS = ("memory_bytes", "bandwidth_bytes_per_s", "compute_efficiency",
             "bandwidth_efficiency", "launch_s", "gpus_per_node", "intra_node_bytes_per_s",
             "inter_node_bytes_per_s", "host_free_s", "host_module_s", "collective_base_s",
-            "intra_node_hop_s", "inter_node_hop_s", "reported_bytes", "context_bytes")
+            "intra_node_hop_s", "inter_node_hop_s", "reported_bytes", "context_bytes",
+            "multiprocessors")
 
 
 def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> DeviceSpec:
@@ -351,7 +361,8 @@ def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> D
         values["kernel_efficiency"] = _kernel_shares(data["kernel_efficiency"])
     if "dtype_efficiency" in data:
         values["dtype_efficiency"] = _dtype_shares(data["dtype_efficiency"])
-    for whole in ("memory_bytes", "gpus_per_node", "reported_bytes", "context_bytes"):
+    for whole in ("memory_bytes", "gpus_per_node", "reported_bytes", "context_bytes",
+                  "multiprocessors"):
         if whole in values:
             values[whole] = int(values[whole])
     values.update({k: _typed(k, data[k]) for k in ("name", "source", "kind", "calibrated",

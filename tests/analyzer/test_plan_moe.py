@@ -12,7 +12,12 @@ import pytest
 from fxlens.analyzer.plan.estimate import _expert_exposed_s, _experts_s
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import Unit
-from fxlens.analyzer.plan.transfers import distinct_holders, expert_parallel
+from fxlens.analyzer.plan.transfers import (
+    DEEPEP_SMS,
+    distinct_holders,
+    expert_parallel,
+    sm_slowdown_s,
+)
 from fxlens.analyzer.plan.workload import ExpertGemm, ExpertWork
 from tests.analyzer.conftest import FakeLinks
 from tests.analyzer.test_plan import hf_facts, layout
@@ -74,6 +79,22 @@ def test_a2a_overlap_hides_all_to_alls_behind_the_other_micro_batch(
     overlapped = Strategy(dp=8, ep=8, micro_batches=4, a2a_overlap=True)
     assert _expert_exposed_s(overlapped, 8.0, compute_s, compute_s) == pytest.approx(exposed)
     assert _expert_exposed_s(Strategy(dp=8, ep=8, micro_batches=4), 8.0, 1e9, 1e9) == 8.0
+
+
+def test_hidden_deepep_transfers_slow_the_compute_beside_them_by_their_sms() -> None:
+    tokens, k, hidden = 1024, 8, 4096
+    units = moe_units(1, tokens, k, hidden)
+    deepep = expert_parallel(Strategy(dp=8, ep=8, dispatch="deepep", a2a_overlap=True),
+                             FakeLinks(), units, tokens, 128)
+    nccl = expert_parallel(Strategy(dp=8, ep=8, dispatch="alltoall", a2a_overlap=True),
+                           FakeLinks(), units, tokens, 128)
+    h100 = FakeLinks(multiprocessors=132)
+    seconds = deepep[0].time_s
+    assert DEEPEP_SMS == 20
+    assert sm_slowdown_s(deepep, 0.75, h100) == pytest.approx(seconds * 0.75 * 20 / 132)
+    assert sm_slowdown_s(deepep, 0.0, h100) == 0.0                 # nothing ran beside compute
+    assert sm_slowdown_s(deepep, 0.75, FakeLinks()) == 0.0          # SMs unknown
+    assert sm_slowdown_s(nccl, 0.75, h100) == 0.0                   # NCCL's share: unmodelled
 
 
 def test_expert_weight_sized_ops_run_on_the_experts_a_gpu_holds() -> None:

@@ -31,7 +31,9 @@ micro-batch times, the bubble being ``(p − 1)/v`` of them. Gradient and ZeRO t
 the compute it can run beside — the last micro-batch's backward for DDP and ZeRO-1/2, every
 micro-batch's compute for ZeRO-3 — and only the excess is exposed. The optimizer step scales
 with the state a GPU holds. Transfers: `fxlens.analyzer.plan.transfers`.
-NB: congestion, NCCL's tree algorithms, and compute slowed by concurrent communication are
+Compute beside hidden DeepEP transfers runs on the SMs DeepEP leaves it
+(`fxlens.analyzer.plan.transfers.sm_slowdown_s`).
+NB: congestion, NCCL's tree algorithms, and compute slowed by concurrent NCCL collectives are
 not modelled (a collective's per-call latency is: `fxlens.analyzer.plan.transfers`); expert
 load is taken as balanced (every GPU receives its share of the routed rows).
 """
@@ -61,6 +63,7 @@ from fxlens.analyzer.plan.transfers import (
     expert_parallel,
     pipeline_transfer,
     ring_attention,
+    sm_slowdown_s,
     tensor_parallel,
 )
 from fxlens.analyzer.plan.workload import ModulePart
@@ -119,6 +122,7 @@ class _Stage:
     context_parallel: list[Collective]
     ring_exposed_s: float           # every micro-batch
     expert_exposed_s: float         # every micro-batch
+    sm_slowdown_s: float            # every micro-batch: compute beside DeepEP's kernels
     data_parallel: list[Collective]
     boundary_bytes: int             # activation sent to the next stage per micro-batch
     compression_s: float = 0.0      # PowerSGD's factorisation, on the data-parallel path
@@ -132,7 +136,7 @@ class _Stage:
     def blocking_s(self) -> float:
         """Transfers on the critical path, every micro-batch."""
         return (sum(c.time_s for c in self.tensor_parallel) + self.expert_exposed_s
-                + self.ring_exposed_s)
+                + self.ring_exposed_s + self.sm_slowdown_s)
 
 
 def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
@@ -163,6 +167,7 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
         expert_parallel_s=max(sum((c.time_s for c in e.expert_parallel), 0.0)
                               for e in evaluated),
         expert_parallel_exposed_s=max(e.expert_exposed_s for e in evaluated),
+        expert_overlap_slowdown_s=max(e.sm_slowdown_s for e in evaluated),
         pipeline_s=p2p.time_s if p2p else 0.0, bubble_s=bubble, data_parallel_s=dp_s,
         data_parallel_exposed_s=exposed, optimizer_s=optimizer, step_s=step,
         samples_per_step=samples, tokens_per_step=step_tokens,
@@ -282,13 +287,15 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     uncompressed = (data_parallel(_uncompressed(s), device, dense, expert, shard, expert_shard)
                     if s.compresses else gradients)
     nxt = parts[index + 1][0] if index + 1 < len(parts) and parts[index + 1] else None
+    all_to_all = sum(c.time_s for c in experts)
+    exposed = _expert_exposed_s(s, all_to_all, m * (forward + recompute_s), m * backward)
+    hidden_share = 1 - exposed / all_to_all if all_to_all > 0 else 0.0
     return _Stage(
         memory=memory, compute_s=m * (forward + backward + recompute_s),
         backward_s=m * backward, recompute_s=m * recompute_s,
         tensor_parallel=tensor_parallel(s, device, units),
         expert_parallel=experts,
-        expert_exposed_s=_expert_exposed_s(s, sum(c.time_s for c in experts),
-                                           m * (forward + recompute_s), m * backward),
+        expert_exposed_s=exposed, sm_slowdown_s=sm_slowdown_s(experts, hidden_share, device),
         context_parallel=ring, ring_exposed_s=ring_exposed,
         data_parallel=gradients,
         compression_s=(powersgd_flops(mine, s.powersgd) / facts.peak_flops

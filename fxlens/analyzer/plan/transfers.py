@@ -26,6 +26,11 @@ layers the same GPUs of a stage as etp innermost, then ep, then expert dp.
   one over NVLink; with balanced routing a token's k experts of E over n holders fall on
   ``n·(1 − C(E − E/n, k)/C(E, k))`` distinct holders (`distinct_holders`): 2.7 remote nodes of
   3 instead of 6 expert copies for Qwen3-235B (k = 8 of 128) at ep = 32 over four nodes.
+  DeepEP's kernels run on `DEEPEP_SMS` = 20 multiprocessors (Megatron-core's
+  ``moe_deepep_num_sms`` default; the DeepSeek-V3 report's 20 of 132 SMs for its all-to-alls):
+  hidden behind another micro-batch (``a2a-overlap``) they slow that compute by that share of
+  the SMs for as long as they run (`sm_slowdown_s`). NB: NCCL's all-to-all (``alltoall``)
+  also runs on SMs (a CTA per channel); its share is not modelled.
 - Data parallel over the GPUs holding the same weights (dp · cp for the dense part, the expert
   data-parallel group for experts): DDP all-reduces the gradients once per step; ZeRO-1/2
   reduce-scatter them and all-gather the updated weights; ZeRO-3 gathers the weights in the
@@ -48,6 +53,9 @@ from fxlens.analyzer.plan.compression import Matrix, powersgd_bytes, quantized_b
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import Unit
 
+DEEPEP_CAUSE = "expert routing (DeepEP)"
+DEEPEP_SMS = 20
+
 
 class Links(Protocol):
     """What a layout reads of a device (`fxlens.rules.hardware.DeviceSpec` has it)."""
@@ -58,6 +66,8 @@ class Links(Protocol):
     def usable_bytes(self) -> int: ...
     @property
     def gpus_per_node(self) -> int: ...
+    @property
+    def multiprocessors(self) -> int: ...
 
     def link_bytes_per_s(self, within_node: bool) -> float: ...
 
@@ -212,10 +222,22 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
     each = latency_s("all-to-all", group, device) + max(
         across / device.link_bytes_per_s(False) if nodes > 1 else 0.0,
         per_gpu * (group.size - 1) / group.size / device.link_bytes_per_s(True))
-    return [Collective(kind="all-to-all", cause="expert routing (DeepEP)", group=group.size,
+    return [Collective(kind="all-to-all", cause=DEEPEP_CAUSE, group=group.size,
                        across_nodes=not inside, bytes=round(per_gpu),
                        calls=passes * s.micro_batches, time_s=each * passes * s.micro_batches,
                        overlapped=s.a2a_overlap)]
+
+
+def sm_slowdown_s(collectives: Sequence[Collective], hidden_share: float,
+                  device: Links) -> float:
+    """Seconds the compute beside hidden DeepEP transfers loses: DeepEP's kernels hold
+    `DEEPEP_SMS` of the GPU's multiprocessors while they run, so compute overlapping t seconds
+    of them finishes ``t · DEEPEP_SMS / SMs`` later (0 where the SM count is unknown).
+    `hidden_share`: the share of the expert all-to-alls compute hides."""
+    if device.multiprocessors <= 0:
+        return 0.0
+    deepep = sum(c.time_s for c in collectives if c.cause == DEEPEP_CAUSE)
+    return deepep * hidden_share * DEEPEP_SMS / device.multiprocessors
 
 
 def distinct_holders(experts: int, chosen: float, holders: int) -> float:
