@@ -162,6 +162,7 @@ class DeviceSpec:
     host_module_s: float = HOST_MODULE_S     # the host per module call, GPU timeline
     reported_bytes: int = 0                  # what the driver gives PyTorch; 0: memory_bytes
     multiprocessors: int = 0                 # SMs (CUs); 0: unknown
+    collective_sms: int = 0                  # SMs an NCCL collective holds; 0: unknown
     context_bytes: int = 0                   # per process outside PyTorch's allocator
 
     @property
@@ -239,7 +240,8 @@ def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: 
                       inter_node_bytes_per_s=links.inter_gb_s * GB, link_source=links.source,
                       collective_base_s=links.base_us * US,
                       intra_node_hop_s=links.intra_hop_us * US,
-                      inter_node_hop_s=links.inter_hop_us * US)
+                      inter_node_hop_s=links.inter_hop_us * US,
+                      collective_sms=links.collective_sms)
 
 
 DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
@@ -340,7 +342,7 @@ _NUMBERS = ("memory_bytes", "bandwidth_bytes_per_s", "compute_efficiency",
             "bandwidth_efficiency", "launch_s", "gpus_per_node", "intra_node_bytes_per_s",
             "inter_node_bytes_per_s", "host_free_s", "host_module_s", "collective_base_s",
             "intra_node_hop_s", "inter_node_hop_s", "reported_bytes", "context_bytes",
-            "multiprocessors")
+            "multiprocessors", "collective_sms")
 
 
 def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> DeviceSpec:
@@ -362,7 +364,7 @@ def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> D
     if "dtype_efficiency" in data:
         values["dtype_efficiency"] = _dtype_shares(data["dtype_efficiency"])
     for whole in ("memory_bytes", "gpus_per_node", "reported_bytes", "context_bytes",
-                  "multiprocessors"):
+                  "multiprocessors", "collective_sms"):
         if whole in values:
             values[whole] = int(values[whole])
     values.update({k: _typed(k, data[k]) for k in ("name", "source", "kind", "calibrated",

@@ -29,6 +29,7 @@ vLLM's custom all-reduce) are not modelled separately.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 GB = 1e9
 US = 1e-6
@@ -57,17 +58,21 @@ class Links:
     base_us: float = NCCL_BASE_US
     intra_hop_us: float = NVLINK_HOP_US
     inter_hop_us: float = NCCL_NET_HOP_US
+    collective_sms: int = 0        # SMs an NCCL collective holds at full speed; 0: unknown
 
 
 _NCCL = "; collective latency from NCCL 2.20.3's cost model"
-_PCIE = {"intra_hop_us": PCIE_HOP_US}
+_PCIE: dict[str, Any] = {"intra_hop_us": PCIE_HOP_US}
 
 # NVLink totals on the datasheets are bidirectional: halved. PCIe Gen4 x16 ≈ 32 GB/s and Gen5
 # x16 ≈ 64 GB/s per direction; Gen3 x16 ≈ 16.
+# NCCL on a DGX (8 NICs) runs a collective on 16 SMs, one CTA per channel, none shared with
+# compute kernels (NCCL's maintainer, NVIDIA/nccl#689)
+_DGX_SMS: dict[str, Any] = {"collective_sms": 16}
 DGX_H100 = Links(8, 450, 50, "NVLink 4: 900 GB/s bidirectional per GPU (H100/H200 SXM "
-                 "datasheets); DGX H100: one 400 Gb/s ConnectX-7 per GPU" + _NCCL)
+                 "datasheets); DGX H100: one 400 Gb/s ConnectX-7 per GPU" + _NCCL, **_DGX_SMS)
 DGX_A100 = Links(8, 300, 25, "NVLink 3: 600 GB/s bidirectional per GPU (A100 datasheet); "
-                 "DGX A100: one 200 Gb/s HDR InfiniBand per GPU" + _NCCL)
+                 "DGX A100: one 200 Gb/s HDR InfiniBand per GPU" + _NCCL, **_DGX_SMS)
 PCIE5_NODE = Links(8, 64, 50, "PCIe Gen5 x16 (the NVLink bridge joins pairs only); one "
                    "400 Gb/s NIC per GPU" + _NCCL, **_PCIE)
 CLOUD_G2 = Links(8, 32, 100 / 8 / 8, "PCIe Gen4 x16; 8 GPUs sharing 100 Gb/s (GCP "

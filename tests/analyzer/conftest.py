@@ -42,6 +42,7 @@ class FakeLinks:
     usable_bytes: int = 80 << 30
     gpus_per_node: int = 8
     multiprocessors: int = 0
+    collective_sms: int = 0
 
     base_s: float = 0.0
     hop_s: float = 0.0

@@ -4,14 +4,15 @@ per node and per GPU, counted by enumeration), and their overlap with compute.""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 
 import pytest
 
-from fxlens.analyzer.plan.estimate import _expert_exposed_s, _experts_s
-from fxlens.analyzer.plan.strategy import Strategy
-from fxlens.analyzer.plan.structure import Unit
+from fxlens.analyzer.plan.estimate import _expert_exposed_s, _experts_s, estimate
+from fxlens.analyzer.plan.strategy import Strategy, parse
+from fxlens.analyzer.plan.structure import ModelFacts, Unit
 from fxlens.analyzer.plan.transfers import (
     DEEPEP_SMS,
     distinct_holders,
@@ -20,7 +21,7 @@ from fxlens.analyzer.plan.transfers import (
 )
 from fxlens.analyzer.plan.workload import ExpertGemm, ExpertWork
 from tests.analyzer.conftest import FakeLinks
-from tests.analyzer.test_plan import hf_facts, layout
+from tests.analyzer.test_plan import H100, hf_facts, layout
 
 
 @pytest.mark.parametrize("experts, chosen, holders", [
@@ -94,7 +95,22 @@ def test_hidden_deepep_transfers_slow_the_compute_beside_them_by_their_sms() -> 
     assert sm_slowdown_s(deepep, 0.75, h100) == pytest.approx(seconds * 0.75 * 20 / 132)
     assert sm_slowdown_s(deepep, 0.0, h100) == 0.0                 # nothing ran beside compute
     assert sm_slowdown_s(deepep, 0.75, FakeLinks()) == 0.0          # SMs unknown
-    assert sm_slowdown_s(nccl, 0.75, h100) == 0.0                   # NCCL's share: unmodelled
+    assert sm_slowdown_s(nccl, 0.75, h100) == 0.0                   # NCCL's SMs unknown
+    dgx = FakeLinks(multiprocessors=132, collective_sms=16)
+    assert sm_slowdown_s(nccl, 0.75, dgx) == pytest.approx(nccl[0].time_s * 0.75 * 16 / 132)
+
+
+def test_hidden_gradient_transfers_slow_the_compute_by_the_sms_nccl_holds(
+        gpt: tuple[object, ModelFacts]) -> None:
+    _, facts = gpt
+    strategy = parse("dp=8,zero=3", 8, 4)
+    on = estimate(facts, strategy, H100).time
+    off = estimate(facts, strategy, dataclasses.replace(H100, collective_sms=0)).time
+    hidden = on.data_parallel_s - on.data_parallel_exposed_s
+    assert hidden > 0 and H100.collective_sms == 16 and H100.multiprocessors == 132
+    assert on.overlap_slowdown_s == pytest.approx(hidden * 16 / 132)
+    assert on.step_s - off.step_s == pytest.approx(hidden * 16 / 132)
+    assert off.overlap_slowdown_s == 0.0
 
 
 def test_expert_weight_sized_ops_run_on_the_experts_a_gpu_holds() -> None:

@@ -31,9 +31,10 @@ micro-batch times, the bubble being ``(p − 1)/v`` of them. Gradient and ZeRO t
 the compute it can run beside — the last micro-batch's backward for DDP and ZeRO-1/2, every
 micro-batch's compute for ZeRO-3 — and only the excess is exposed. The optimizer step scales
 with the state a GPU holds. Transfers: `fxlens.analyzer.plan.transfers`.
-Compute beside hidden DeepEP transfers runs on the SMs DeepEP leaves it
-(`fxlens.analyzer.plan.transfers.sm_slowdown_s`).
-NB: congestion, NCCL's tree algorithms, and compute slowed by concurrent NCCL collectives are
+Compute beside a hidden transfer runs on the SMs the transfer leaves it
+(`fxlens.analyzer.plan.transfers.sm_slowdown_s`: the expert all-to-alls and ring sends per
+stage, the gradient/ZeRO traffic per step).
+NB: congestion, NCCL's tree algorithms and memory traffic competing with compute are
 not modelled (a collective's per-call latency is: `fxlens.analyzer.plan.transfers`); expert
 load is taken as balanced (every GPU receives its share of the routed rows).
 """
@@ -122,7 +123,7 @@ class _Stage:
     context_parallel: list[Collective]
     ring_exposed_s: float           # every micro-batch
     expert_exposed_s: float         # every micro-batch
-    sm_slowdown_s: float            # every micro-batch: compute beside DeepEP's kernels
+    sm_slowdown_s: float            # every micro-batch: compute beside hidden transfers
     data_parallel: list[Collective]
     boundary_bytes: int             # activation sent to the next stage per micro-batch
     compression_s: float = 0.0      # PowerSGD's factorisation, on the data-parallel path
@@ -154,8 +155,10 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
     dp_s = busiest.data_parallel_s
     window = busiest.compute_s if s.zero == 3 else busiest.backward_s / s.micro_batches
     exposed = max(0.0, dp_s - window)
+    dp_slowdown = sm_slowdown_s(busiest.data_parallel, 1 - exposed / dp_s if dp_s else 0.0,
+                                device)
     optimizer = _optimizer_s(facts, s, worst.memory)
-    step = s.micro_batches * per_micro + bubble + exposed + optimizer
+    step = s.micro_batches * per_micro + bubble + exposed + dp_slowdown + optimizer
     samples = facts.samples * s.micro_batches * s.dp
     step_tokens = facts.tokens * s.micro_batches * s.dp
     model_flops = facts.flops * s.micro_batches * s.dp
@@ -167,7 +170,7 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
         expert_parallel_s=max(sum((c.time_s for c in e.expert_parallel), 0.0)
                               for e in evaluated),
         expert_parallel_exposed_s=max(e.expert_exposed_s for e in evaluated),
-        expert_overlap_slowdown_s=max(e.sm_slowdown_s for e in evaluated),
+        overlap_slowdown_s=max(e.sm_slowdown_s for e in evaluated) + dp_slowdown,
         pipeline_s=p2p.time_s if p2p else 0.0, bubble_s=bubble, data_parallel_s=dp_s,
         data_parallel_exposed_s=exposed, optimizer_s=optimizer, step_s=step,
         samples_per_step=samples, tokens_per_step=step_tokens,
@@ -288,6 +291,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
                     if s.compresses else gradients)
     nxt = parts[index + 1][0] if index + 1 < len(parts) and parts[index + 1] else None
     all_to_all = sum(c.time_s for c in experts)
+    ring_s = sum(c.time_s for c in ring)
     exposed = _expert_exposed_s(s, all_to_all, m * (forward + recompute_s), m * backward)
     hidden_share = 1 - exposed / all_to_all if all_to_all > 0 else 0.0
     return _Stage(
@@ -295,7 +299,10 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         backward_s=m * backward, recompute_s=m * recompute_s,
         tensor_parallel=tensor_parallel(s, device, units),
         expert_parallel=experts,
-        expert_exposed_s=exposed, sm_slowdown_s=sm_slowdown_s(experts, hidden_share, device),
+        expert_exposed_s=exposed,
+        sm_slowdown_s=(sm_slowdown_s(experts, hidden_share, device)
+                       + sm_slowdown_s(ring, 1 - ring_exposed / ring_s if ring_s else 0.0,
+                                       device)),
         context_parallel=ring, ring_exposed_s=ring_exposed,
         data_parallel=gradients,
         compression_s=(powersgd_flops(mine, s.powersgd) / facts.peak_flops

@@ -27,10 +27,7 @@ layers the same GPUs of a stage as etp innermost, then ep, then expert dp.
   ``n·(1 − C(E − E/n, k)/C(E, k))`` distinct holders (`distinct_holders`): 2.7 remote nodes of
   3 instead of 6 expert copies for Qwen3-235B (k = 8 of 128) at ep = 32 over four nodes.
   DeepEP's kernels run on `DEEPEP_SMS` = 20 multiprocessors (Megatron-core's
-  ``moe_deepep_num_sms`` default; the DeepSeek-V3 report's 20 of 132 SMs for its all-to-alls):
-  hidden behind another micro-batch (``a2a-overlap``) they slow that compute by that share of
-  the SMs for as long as they run (`sm_slowdown_s`). NB: NCCL's all-to-all (``alltoall``)
-  also runs on SMs (a CTA per channel); its share is not modelled.
+  ``moe_deepep_num_sms`` default; the DeepSeek-V3 report's 20 of 132 SMs for its all-to-alls).
 - Data parallel over the GPUs holding the same weights (dp · cp for the dense part, the expert
   data-parallel group for experts): DDP all-reduces the gradients once per step; ZeRO-1/2
   reduce-scatter them and all-gather the updated weights; ZeRO-3 gathers the weights in the
@@ -39,6 +36,11 @@ layers the same GPUs of a stage as etp innermost, then ep, then expert dp.
   (``gradq``, ``powersgd``, ``zeropp``): the payloads `fxlens.analyzer.plan.compression`
   gives.
 - Pipeline: each micro-batch's boundary activation forward and its gradient backward.
+
+A transfer hidden behind compute still holds SMs: NCCL runs a collective on the device's
+`collective_sms` (16 on a DGX: one CTA per channel, never shared with compute kernels,
+NVIDIA/nccl#689), DeepEP on `DEEPEP_SMS`, so the compute beside it runs on the rest
+(`sm_slowdown_s`); its memory traffic competing with the compute's is not modelled.
 """
 
 from __future__ import annotations
@@ -68,6 +70,8 @@ class Links(Protocol):
     def gpus_per_node(self) -> int: ...
     @property
     def multiprocessors(self) -> int: ...
+    @property
+    def collective_sms(self) -> int: ...
 
     def link_bytes_per_s(self, within_node: bool) -> float: ...
 
@@ -230,14 +234,16 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
 
 def sm_slowdown_s(collectives: Sequence[Collective], hidden_share: float,
                   device: Links) -> float:
-    """Seconds the compute beside hidden DeepEP transfers loses: DeepEP's kernels hold
-    `DEEPEP_SMS` of the GPU's multiprocessors while they run, so compute overlapping t seconds
-    of them finishes ``t · DEEPEP_SMS / SMs`` later (0 where the SM count is unknown).
-    `hidden_share`: the share of the expert all-to-alls compute hides."""
-    if device.multiprocessors <= 0:
+    """Seconds the compute beside hidden transfers loses: a transfer's kernels hold their SMs
+    while they run (DeepEP's `DEEPEP_SMS`, an NCCL collective the device's
+    `collective_sms`), so compute overlapping t seconds of them finishes ``t · SMs held / SMs``
+    later (0 where a count is unknown). `hidden_share`: the share of the transfers' seconds
+    that compute hides."""
+    if device.multiprocessors <= 0 or hidden_share <= 0:
         return 0.0
-    deepep = sum(c.time_s for c in collectives if c.cause == DEEPEP_CAUSE)
-    return deepep * hidden_share * DEEPEP_SMS / device.multiprocessors
+    held = sum(c.time_s * (DEEPEP_SMS if c.cause == DEEPEP_CAUSE else device.collective_sms)
+               for c in collectives)
+    return held * hidden_share / device.multiprocessors
 
 
 def distinct_holders(experts: int, chosen: float, holders: int) -> float:

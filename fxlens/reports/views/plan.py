@@ -107,7 +107,7 @@ def _time(layout: PlanLayout) -> Table:
             ("tensor-parallel transfers", t.tensor_parallel_s),
             ("ring-attention sends, exposed (cp)", t.context_parallel_s),
             ("expert all-to-alls, exposed", t.expert_parallel_exposed_s),
-            ("compute slowed by DeepEP beside it", t.expert_overlap_slowdown_s),
+            ("compute slowed by hidden transfers' SMs", t.overlap_slowdown_s),
             ("pipeline transfers", t.pipeline_s), ("pipeline bubble", t.bubble_s),
             ("gradient / ZeRO transfers, exposed", t.data_parallel_exposed_s),
             ("optimizer step", t.optimizer_s)) if value]

@@ -58,7 +58,7 @@ class PlanTime:
     mfu: float
     context_parallel_s: float = 0.0  # ring-attention sends the attention does not hide
     expert_parallel_exposed_s: float = 0.0  # the all-to-alls compute does not hide
-    expert_overlap_slowdown_s: float = 0.0  # compute slowed by DeepEP's kernels beside it
+    overlap_slowdown_s: float = 0.0  # compute slowed by the SMs hidden transfers hold
     recompute_s: float = 0.0        # of compute_s: the forwards run again (ckpt, ckpt=…)
     # with compression: the data-parallel transfers and their exposed part without it
     uncompressed_data_parallel_s: float | None = optional()
