@@ -55,8 +55,8 @@ from fxlens.analyzer.core.loaded import LoadedModel  # noqa: E402
 from fxlens.analyzer.cost.engine import analyze  # noqa: E402
 from fxlens.analyzer.prune.calibrated import CalibrationData, unit_damages  # noqa: E402
 from fxlens.analyzer.prune.groups import Found  # noqa: E402
-from fxlens.analyzer.prune.module import pruned_module, removed  # noqa: E402
-from fxlens.analyzer.prune.plan import parse_target, ranked_units  # noqa: E402
+from fxlens.analyzer.prune.module import removed  # noqa: E402
+from fxlens.analyzer.prune.plan import parse_target  # noqa: E402
 from fxlens.analyzer.prune.section import PruneResult, prune  # noqa: E402
 from fxlens.prune_pass import calibration_data  # noqa: E402
 from fxlens.rules import load_rules  # noqa: E402
@@ -200,13 +200,10 @@ def quality(case: rm.Case, model: nn.Module) -> float:
 
 
 def planned_quality(case: rm.Case, groups: Sequence[Found], result: PruneResult) -> float:
-    assert result.section.plan is not None
-    removal: dict[int, set[int]] = {}
-    for root, unit in ranked_units(groups)[:result.section.plan.units_removed]:
-        removal.setdefault(root, set()).add(unit)
-    module = pruned_module(case.model, groups, {r: frozenset(u) for r, u in removal.items()},
-                           knowledge())
-    return quality(case, module)
+    """The plan's own pruned module (whole blocks in it exclusive with their inner units, so
+    the plan is not a prefix of `ranked_units` of `units_removed` units)."""
+    assert result.section.plan is not None and result.module is not None
+    return quality(case, result.module)
 
 
 def run_case(name: str, seed: int) -> list[str]:

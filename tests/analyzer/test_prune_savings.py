@@ -110,6 +110,7 @@ def test_a_cut_leaving_4095_is_slower_on_h100_and_the_plan_takes_4088() -> None:
     assert plan.misaligned_after == plan.misaligned_before == 0
     # 4088 leaves the 128-tiles (listed, not rated by the device model) but not the 8
     assert plan.alignment and all(a.multiple == 128 for a in plan.alignment)
+    assert not any(a.penalised for a in plan.alignment)
     exact = plan.alternative
     assert exact is not None and exact.how == "exact" and exact.units_removed == 1
     assert exact.misaligned == 2          # K of `down`, N of `up`: 4095 entries
@@ -127,6 +128,10 @@ def test_without_a_device_the_exact_cut_stays_and_the_aligned_one_is_offered() -
     plan = result.section.plan
     assert plan is not None and plan.cut == "exact" and plan.units_removed == 1
     assert plan.forward_s_before is None and plan.device is None
+    # 4095 bf16 entries leave the 16-byte rows: the one boundary the device model prices
+    assert {(a.param, a.dim, a.after, a.penalised) for a in plan.alignment} == {
+        ("up.weight", 0, 4095, True), ("up.bias", 0, 4095, True),
+        ("down.weight", 1, 4095, True)}
     assert plan.alternative is not None and plan.alternative.units_removed == 8
     assert plan.alternative.how == "aligned, rounded up" and plan.alternative.met
 

@@ -44,7 +44,8 @@ Unit = frozenset[Entry]
 def fxlens_units(build: Callable[[], Any]) -> set[Unit]:
     result = planned(build, None)[2]
     return {frozenset((m.param, m.dim, e) for m in g.members for e in entry_index(m, [u]))
-            for g in result.section.groups for u in range(g.units)}
+            for g in result.section.groups if g.kind != "block"   # DepGraph has no blocks
+            for u in range(g.units)}
 
 
 def torch_pruning_units(build: Callable[[], Any]) -> set[Unit]:

@@ -11,7 +11,10 @@ over the unit (network slimming: a channel the norm scales to ~0 carries ~nothin
 compared across groups after dividing by their group's mean, so a wide and a narrow group
 compete on how each unit stands in its own group. Calibrated importance (removing a unit and
 forwarding calibration batches, `fxlens.analyzer.prune.calibrated`) replaces it where there is
-calibration data, and is comparable across groups as it is.
+calibration data, and is comparable across groups as it is. A whole residual block
+(`fxlens.analyzer.prune.blocks`) is a one-unit group whose members are all its parameters: its
+data-free score is the L2 of all its weights (no |γ| rule: a block's norms scale its inner
+channels, not its output).
 """
 
 from __future__ import annotations
@@ -41,6 +44,11 @@ class Found:
     importance: tuple[float, ...] = ()
     basis: str = "none"
     comparable: bool = False           # importance on one scale across groups (calibrated)
+    # a whole residual block (`fxlens.analyzer.prune.blocks`): its path, the blocks of its
+    # run, and how it returns (0: a tensor, n: an n-tuple)
+    block: str = ""
+    siblings: int = 0
+    returns: int = 0
 
 
 def find_groups(traced: Traced) -> tuple[list[Found], dict[str, int]]:
@@ -108,13 +116,15 @@ def with_importance(groups: Sequence[Found], tensors: Mapping[str, torch.Tensor]
                     scale_params: frozenset[str]) -> list[Found]:
     out = []
     for group in groups:
-        values, basis = data_free(group, tensors, scale_params)
+        values, basis = data_free(group, tensors, frozenset() if group.block else scale_params)
         out.append(dataclasses.replace(group, importance=values, basis=basis))
     return out
 
 
 def describe(group: Found) -> tuple[str, str, str]:
     """(kind, unit, name) of a group in words, from its members' widths and paths."""
+    if group.block:
+        return "block", "the whole block", group.block
     params = [m for m in group.members if m.param not in group.buffers]
     widths = sorted({m.width for m in params})
     if widths == [1]:

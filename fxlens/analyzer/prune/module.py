@@ -1,6 +1,7 @@
 """The pruned module itself: every member's entries of the removed units sliced out, and each
 module's size attributes fixed by the rules (``in_features``, ``out_channels``, head counts),
-so it runs as a smaller ordinary ``nn.Module``.
+so it runs as a smaller ordinary ``nn.Module``; a removed residual block is replaced by a
+`fxlens.analyzer.prune.blocks.Skipped` that returns its stream input.
 
 `pruned_module` does it to a deep copy, for good; `removed` does it to the module itself for
 the length of a ``with`` block and puts every tensor and attribute back after (no copy: the
@@ -36,6 +37,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from fxlens.analyzer.capture.fx_convert import USER_MODULE_PREFIX
+from fxlens.analyzer.prune.blocks import exclusive, swap
 from fxlens.analyzer.prune.groups import Found, entry_index
 from fxlens.analyzer.prune.types import PruneKnowledge, Removal
 
@@ -69,11 +71,16 @@ def removed(module: nn.Module, groups: Sequence[Found], removal: Removal,
 
 def _apply(module: nn.Module, groups: Sequence[Found], removal: Removal,
            knowledge: PruneKnowledge) -> _Undo:
+    """Slice the finer groups, fix sizes, then put identities in place of removed blocks
+    (a block and the groups inside it are exclusive: `blocks.exclusive`)."""
+    removal = exclusive(groups, removal)
     undo = _assign(module, _sliced(module, groups, removal))
     for child in module.modules():
         for attribute, value in knowledge.attribute_fixes(child).items():
             undo.append((child, "attr", attribute, getattr(child, attribute, None)))
             setattr(child, attribute, value)
+    undo += [(parent, "attr", name, block) for parent, name, block
+             in swap(module, groups, removal)]
     return undo
 
 
@@ -82,6 +89,8 @@ def _sliced(module: nn.Module, groups: Sequence[Found], removal: Removal
     """The sliced tensor of every member, by the original tensor's id."""
     drop: dict[tuple[str, int], set[int]] = defaultdict(set)
     for group in groups:
+        if group.block:
+            continue
         units = sorted(removal.get(group.root, ()))
         for m in group.members:
             drop[(m.param, m.dim)].update(entry_index(m, units))
@@ -158,7 +167,8 @@ def run(module: nn.Module, inputs: Any) -> list[tuple[int, ...]]:
 def probe(module: nn.Module, groups: Sequence[Found], inputs: Any,
           shapes: Sequence[tuple[int, ...]], knowledge: PruneKnowledge) -> dict[int, str]:
     """The groups (by root) whose one-unit removal fails to run or changes the outputs'
-    shapes, with why. All groups are tried at once first; only on failure one by one."""
+    shapes, with why. The finer groups are tried at once, then the blocks at once; only on
+    failure one by one."""
     def fails(chosen: Sequence[Found]) -> str:
         removal = {g.root: frozenset({_least(g)}) for g in chosen}
         try:
@@ -168,9 +178,11 @@ def probe(module: nn.Module, groups: Sequence[Found], inputs: Any,
             return f"the forward fails when pruned: {type(error).__name__}: {error}"[:200]
         return "" if got == list(shapes) else "the outputs change shape when pruned"
 
-    if not groups or not fails(groups):
-        return {}
-    return {g.root: why for g in groups if (why := fails([g]))}
+    failed: dict[int, str] = {}
+    for batch in ([g for g in groups if not g.block], [g for g in groups if g.block]):
+        if batch and fails(batch):     # blocks apart: a removed block hides its inner groups
+            failed.update({g.root: why for g in batch if (why := fails([g]))})
+    return failed
 
 
 def _least(group: Found) -> int:

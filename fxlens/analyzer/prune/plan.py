@@ -18,14 +18,15 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from fxlens.analyzer.core.graph import Graph
+from fxlens.analyzer.core.graph import Graph, dtype_bytes
 from fxlens.analyzer.core.sections import PruneAlignment
+from fxlens.analyzer.prune.blocks import exclusive
 from fxlens.analyzer.prune.groups import Found
 from fxlens.analyzer.prune.shrink import Shrunk
 from fxlens.analyzer.prune.types import Removal
 
 BASES = ("params", "flops")
-_TARGET = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*(params|flops)?\s*$")
+_TARGET = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*%\s*(params|flops)?\s*(blocks|units)?\s*$")
 
 
 @dataclass(frozen=True)
@@ -33,15 +34,25 @@ class Target:
     text: str
     share: float            # of the basis to remove, 0…1
     basis: str              # "params" or "flops"
+    only: str = ""          # "blocks": whole blocks only; "units": no whole block; "": both
 
 
 def parse_target(text: str) -> Target:
-    """``30%`` (of the parameters), ``30%params`` or ``30%flops``."""
+    """``30%`` (of the parameters), ``30%params`` or ``30%flops``, optionally followed by
+    ``blocks`` (remove whole blocks only) or ``units`` (channels, heads and neurons only)."""
     match = _TARGET.match(text)
     if match is None or not 0 < float(match.group(1)) < 100:
-        raise ValueError(f"{text!r}: give a share below 100 %, e.g. 30% (parameters) or "
-                         "30%flops")
-    return Target(text.strip(), float(match.group(1)) / 100, match.group(2) or "params")
+        raise ValueError(f"{text!r}: give a share below 100 %, e.g. 30% (parameters), "
+                         "30%flops, or 30%flops blocks (whole blocks only)")
+    return Target(text.strip(), float(match.group(1)) / 100, match.group(2) or "params",
+                  match.group(3) or "")
+
+
+def candidates(groups: Sequence[Found], target: Target) -> list[Found]:
+    """The groups `target` lets the plan remove from."""
+    if not target.only:
+        return list(groups)
+    return [g for g in groups if bool(g.block) == (target.only == "blocks")]
 
 
 @dataclass(frozen=True)
@@ -55,14 +66,26 @@ class Choice:
 def ranked_units(groups: Sequence[Found]) -> list[tuple[int, int]]:
     """(group root, unit) from least to most important across groups, each group's most
     important unit left out; data-free scores divided by their group's mean first (calibrated
-    damages are on one scale already)."""
-    scored = []
+    damages are on one scale already). Whole blocks (one unit each) are ranked within their
+    run as a group's units are: divided by the run's mean, the most important left out where
+    every block of the run could go (so a run never vanishes)."""
+    scored: list[tuple[float, int, int, int]] = []
+    runs: dict[str, list[Found]] = {}
     for group in groups:
+        if group.block:
+            runs.setdefault(group.block.rpartition(".")[0], []).append(group)
+            continue
         values = group.importance or (1.0,) * group.units
         mean = 1.0 if group.comparable else statistics.fmean(values) or 1.0
         order = sorted(range(group.units), key=lambda u: (values[u], u))
-        scored += [(values[u] / mean, group.root, u) for u in order[:-1]]
-    return [(root, unit) for _, root, unit in sorted(scored)]
+        scored += [(values[u] / mean, 0, group.root, u) for u in order[:-1]]
+    for run in runs.values():
+        score = {g.root: (g.importance or (1.0,))[0] for g in run}
+        mean = 1.0 if run[0].comparable else statistics.fmean(score.values()) or 1.0
+        blocks = sorted(run, key=lambda g: (score[g.root], -g.root))
+        kept = blocks[:-1] if len(run) >= run[0].siblings else blocks
+        scored += [(score[g.root] / mean, 1, g.root, 0) for g in kept]
+    return [(root, unit) for *_, root, unit in sorted(scored)]    # ties: finer units first
 
 
 def value(shrunk: Shrunk, target: Target) -> int:
@@ -80,7 +103,7 @@ def choose(groups: Sequence[Found], target: Target, before: int,
         out: dict[int, set[int]] = {}
         for root, unit in units[:k]:
             out.setdefault(root, set()).add(unit)
-        return {root: frozenset(u) for root, u in out.items()}
+        return exclusive(groups, {root: frozenset(u) for root, u in out.items()})
 
     most = evaluate(removal(len(units)))
     if value(most, target) > goal:
@@ -97,19 +120,26 @@ def choose(groups: Sequence[Found], target: Target, before: int,
 
 
 def alignment(groups: Sequence[Found], removal: Removal, before: Graph, after: Graph,
-              multiples: Sequence[int]) -> tuple[PruneAlignment, ...]:
-    """Member dims the removal moves off the largest multiple (of `multiples`) they were on."""
-    old = {p.name: p.spec.shape for p in before.params}
+              multiples: Sequence[int], aligned_bytes: int = 16) -> tuple[PruneAlignment, ...]:
+    """Member dims the removal moves off the largest multiple (of `multiples`) they were on;
+    `penalised` where a 16- or 8-bit dim leaves the `aligned_bytes` row the matmul rules rate
+    as misaligned (the only boundary the device model prices: `savings.aligned_step`)."""
+    old = {p.name: p.spec for p in before.params}
     new = {p.name: p.spec.shape for p in after.params}
     out: dict[tuple[str, int], PruneAlignment] = {}
     for group in groups:
-        if not removal.get(group.root):
+        if not removal.get(group.root) or group.block:
             continue
         for m in group.members:
-            if m.param in group.buffers or m.param not in old or (m.param, m.dim) in out:
+            if (m.param in group.buffers or m.param not in old or m.param not in new
+                    or (m.param, m.dim) in out):
                 continue
-            a, b = old[m.param][m.dim], new[m.param][m.dim]
+            a, b = old[m.param].shape[m.dim], new[m.param][m.dim]
             lost = next((k for k in multiples if a % k == 0 and b % k), None)
             if lost is not None:
-                out[(m.param, m.dim)] = PruneAlignment(group.root, m.param, m.dim, a, b, lost)
-    return tuple(out.values())
+                size = dtype_bytes(old[m.param].dtype)
+                row = int(aligned_bytes // size) if size <= 2 else 0
+                out[(m.param, m.dim)] = PruneAlignment(
+                    group.root, m.param, m.dim, a, b, lost,
+                    penalised=bool(row) and a % row == 0 and b % row != 0)
+    return tuple(sorted(out.values(), key=lambda x: not x.penalised))

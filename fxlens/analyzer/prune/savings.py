@@ -113,6 +113,8 @@ def cache_element_bytes(graph: Graph) -> float:
 def aligned_step(group: Found, graph: Graph, aligned_bytes: int) -> int:
     """Units per aligned step (module docstring): members in 8- or 16-bit dtypes whose dim is
     on the boundary now must stay on it."""
+    if group.block:
+        return 1
     specs = {p.name: p.spec for p in graph.params}
     step = 1
     for m in group.members:

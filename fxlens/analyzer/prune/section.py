@@ -1,19 +1,19 @@
-"""The ``prune`` section: coupled groups, what one unit of each saves, repeated blocks that
-could go whole, and a plan for a target share of parameters or FLOPs.
+"""The ``prune`` section: coupled groups, what one unit of each saves (whole residual blocks
+among them), and a plan for a target share of parameters or FLOPs.
 
 Steps: trace the channel spaces through the forward graph (`trace`), read the groups and their
-data-free importance (`groups`), probe that one unit of each can really be removed from the
-module (`module.probe`), with calibration data measure each unit's damage (`calibrated`: then
-that ranks), cost one unit's removal per group exactly (`shrink`), then, with a target, choose
-the units (`plan`), measure the plan's damage on the calibration batches, and build the pruned
-module.
+data-free importance (`groups`) and the whole residual blocks (`blocks`: one-unit groups),
+probe that one unit of each can really be removed from the module (`module.probe`), with
+calibration data measure each unit's damage (`calibrated`: then that ranks), cost one unit's
+removal per group exactly (`shrink`), then, with a target, choose the units (`plan`), measure
+the plan's damage on the calibration batches, and build the pruned module.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ from torch import nn
 
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
-from fxlens.analyzer.core.graph import Graph, Node, NodeKind, repeated_blocks
+from fxlens.analyzer.core.graph import Graph, repeated_blocks
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import (
     Prune,
@@ -30,6 +30,7 @@ from fxlens.analyzer.core.sections import (
     PruneGroup,
     PrunePlan,
 )
+from fxlens.analyzer.prune.blocks import BlockSite, block_groups, block_returns, find_blocks
 from fxlens.analyzer.prune.calibrated import (
     METRIC_UNITS,
     CalibrationData,
@@ -40,7 +41,14 @@ from fxlens.analyzer.prune.cuts import EXACT, Cut, aligned_cuts, group_order, pi
 from fxlens.analyzer.prune.cuts import measured as measured_cut
 from fxlens.analyzer.prune.groups import Found, describe, find_groups, with_importance
 from fxlens.analyzer.prune.module import probe, pruned_module, run
-from fxlens.analyzer.prune.plan import Target, alignment, choose, ranked_units, value
+from fxlens.analyzer.prune.plan import (
+    Target,
+    alignment,
+    candidates,
+    choose,
+    ranked_units,
+    value,
+)
 from fxlens.analyzer.prune.savings import (
     Meter,
     StepCapture,
@@ -71,13 +79,17 @@ def prune(module: nn.Module, inputs: Any, graph: Graph, report: Report,
           recorded: TrainingGraph | None = None) -> PruneResult:
     """`step` records a training step of a module (`recorded`: the original's, when the
     run has it), `device` rates times (`fxlens.analyzer.prune.savings`)."""
-    on_step("finding coupled channels, heads and neurons")
+    on_step("finding coupled channels, heads, neurons and whole blocks")
     traced = trace(graph, knowledge)
     found, blocked = find_groups(traced)
+    sites = {s.root: s for s in find_blocks(graph, knowledge)}
+    found += block_groups(list(sites.values()), graph)
     tensors = {**dict(module.named_parameters(remove_duplicate=False)),
                **dict(module.named_buffers(remove_duplicate=False))}
     found = with_importance(found, tensors, _scale_params(graph, knowledge))
     meta = any(t.is_meta for t in tensors.values())
+    if sites and not meta:
+        found = _with_returns(module, inputs, found)
     found, notes = _probed(module, inputs, found, blocked, knowledge, meta, on_step)
     if "record" in graph.capture_method:
         notes.append("captured by recording one eager run: a pruned model may take other "
@@ -85,7 +97,7 @@ def prune(module: nn.Module, inputs: Any, graph: Graph, report: Report,
     measured = None
     if calibration is not None and found and not meta:
         found, measured = _calibrated(module, found, calibration, knowledge, on_step)
-    evaluate = _evaluator(traced, knowledge, registry)
+    evaluate = _evaluator(traced, knowledge, registry, sites)
     meter = Meter(module, found, knowledge, registry, step, device, tf32)
     if found and step is not None:
         on_step("recording the training step of each group's one-unit removal")
@@ -102,7 +114,7 @@ def prune(module: nn.Module, inputs: Any, graph: Graph, report: Report,
                 module, found, removal, calibration, knowledge))
         pruned = pruned_module(module, found, removal, knowledge)
         groups = tuple(_removed(g, removal) for g in groups)
-    section = Prune(groups=groups, blocked=blocked, blocks=_blocks(graph, report, knowledge),
+    section = Prune(groups=groups, blocked=blocked, blocks=_blocks(found, sites, graph, report),
                     importance="data-free" if measured is None else "calibrated",
                     notes=tuple(notes), plan=plan, calibration=measured)
     return PruneResult(section, pruned, shrunk, tuple(found))
@@ -134,9 +146,16 @@ def _calibrated(module: nn.Module, found: Sequence[Found], data: CalibrationData
                                  METRIC_UNITS[data.metric], damages.measured, damages.total)
 
 
-def _evaluator(traced: Traced, knowledge: PruneKnowledge, registry: CostRegistry
-               ) -> Callable[[Removal], Shrunk]:
-    return lambda removal: costed(traced, removal, knowledge, registry)
+def _evaluator(traced: Traced, knowledge: PruneKnowledge, registry: CostRegistry,
+               sites: Mapping[int, BlockSite]) -> Callable[[Removal], Shrunk]:
+    return lambda removal: costed(traced, removal, knowledge, registry, sites)
+
+
+def _with_returns(module: nn.Module, inputs: Any, found: list[Found]) -> list[Found]:
+    """The blocks with how each returns (a tensor, or a tuple led by the stream)."""
+    returns = block_returns(module, inputs, [g.block for g in found if g.block])
+    return [dataclasses.replace(g, returns=returns.get(g.block, 0)) if g.block else g
+            for g in found]
 
 
 def _scale_params(graph: Graph, knowledge: PruneKnowledge) -> frozenset[str]:
@@ -173,7 +192,8 @@ def _groups(found: Sequence[Found], graph: Graph, report: Report,
         removal = {group.root: frozenset({ranked_or_last(group)})}
         one = evaluate(removal)
         values = group.importance or (1.0,) * group.units
-        block = next((b for b in blocks if name == b or name.startswith(b + ".")), "")
+        block = group.block or next((b for b in blocks
+                                     if name == b or name.startswith(b + ".")), "")
         row = PruneGroup(
             id=group.root, kind=kind, name=name, block=block,
             units=group.units, unit=unit, members=group.members,
@@ -223,7 +243,7 @@ def _plan(found: Sequence[Found], graph: Graph, report: Report, target: Target,
           evaluate: Callable[[Removal], Shrunk], meter: Meter, base: _Base,
           measured: PruneCalibration | None) -> tuple[PrunePlan, Shrunk, Removal]:
     before = report.model.params if target.basis == "params" else report.totals.flops
-    choice = choose(found, target, before, evaluate)
+    choice = choose(candidates(found, target), target, before, evaluate)
     goal = before * (1 - target.share)
 
     def cut(how: str, removal: Removal, shrunk: Shrunk | None = None) -> Cut:
@@ -245,11 +265,8 @@ def _plan(found: Sequence[Found], graph: Graph, report: Report, target: Target,
         params_after=shrunk.params, flops_before=report.totals.flops,
         flops_after=shrunk.report.totals.flops,
         alignment=alignment(found, chosen.removal, graph, shrunk.graph,
-                            meter.knowledge.alignments),
-        ranking=("data-free importance ÷ its group's mean" if measured is None else
-                 f"calibrated damage of removing the unit alone ({measured.metric_unit}, "
-                 f"{measured.batches} {measured.source} batches)")
-        + ", least first; each group keeps one", cut=chosen.how,
+                            meter.knowledge.alignments, meter.knowledge.aligned_bytes),
+        ranking=_ranking(found, target, measured), cut=chosen.how,
         train_flops_before=_field(base.step, "flops"), train_flops_after=_field(step, "flops"),
         saved_bytes_before=_field(base.step, "saved_bytes"),
         saved_bytes_after=_field(step, "saved_bytes"),
@@ -266,35 +283,23 @@ def _removed(group: PruneGroup, removal: Removal) -> PruneGroup:
     return dataclasses.replace(group, removed=len(removal.get(group.id, ())))
 
 
-def _blocks(graph: Graph, report: Report, knowledge: PruneKnowledge) -> tuple[PruneBlock, ...]:
-    """Repeated blocks with a residual add fed from outside the block."""
+def _ranking(found: Sequence[Found], target: Target, measured: PruneCalibration | None
+             ) -> str:
+    what = ("data-free importance ÷ its group's mean" if measured is None else
+            f"calibrated damage of removing the unit alone ({measured.metric_unit}, "
+            f"{measured.batches} {measured.source} batches)")
+    blocks = ("" if not any(g.block for g in found) or target.only == "units" else
+              "; a whole block is one unit of its run" + (
+                  " (whole blocks only)" if target.only == "blocks" else
+                  ", exclusive with the groups inside it"))
+    return what + ", least first; each group keeps one" + blocks
+
+
+def _blocks(found: Sequence[Found], sites: Mapping[int, BlockSite], graph: Graph,
+            report: Report) -> tuple[PruneBlock, ...]:
+    """The offered whole blocks: parameters held and forward FLOPs inside."""
     flops = {m.path: m.flops for m in report.modules}
-    out = []
-    for path in repeated_blocks(graph.module_types):
-        inside = [n for n in graph.nodes if n.kind is NodeKind.CALL and _within(n.module, path)]
-        if any(_residual(n, graph, path, knowledge) for n in inside):
-            params = sum(p.spec.numel for p in graph.params
-                         if not p.is_buffer and _within(p.owner, path))
-            out.append(PruneBlock(path, params, flops.get(path, 0)))
-    return tuple(out)
-
-
-def _within(module: str, path: str) -> bool:
-    return module == path or module.startswith(path + ".")
-
-
-def _residual(node: Node, graph: Graph, path: str, knowledge: PruneKnowledge) -> bool:
-    """An add whose operand comes from outside `path`, through copies of the same shape."""
-    if node.packet not in knowledge.residual_ops:
-        return False
-    for ref in node.input_refs():
-        current = graph.nodes[ref.node]
-        for _ in range(4):
-            if current.kind is not NodeKind.CALL or not _within(current.module, path):
-                return current.kind is not NodeKind.PARAM
-            refs = list(current.input_refs())
-            if len(refs) != 1 or graph.spec(refs[0]) != current.outputs[0]:
-                break
-            current = graph.nodes[refs[0].node]
-    return False
-
+    numel = {p.name: p.spec.numel for p in graph.params if not p.is_buffer}
+    offered = {g.root for g in found if g.block}
+    return tuple(PruneBlock(s.path, sum(numel.get(n, 0) for n in s.params),
+                            flops.get(s.path, 0)) for s in sites.values() if s.root in offered)

@@ -6,7 +6,8 @@ Why re-cost the graph rather than scale each op: an op's cost is not linear in e
 terms), and the rules already know each formula; re-shaping the specs and costing again gives
 what analysing the pruned module would give, without building or capturing it. Arguments that
 state a size (a depthwise conv's ``groups``, a norm's ``normalized_shape``) are fixed by the
-rules (`PruneKnowledge.resize_args`).
+rules (`PruneKnowledge.resize_args`). A removed whole block is cut out of the graph, its
+consumers reading its stream input (`fxlens.analyzer.prune.blocks.without_blocks`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorSpec
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.cost.engine import analyze
+from fxlens.analyzer.prune.blocks import BlockSite, removed_sites, without_blocks
 from fxlens.analyzer.prune.trace import Traced
 from fxlens.analyzer.prune.types import Axes, Layout, PruneKnowledge, Removal
 
@@ -57,8 +59,10 @@ def shrink(traced: Traced, removed: Removal, knowledge: PruneKnowledge) -> Graph
 
 
 def costed(traced: Traced, removed: Removal, knowledge: PruneKnowledge,
-           registry: CostRegistry) -> Shrunk:
+           registry: CostRegistry, sites: Mapping[int, BlockSite] | None = None) -> Shrunk:
+    """The removal's graph (removed blocks' nodes gone, `sites` by root) and its costs."""
     graph = shrink(traced, removed, knowledge)
+    graph = without_blocks(graph, removed_sites(sites or {}, removed))
     report = analyze(graph, registry)
     return Shrunk(graph, report, report.model.params)
 

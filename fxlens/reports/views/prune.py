@@ -1,13 +1,14 @@
 """The view of ``--prune`` (`Prune`): the plan's answer (target, parameters and FLOPs before and
 after, how far an unmet target got, its damage measured on the calibration batches), the
-coupled groups with what one unit of each saves (alike groups of repeated blocks in one row),
-which score ranks (data-free, or the calibrated damage of removing each unit alone), blocks
-that could go whole, why the other parameter axes stay, and the dims the plan moves off a
-multiple the kernels like. Where measured: each unit's training-step FLOPs and saved
-activations, KV cache per token and forward time on the device (negative where the cut alone
-misaligns a GEMM, with the aligned step's time beside), and the plan's before/after of each,
-the cut it took (exact or kernel-aligned) and the one it did not. A model with no prunable
-group gets one line saying why."""
+coupled groups with what one unit of each saves (alike groups of repeated blocks in one row;
+whole residual blocks are groups of kind "block", alike blocks in one row too), which score
+ranks (data-free, or the calibrated damage of removing each unit alone), why the other
+parameter axes stay, and the dims the plan moves off a multiple the kernels like, saying which
+of them the device model prices (the 16-byte row only: `ALIGNMENT_NOTE`). Where measured:
+each unit's training-step FLOPs and saved activations, KV cache per token and forward time on
+the device (negative where the cut alone misaligns a GEMM, with the aligned step's time
+beside), and the plan's before/after of each, the cut it took (exact or kernel-aligned) and the
+one it did not. A model with no prunable group gets one line saying why."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from collections.abc import Sequence
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import (
     Prune,
-    PruneBlock,
     PruneCalibration,
     PruneCut,
     PruneGroup,
@@ -28,6 +28,11 @@ from fxlens.reports.view import Cell, Column, Detail, Figure, Table, Tone, View,
 
 SHOWN_REASONS = 6
 SHOWN_ALIGNMENT = 8
+ALIGNMENT_NOTE = ("the device model prices one boundary, measured: a 16- or 8-bit GEMM whose "
+                  "rows are not a multiple of 16 bytes (8 bf16 entries) runs on cuBLAS's "
+                  "fallback kernels, 0.1 of the peak on Hopper (gemm-misaligned, rules/"
+                  "hardware.py); the 64 and 128 multiples of tensor-core tiles are listed "
+                  "but not priced, as no measurement backs a penalty for them")
 
 
 def prune_view(report: Report, detail: Detail) -> View | None:
@@ -38,11 +43,10 @@ def prune_view(report: Report, detail: Detail) -> View | None:
     if not section.groups:
         blocks.append(_nothing(section))
     if section.plan is not None:
-        blocks.append(_plan(section.plan, section.saved_to, section.calibration))
+        blocks.append(_plan(section.plan, section.saved_to, section.calibration,
+                            section.groups))
     if section.groups:
         blocks.append(_groups(section.groups, section.plan is not None, section.calibration))
-    if section.blocks:
-        blocks.append(_blocks(section.blocks))
     if section.groups and section.blocked:
         blocks.append(_blocked(section))
     if section.plan is not None and section.plan.alignment:
@@ -62,14 +66,14 @@ def prune_verdict(section: Prune) -> Figure | None:
                       .plain.removeprefix("no prunable group: "), Tone.WARN)
     if plan is None:
         return Figure("structured pruning", f"{len(section.groups)} groups",
-                      "coupled channels, heads and neurons: --prune-target 30% plans removing "
-                      "the least important units", Tone.STRONG)
+                      "coupled channels, heads, neurons and whole blocks: --prune-target 30% "
+                      "plans removing the least important units", Tone.STRONG)
     damage = (f"; damage {_damage(plan.damage, section.calibration)}"
               if plan.damage is not None and section.calibration is not None else "")
     detail = (f"parameters {_change(plan.params_before, plan.params_after)}, forward FLOPs "
               f"{_change(plan.flops_before, plan.flops_after, 'FLOP')}; {plan.units_removed} "
-              f"units removed" + damage + (f"; {len(plan.alignment)} dims off a multiple of "
-                                           "8/64/128" if plan.alignment else ""))
+              f"units removed" + _whole_blocks(section.groups) + damage
+              + (f"; {_unaligned(plan)}" if plan.alignment else ""))
     before = plan.params_before if plan.basis == "params" else plan.flops_before
     after = plan.params_after if plan.basis == "params" else plan.flops_after
     got = 1 - after / before if before else 0.0
@@ -83,14 +87,41 @@ def prune_verdict(section: Prune) -> Figure | None:
                   Tone.GOOD if plan.met else Tone.BAD)
 
 
+def _whole_blocks(groups: Sequence[PruneGroup]) -> str:
+    gone = [g.name for g in groups if g.kind == "block" and g.removed]
+    if not gone:
+        return ""
+    return f" ({len(gone)} whole blocks: {', '.join(gone[:3])}{' …' if len(gone) > 3 else ''})"
+
+
+def _unaligned(plan: PrunePlan) -> str:
+    """Which dims the plan leaves unaligned, the priced ones named first."""
+    penalised = [a for a in plan.alignment if a.penalised]
+    if not penalised:
+        return f"{len(plan.alignment)} dims off a multiple of 64/128 (not priced)"
+    named = ", ".join(f"{a.param}[{a.dim}] {a.before}→{a.after}" for a in penalised[:2])
+    more = f" and {len(penalised) - 2} more" if len(penalised) > 2 else ""
+    return f"{len(penalised)} dims off 16-byte rows: {named}{more}"
+
+
+def _alignment_note(plan: PrunePlan) -> str:
+    priced = sum(a.penalised for a in plan.alignment)
+    noted = len(plan.alignment) - priced
+    return ((f"{priced} leave the 16-byte rows (8 entries in 16-bit) the fast GEMM kernels "
+             "need: priced as gemm-misaligned with --device" if priced else "")
+            + ("; " if priced and noted else "")
+            + (f"{noted} leave a multiple of 64/128 only: noted, not priced (unmeasured)"
+               if noted else "") + "; see below")
+
+
 def _nothing(section: Prune) -> Table:
     reasons = ", ".join(f"{why} ({n})" for why, n in list(section.blocked.items())[:3])
     line = f"no prunable group: {reasons or 'the model has no parameter axis to prune'}"
     return Table.of("structured pruning", (Column(""),), [(line,)], show_header=False)
 
 
-def _plan(plan: PrunePlan, saved_to: str | None, calibration: PruneCalibration | None
-          ) -> Table:
+def _plan(plan: PrunePlan, saved_to: str | None, calibration: PruneCalibration | None,
+          groups: Sequence[PruneGroup] = ()) -> Table:
     basis_before = plan.params_before if plan.basis == "params" else plan.flops_before
     basis_after = plan.params_after if plan.basis == "params" else plan.flops_after
     got = 1 - basis_after / basis_before if basis_before else 0.0
@@ -103,6 +134,10 @@ def _plan(plan: PrunePlan, saved_to: str | None, calibration: PruneCalibration |
          "exact: the pruned graph re-costed by the same rules"),
         ("units removed", str(plan.units_removed), plan.ranking),
     ]
+    gone = [g.name for g in groups if g.kind == "block" and g.removed]
+    if gone:
+        rows.append(("whole blocks removed", str(len(gone)), ", ".join(gone) + ": each "
+                     "replaced by an identity, the stream passes through"))
     rows += _plan_savings(plan)
     if plan.damage is not None and calibration is not None:
         rows.append(("predicted damage", _damage(plan.damage, calibration),
@@ -113,8 +148,9 @@ def _plan(plan: PrunePlan, saved_to: str | None, calibration: PruneCalibration |
                      "define calibration() in the model file: each unit's removal and the "
                      "plan's are then measured on its batches"))
     if plan.alignment:
-        rows.append(("kernel alignment", Cell(f"{len(plan.alignment)} dims", Tone.WARN),
-                     "move off a multiple of 8/64/128 (slower GEMM tiles): see below"))
+        penalised = [a for a in plan.alignment if a.penalised]
+        rows.append(("kernel alignment", Cell(_unaligned(plan), Tone.WARN if penalised else
+                                              Tone.PLAIN), _alignment_note(plan)))
     if saved_to:
         rows.append(("pruned module", saved_to, "torch.load(path, weights_only=False)"))
     return Table.of("pruning plan", (Column("", strong=True), Column("", right=True),
@@ -221,7 +257,10 @@ def _groups(groups: Sequence[PruneGroup], planned: bool,
              + (["forward time"] if timed else [])
              + (["least damage"] if calibration is not None else [])
              + (["removed"] if planned else []))
+    blocks = any(g.kind == "block" for g in groups)
     caption = ("one unit saves: params · forward FLOPs" + (
+        "; a block's unit is the whole block (the model computes x instead of block(x)); "
+        "--prune-target 30% blocks plans whole blocks only" if blocks else "") + (
         "; training step: its FLOPs (forward + backward) · saved activations" if training
         else "; --train adds the training step's FLOPs and saved activations") + (
         "; KV/token: K and V cache bytes per token" if kv else "") + (
@@ -280,14 +319,6 @@ def _alike(groups: Sequence[PruneGroup]) -> list[tuple[str, list[PruneGroup]]]:
     return out
 
 
-def _blocks(blocks: Sequence[PruneBlock]) -> Table:
-    rows = [(b.path, si(b.params), si(b.flops, "FLOP")) for b in blocks]
-    return Table.of("repeated blocks removable whole", columns(("block",), ("params",
-                                                                              "forward FLOPs")),
-                    rows, caption="residual blocks: the stream stays intact without one; "
-                                  "which to drop needs calibrated damage (not planned here)")
-
-
 def _blocked(section: Prune) -> Table:
     rows = [(why, str(n)) for why, n in list(section.blocked.items())[:SHOWN_REASONS]]
     return Table.of("kept: parameter axes that cannot be pruned", columns(("why",),
@@ -296,9 +327,9 @@ def _blocked(section: Prune) -> Table:
 
 def _alignment(plan: PrunePlan, full: bool) -> Table:
     shown = plan.alignment if full else plan.alignment[:SHOWN_ALIGNMENT]
-    rows = [(a.param, str(a.dim), f"{a.before} → {a.after}", str(a.multiple)) for a in shown]
+    rows = [(a.param, str(a.dim), f"{a.before} → {a.after}", str(a.multiple),
+             Cell("yes: 16-byte rows", Tone.WARN) if a.penalised else "no") for a in shown]
     more = len(plan.alignment) - len(shown)
     return Table.of("dims moved off a kernel-friendly multiple", columns(
-        ("parameter",), ("dim", "size", "was a multiple of")), rows,
-        caption=f"{more} more with --full" if more else
-        "round each group's removal to keep the multiple where speed matters")
+        ("parameter",), ("dim", "size", "was a multiple of", "priced")), rows,
+        caption=(f"{more} more with --full; " if more else "") + ALIGNMENT_NOTE)

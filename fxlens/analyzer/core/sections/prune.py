@@ -27,7 +27,7 @@ class PruneGroup:
     """Units that must be removed together (`fxlens.analyzer.prune.groups`)."""
 
     id: int
-    kind: str                      # "channels", "neurons", "heads", "kv groups"
+    kind: str                      # "channels", "neurons", "heads", "kv groups", "block"
     name: str                      # the modules it spans (their common path)
     block: str                     # the repeated block it lies in ("" outside any)
     units: int
@@ -54,7 +54,7 @@ class PruneGroup:
 
 @dataclass(frozen=True)
 class PruneBlock:
-    """A repeated block whose removal leaves the residual stream intact."""
+    """A repeated residual block that can go whole (also a group of kind "block")."""
 
     path: str
     params: int
@@ -63,7 +63,9 @@ class PruneBlock:
 
 @dataclass(frozen=True)
 class PruneAlignment:
-    """A member dimension the plan moves off a multiple the kernels like."""
+    """A member dimension the plan moves off a multiple the kernels like. `penalised`: it
+    leaves the 16-byte row the device model rates as ``gemm-misaligned`` (16- and 8-bit
+    dims); the other multiples (64, 128) are noted, not priced (no measurement)."""
 
     group: int
     param: str
@@ -71,6 +73,7 @@ class PruneAlignment:
     before: int
     after: int
     multiple: int
+    penalised: bool = False
 
 
 @dataclass(frozen=True)
