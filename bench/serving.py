@@ -2,7 +2,8 @@
 
 Each row of `bench/serving_runs.py` that this estimate covers (the GPUs one tensor-parallel
 group, a device fxlens knows) is estimated with the row's own setup: the preset, ``--device``,
-``--tp``, ``--input-len``/``--output-len``, ``--precision fp8`` for FP8 weights and the KV
+``--tp``, ``--input-len``/``--output-len``, ``--precision fp8`` for FP8 weights
+(``fp8-dense`` where the engine kept a MoE model's experts at 16 bits) and the KV
 dtype the row states (FP8 rows whose source does not state it: FP8, what TensorRT-LLM sets with FP8
 quantization). What is compared:
 
@@ -66,7 +67,8 @@ def estimate(run: ServingRun) -> Serve:
 
 def _precision(weights: str) -> str | None:
     """The row's weights as ``--precision`` names them (None: the model's 16 bits)."""
-    return {"fp8": "fp8", "int8-w8a16": "w8a16", "int4-w4a16": "w4a16"}.get(weights)
+    return {"fp8": "fp8", "fp8-dense": "fp8-dense", "int8-w8a16": "w8a16",
+            "int4-w4a16": "w4a16"}.get(weights)
 
 
 def compared(run: ServingRun, serve: Serve) -> tuple[str, float, float | None]:

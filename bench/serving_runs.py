@@ -70,7 +70,7 @@ class ServingRun:
     gpus: int                           # GPUs in the measured system
     tp: int                             # tensor-parallel degree
     model: str                          # fxlens preset name (or the name a preset should get)
-    weights: str                        # "fp16", "bf16", "fp8", "int4-w4a16", ...
+    weights: str                        # "fp16", "bf16", "fp8", "fp8-dense" (experts 16-bit), ...
     kv_dtype: str | None                # KV-cache dtype; None where the source does not state it
     input_len: int                      # prompt tokens per request (fixed in every row here)
     output_len: int                     # generated tokens per request
@@ -88,6 +88,9 @@ _TRT09 = ("NVIDIA/TensorRT-LLM v0.9.0, docs/source/performance.md "
 _TRT09_THR = _TRT09 + ", Peak Throughput, "
 _TRT09_LAT = _TRT09 + ", Low Latency (batch 1, 1st Token Latency), "
 _E09 = "TensorRT-LLM 0.9.0 (gptSessionBenchmark)"
+
+_REL10 = ("NVIDIA/TensorRT-LLM docs/source/release-notes.md, 'TensorRT-LLM Release 0.10.0', "
+          "Key Features and Enhancements: 'Added FP8 quantization support for Mixtral.'")
 
 _TRT13 = ("NVIDIA/TensorRT-LLM v0.13.0, docs/source/performance/perf-overview.md "
           "(https://github.com/NVIDIA/TensorRT-LLM/blob/v0.13.0/docs/source/performance/"
@@ -126,8 +129,9 @@ RUNS: tuple[ServingRun, ...] = (
                "fp8", "fp8", 2048, 2048, 64, "static", 2022.0, None, None,
                "published 1,011 out tok/s/GPU; × 2 GPUs"),
     ServingRun(_TRT09_THR + "H100 GPUs (FP8), Mixtral 8x7B", _E09, "h100", 2, 2,
-               "mixtral-8x7b", "fp8", "fp8", 128, 128, 512, "static", 10510.0, None, None,
-               "published 5,255 out tok/s/GPU; × 2 GPUs; MoE"),
+               "mixtral-8x7b", "fp8-dense", "fp8", 128, 128, 512, "static", 10510.0, None,
+               None, "published 5,255 out tok/s/GPU; × 2 GPUs; MoE. FP8 dense layers, 16-bit "
+               "experts: the v0.9.0 engine had no FP8 MoE (" + _REL10 + ")"),
     ServingRun(_TRT09_THR + "A100 GPUs (FP16), LLaMA 7B", _E09, "a100", 1, 1, "llama-2-7b",
                "fp16", "fp16", 128, 128, 256, "static", 5390.0, None, None,
                "published 5,390 out tok/s/GPU"),

@@ -72,12 +72,13 @@ GRANULARITIES = ("op", "module")     # what --checkpoint auto decides on
 
 def _precision_for(options: Any) -> None:
     """A training policy, or (with --serve) a serving format too (`fxlens.rules.serving`)."""
-    from fxlens.rules.serving import WEIGHT_ONLY
+    from fxlens.rules.serving import SERVE_ONLY, WEIGHT_ONLY
 
-    if options.precision not in WEIGHT_ONLY:
+    if options.precision not in SERVE_ONLY:
         precision(options.precision)
     elif not getattr(options, "serve", False):
-        raise LoadError(f"--precision {options.precision} is a weight-only serving format: "
+        kind = "weight-only serving" if options.precision in WEIGHT_ONLY else "serving"
+        raise LoadError(f"--precision {options.precision} is a {kind} format: "
                         f"add --serve (training runs at "
                         f"{', '.join(p.value for p in Precision)})")
 

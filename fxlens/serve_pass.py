@@ -14,8 +14,8 @@ in the weights' dtype; the workspace is one prompt's prefill activations (half t
 peak at batch 2). What the rules say is served differently (`rules.serving`): the weights a
 reduced ``--precision`` stores (linear layers' and experts'), the kernels reading the cache,
 a MoE layer's routed experts (their E and k from the config); the tensor-parallel link's
-bandwidth and per-call latency come from the device (`rules.links`), the in-flight batcher's
-caps from ``--max-num-tokens`` and ``--max-num-seqs``.
+bandwidth, per-call latency and NCCL's ring protocols come from the device (`rules.links`),
+the in-flight batcher's caps from ``--max-num-tokens`` and ``--max-num-seqs``.
 """
 
 from __future__ import annotations
@@ -55,6 +55,7 @@ from fxlens.analyzer.serve.steps import Link, Steps, sharded
 from fxlens.analyzer.time.roofline import dtype_key, node_dtype
 from fxlens.rules.fusion import kinds_of
 from fxlens.rules.kv_layouts import layers_from_config
+from fxlens.rules.links import ring_all_reduce_options
 from fxlens.rules.parallel import PARALLEL
 from fxlens.rules.serving import (
     KV_DTYPE_BYTES,
@@ -107,17 +108,23 @@ class ServePass:
                          tp, routing)
         stored = WEIGHT_FORMATS.get(options.precision or "")
         formats, weights_bytes, kv_per_token = _formats(module, options, report, stored, notes)
-        served = [served_at(s[0], formats, _reduced, _reads_cache) for s in (prefill, decode)]
-        link = Link(spec.link_bytes_per_s(True), latency_s("all-reduce", Group(tp, 1), spec))
+        reduced = _reduced_by(stored)
+        served = [served_at(s[0], formats, reduced, _reads_cache) for s in (prefill, decode)]
+        bus = spec.link_bytes_per_s(True)
+        link = Link(bus, latency_s("all-reduce", Group(tp, 1), spec),
+                    ring_all_reduce_options(spec.link_kind, tp, bus)
+                    if tp <= spec.gpus_per_node else ())
         steps = Steps(served[0], served[1], tp, link, prefill[1], decode[1],
-                      shared_rows(served[1], served[0], _reduced))
+                      shared_rows(served[1], served[0], _reads_weights))
         workspace = liveness(prefill_graphs[0], ctx.registry).peak_activation_bytes // BATCHES[0]
         if tp > 1:
             weights_bytes, kv_per_token, workspace = _per_gpu(
                 module, weights_bytes, kv_per_token, workspace, tp, stored)
             notes.append(f"tensor parallel over {tp} GPUs: memory figures per GPU; each "
                          f"all-reduce {link.latency_s * 1e6:.1f} µs per call (NCCL's latency "
-                         f"model) plus its bytes at {link.bytes_per_s / 1e9:.0f} GB/s")
+                         f"model) plus its bytes at {link.bytes_per_s / 1e9:.0f} GB/s"
+                         + (f", or the faster of NCCL's {len(link.protocols)} ring protocols "
+                            f"for its size" if link.protocols else ""))
         if routing is not None:
             notes.append(f"MoE: each decode step reads the experts its tokens route to, "
                          f"E·(1 − (1 − k/E)^tokens) of E = {routing[0]} per layer (k = "
@@ -166,7 +173,7 @@ def _per_gpu(module: nn.Module, weights: int, kv_per_token: int, workspace: int,
     the embedding replicated."""
     lookup: Any = module
     embedding = getattr(lookup.get_input_embeddings(), "weight", None)
-    reduced = {id(w) for w in _stored_weights(module)} if stored else set()
+    reduced = {id(w) for w in _stored_weights(module, stored)} if stored else set()
     split = sum(p.numel() * (stored.bytes_per_weight if stored and id(p) in reduced
                              else p.element_size())
                 for p in module.parameters() if p.dim() >= 2 and p is not embedding)
@@ -184,14 +191,17 @@ def _formats(module: nn.Module, options: Any, report: Report, stored: WeightForm
     weights: float = report.model.param_bytes + report.model.buffer_bytes
     kv_bytes = KV_DTYPE_BYTES.get(options.kv_dtype or "", width)
     if stored is not None:
-        weights -= sum(w.numel() for w in _stored_weights(module)) * (
+        weights -= sum(w.numel() for w in _stored_weights(module, stored)) * (
             width - stored.bytes_per_weight)
-        notes.append(f"{options.precision}: linear layers' and experts' weights in "
+        notes.append(f"{options.precision}: linear layers' "
+                     + ("and experts' " if stored.experts else "") + "weights in "
                      f"{stored.bytes_per_weight:.3g} bytes each"
                      + (f" (one 16-bit scale per {stored.group})" if stored.group else "")
                      + (f", their GEMMs at the {stored.compute.upper()} peak" if stored.compute
                         else ", their GEMMs at 16 bits")
-                     + "; lm_head, embeddings, norms and attention at 16 bits")
+                     + "; lm_head, embeddings, norms and attention"
+                     + (" at 16 bits" if stored.experts else ", and a MoE model's experts, at "
+                        "16 bits"))
     per_token = _kv_bytes_per_token(module, kv_bytes)
     cache = scale_of(kv_bytes, width)
     formats = (Formats(stored.compute, scale_of(stored.bytes_per_weight, width), cache)
@@ -199,18 +209,29 @@ def _formats(module: nn.Module, options: Any, report: Report, stored: WeightForm
     return formats, round(weights), per_token
 
 
-def _stored_weights(module: nn.Module) -> list[torch.Tensor]:
+def _stored_weights(module: nn.Module, stored: WeightFormat) -> list[torch.Tensor]:
     """The weights a reduced serving format stores: the linear layers' the rules name and
-    the MoE experts' stacked weights."""
+    (unless the format keeps them at 16 bits) the MoE experts' stacked weights."""
     linear = [sub.weight for name, sub in module.named_modules()
               if isinstance(sub, nn.Linear) and weight_gemm("aten.linear", name)]
-    experts = [p for name, p in module.named_parameters() if expert_weight(name, p.dim())]
+    experts = [p for name, p in module.named_parameters()
+               if stored.experts and expert_weight(name, p.dim())]
     return linear + experts
 
 
-def _reduced(kernel: Kernel) -> bool:
-    """A kernel reading weights a reduced format stores (and a mixed step shares)."""
+def _reads_weights(kernel: Kernel) -> bool:
+    """A kernel reading weights a mixed step shares (a linear layer's, a MoE layer's
+    experts')."""
     return weight_gemm(kernel.target, kernel.module) or routed_experts(kernel.target)
+
+
+def _reduced_by(stored: WeightFormat | None) -> Callable[[Kernel], bool]:
+    """Which kernels read weights `stored` reduces: the linear layers' and, unless the
+    format keeps them at 16 bits, the experts'."""
+    def reduced(kernel: Kernel) -> bool:
+        return weight_gemm(kernel.target, kernel.module) or bool(
+            stored is not None and stored.experts and routed_experts(kernel.target))
+    return reduced
 
 
 def _reads_cache(kernel: Kernel) -> bool:

@@ -24,8 +24,8 @@ from fxlens.cli.args import (
     METHODS,
     OPTIMIZERS,
     PRECISIONS,
+    SERVE_ONLY,
     VIEWS,
-    WEIGHT_ONLY,
     Parser,
     add_loading_options,
     count,
@@ -117,8 +117,9 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
     training = parser.add_argument_group("training step")
     training.add_argument("--train", action="store_true",
                           help="capture the joint forward+backward graph of one training step")
-    training.add_argument("--precision", choices=PRECISIONS + WEIGHT_ONLY,
-                          help="with --serve: fp8, or weight-only w8a16 / w4a16; "
+    training.add_argument("--precision", choices=PRECISIONS + SERVE_ONLY,
+                          help="with --serve: fp8, fp8-dense (a MoE model's experts at 16 "
+                               "bits), or weight-only w8a16 / w4a16; "
                                "training precision policy: amp-bf16 / amp-fp16 = 16-bit "
                                "weights + fp32 master copy (Megatron, apex O2); autocast-bf16 "
                                "/ autocast-fp16 = torch.autocast over fp32 weights (HF "
@@ -249,7 +250,8 @@ def _prune_options(parser: argparse.ArgumentParser) -> None:
                             "what removing a unit of each saves")
     prune.add_argument("--prune-target", metavar="PCT",
                        help="plan removing the least important units: 30%% (of parameters) "
-                            "or 30%%flops; implies --prune")
+                            "or 30%%flops, then 'blocks' (whole blocks only) or 'units' "
+                            "(no whole block); implies --prune")
     prune.add_argument("--prune-save", metavar="PATH",
                        help="write the planned pruned module here (torch.save)")
 

@@ -15,7 +15,7 @@ from typing import Any, NoReturn
 METHODS = ("export", "make_fx", "record")       # fxlens.analyzer.capture.chain.METHODS
 PRECISIONS = ("fp32", "bf16", "amp-bf16", "amp-fp16", "autocast-bf16", "autocast-fp16",
               "fp8")                                          # fxlens.pipeline.PRECISIONS
-WEIGHT_ONLY = ("w8a16", "w4a16")                # fxlens.rules.serving.WEIGHT_ONLY (--serve)
+SERVE_ONLY = ("w8a16", "w4a16", "fp8-dense")    # fxlens.rules.serving.SERVE_ONLY (--serve)
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adam8bit")  # …OPTIMIZERS
 VIEWS = ("summary", "modules", "top-ops", "memory", "training", "checkpoint", "kv-cache",
          "roofline", "validation", "fusion", "quant", "plan", "prune",

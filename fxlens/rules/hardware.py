@@ -153,6 +153,7 @@ class DeviceSpec:
     intra_node_bytes_per_s: float = 0.0          # per GPU, one direction (NVLink, PCIe)
     inter_node_bytes_per_s: float = 0.0          # per GPU, one direction (the node's network)
     link_source: str = ""
+    link_kind: str = ""                          # "nvlink", "pcie" (`links.RING_PROTOCOLS`)
     collective_base_s: float = net.NCCL_BASE_US * US     # a collective call's fixed latency
     intra_node_hop_s: float = 0.0                # per ring step inside a node
     inter_node_hop_s: float = net.NCCL_NET_HOP_US * US   # per ring step across nodes
@@ -238,6 +239,7 @@ def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: 
                       gpus_per_node=links.gpus_per_node,
                       intra_node_bytes_per_s=links.intra_gb_s * GB,
                       inter_node_bytes_per_s=links.inter_gb_s * GB, link_source=links.source,
+                      link_kind=links.kind,
                       collective_base_s=links.base_us * US,
                       intra_node_hop_s=links.intra_hop_us * US,
                       inter_node_hop_s=links.inter_hop_us * US,
@@ -368,7 +370,7 @@ def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> D
         if whole in values:
             values[whole] = int(values[whole])
     values.update({k: _typed(k, data[k]) for k in ("name", "source", "kind", "calibrated",
-                                                   "link_source") if k in data})
+                                                   "link_source", "link_kind") if k in data})
     if base is None:
         full_peaks = {k: _number(f"peak_flops.{k}", peaks.get(k, 0.0)) for k in DTYPE_KEYS}
         values.setdefault("memory_bytes", 0)

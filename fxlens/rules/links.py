@@ -24,10 +24,25 @@ NB: the latency model's α (the LL protocol's) and the bandwidth's β (the bulk 
 each the best the library has; near the size where it switches protocols the sum is a little
 optimistic. Engines' own one-shot all-reduce kernels for small messages (TensorRT-LLM's,
 vLLM's custom all-reduce) are not modelled separately.
+
+Protocols (`RING_PROTOCOLS`, what serving's tensor-parallel all-reduces are timed with): the
+same cost model prices each of NCCL's three ring protocols and runs the fastest for the size
+at hand. LL (the latency above) moves its data at a quarter of the bus bandwidth for an
+all-reduce (half of each 8-byte line is a flag, and it cannot use the full link), capped at
+87.7 GB/s in one node (``llMaxBws``, Ampere and Hopper); LL128 costs 14 µs a call and 1.9 µs a
+ring step over NVLink at 0.92 of the bus bandwidth (120 of 128 bytes are data; enabled over
+NVLink only); Simple 8.4 µs and 3.4 µs a step (5.7 over PCIe) at the full bus bandwidth. So
+a 4 MiB all-reduce over 4 NVLink GPUs costs 44 µs (LL128), not the 28 µs of LL's latency with
+Simple's bandwidth; a few KiB still cost LL's 10 µs. `link_kind` says which hop figures a
+node's links take ("nvlink", "pcie"; "" where NCCL's table does not apply — RCCL's Infinity
+Fabric keeps the single figure above).
+NB: within one node only, ring algorithm only (NCCL's tree and NVLS are not priced: at the
+sizes of a decode step's all-reduces its model picks a ring).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +62,38 @@ RCCL_NET_HOP_US = 2.0
 
 
 @dataclass(frozen=True)
+class RingProtocol:
+    """One of NCCL's ring protocols (2.20.3's ``src/graph/tuning.cc``): µs per call, µs per
+    ring step by link kind (a kind left out: the protocol is off there), the share of the bus
+    bandwidth an all-reduce moves its data at, and a cap on that in GB/s."""
+
+    name: str
+    base_us: float
+    hop_us: Mapping[str, float]
+    bandwidth_share: float
+    max_gb_s: float = float("inf")
+
+
+RING_PROTOCOLS = (
+    RingProtocol("LL", NCCL_BASE_US, {"nvlink": NVLINK_HOP_US, "pcie": PCIE_HOP_US}, 1 / 4,
+                 87.7),
+    RingProtocol("LL128", 14.0, {"nvlink": 1.9}, 0.92),
+    RingProtocol("Simple", 8.4, {"nvlink": 3.4, "pcie": 5.7}, 1.0),
+)
+
+
+def ring_all_reduce_options(link_kind: str, n: int, bus_bytes_per_s: float
+                            ) -> tuple[tuple[float, float], ...]:
+    """(fixed seconds, bytes/s) of one all-reduce call over `n` GPUs of one node per
+    protocol NCCL can run over `link_kind` (() where its table does not apply): a call of
+    S bytes takes ``seconds + 2(n − 1)/n · S / bytes_per_s`` and NCCL runs the fastest."""
+    steps = 2 * (n - 1)
+    return tuple(((p.base_us + steps * p.hop_us[link_kind]) * US,
+                  min(bus_bytes_per_s * p.bandwidth_share, p.max_gb_s * GB))
+                 for p in RING_PROTOCOLS if link_kind in p.hop_us and n > 1)
+
+
+@dataclass(frozen=True)
 class Links:
     """A GPU's links: GPUs per node, GB/s per GPU in one direction inside and across nodes,
     and the latency of a collective (µs per call, µs per ring step inside and across)."""
@@ -58,11 +105,12 @@ class Links:
     base_us: float = NCCL_BASE_US
     intra_hop_us: float = NVLINK_HOP_US
     inter_hop_us: float = NCCL_NET_HOP_US
+    kind: str = "nvlink"                 # the node's links, for `RING_PROTOCOLS`
     collective_sms: int = 0        # SMs an NCCL collective holds at full speed; 0: unknown
 
 
 _NCCL = "; collective latency from NCCL 2.20.3's cost model"
-_PCIE: dict[str, Any] = {"intra_hop_us": PCIE_HOP_US}
+_PCIE: dict[str, Any] = {"intra_hop_us": PCIE_HOP_US, "kind": "pcie"}
 
 # NVLink totals on the datasheets are bidirectional: halved. PCIe Gen4 x16 ≈ 32 GB/s and Gen5
 # x16 ≈ 64 GB/s per direction; Gen3 x16 ≈ 16.
@@ -87,4 +135,5 @@ WORKSTATION = Links(4, 32, 10 / 8, "PCIe Gen4 x16, no NVLink; 10 Gb Ethernet bet
                     "machines" + _NCCL, **_PCIE)
 MI300X_PLATFORM = Links(8, 448, 50, "Infinity Fabric: 7 links × 128 GB/s bidirectional per GPU "
                         "(MI300X data sheet); one 400 Gb/s NIC per GPU; collective latency "
-                        "from RCCL's cost model", RCCL_BASE_US, XGMI_HOP_US, RCCL_NET_HOP_US)
+                        "from RCCL's cost model", RCCL_BASE_US, XGMI_HOP_US, RCCL_NET_HOP_US,
+                        kind="")

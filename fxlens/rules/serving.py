@@ -14,6 +14,11 @@
   every decode step and dequantized in the GEMM's main loop, which runs at the activations'
   16 bits (TensorRT-LLM's weight-only GEMMs, Marlin): 0.516 bytes per weight at 4 bits, 1.016
   at 8. NB: the dequantization is taken as hidden under the weight reads.
+- FP8 dense layers with 16-bit experts (``--precision fp8-dense``): the linear layers as
+  ``fp8`` stores them, a MoE model's experts left at 16 bits (their grouped GEMMs at the
+  16-bit peak). TensorRT-LLM served Mixtral this way until 0.10.0 ("Added FP8 quantization
+  support for Mixtral" in its 0.10.0 release notes, NVIDIA/TensorRT-LLM docs/source/
+  release-notes.md); for a dense model it is ``fp8``.
 - Routed experts (`moe_routing`): the experts a MoE layer has and how many each token picks,
   read from the model's config.
 """
@@ -37,11 +42,13 @@ SCALE_BYTES = 2
 class WeightFormat:
     """How serving stores the linear layers' weights: `bits` per weight, one 16-bit scale per
     `group` weights (0: one per tensor, negligible), the GEMMs run at the device's `compute`
-    figure (None: the activations' 16 bits)."""
+    figure (None: the activations' 16 bits); `experts`: whether a MoE model's experts are
+    stored so too (else they stay at 16 bits)."""
 
     bits: int
     group: int
     compute: str | None
+    experts: bool = True
 
     @property
     def bytes_per_weight(self) -> float:
@@ -52,8 +59,11 @@ WEIGHT_FORMATS: Mapping[str, WeightFormat] = {
     "fp8": WeightFormat(8, 0, "fp8"),
     "w8a16": WeightFormat(8, WEIGHT_GROUP, None),
     "w4a16": WeightFormat(4, WEIGHT_GROUP, None),
+    "fp8-dense": WeightFormat(8, 0, "fp8", experts=False),
 }
-WEIGHT_ONLY = ("w8a16", "w4a16")     # serving-only --precision values (cli.args.WEIGHT_ONLY)
+WEIGHT_ONLY = ("w8a16", "w4a16")
+# serving-only --precision values (cli.args.SERVE_ONLY)
+SERVE_ONLY = (*WEIGHT_ONLY, "fp8-dense")
 # bf16: the model's own 16-bit weights, as loaded
 SERVE_PRECISIONS = ("bf16", *WEIGHT_FORMATS)
 KV_DTYPE_BYTES: Mapping[str, int] = {"fp8": 1, "int8": 1, "fp16": 2, "bf16": 2}

@@ -243,6 +243,44 @@ def test_a_moe_decode_step_reads_the_experts_its_tokens_route_to() -> None:
     assert any("E·(1 − (1 − k/E)^tokens) of E = 8" in note for note in serve.notes)
 
 
+def test_fp8_dense_reduces_the_linear_layers_and_leaves_the_experts_at_16_bits() -> None:
+    """``fp8-dense``: the linear GEMMs in FP8 (lm_head kept), the experts' grouped GEMMs not;
+    ``fp8`` reduces both; a mixed step shares the experts' weights under either."""
+    from fxlens.rules.serving import WEIGHT_FORMATS
+    from fxlens.serve_pass import _reads_weights, _reduced_by
+
+    linear, head = Kernel("aten.linear.default", "layers.0.mlp.up_proj", "bf16", "", 0, 0), \
+        Kernel("aten.linear.default", "lm_head", "bf16", "", 0, 0)
+    experts = Kernel("aten._grouped_mm.default", "layers.0.mlp.experts", "bf16", "", 0, 0)
+    dense, full = _reduced_by(WEIGHT_FORMATS["fp8-dense"]), _reduced_by(WEIGHT_FORMATS["fp8"])
+    assert [dense(k) for k in (linear, head, experts)] == [True, False, False]
+    assert [full(k) for k in (linear, head, experts)] == [True, False, True]
+    assert _reads_weights(experts) and _reads_weights(linear)
+    assert WEIGHT_FORMATS["fp8-dense"].bytes_per_weight == 1.0
+
+
+@pytest.mark.slow
+def test_fp8_dense_stores_a_moe_models_linear_layers_in_one_byte_and_its_experts_in_two(
+        ) -> None:
+    """Mixtral-shaped: against bf16, ``fp8-dense`` saves one byte per weight of every linear
+    layer but lm_head (the router's gate included) and none of the experts'; ``fp8`` saves
+    the experts' byte as well."""
+    loaded = load_preset("mixtral-8x7b", MOE, batch=1, seq_len=32)
+    options = {"serve": True, "device": "h100", "input_len": 256, "output_len": 16,
+               "fusion": False, "serve_batches": (1,)}
+    served = {p: run_pipeline(loaded, AnalysisOptions(**options, precision=p)).get(Serve)
+              for p in (None, "fp8-dense", "fp8")}                # type: ignore[arg-type]
+    module = loaded.module
+    linear = sum(m.weight.numel() for name, m in module.named_modules()
+                 if isinstance(m, torch.nn.Linear) and not name.endswith("lm_head"))
+    experts = sum(p.numel() for name, p in module.named_parameters() if ".experts." in name)
+    base, dense, full = (served[p] for p in (None, "fp8-dense", "fp8"))
+    assert base and dense and full
+    assert base.weights_bytes - dense.weights_bytes == linear
+    assert base.weights_bytes - full.weights_bytes == linear + experts
+    assert dense.weights_format == "fp8-dense"
+
+
 @pytest.mark.slow
 def test_weight_only_formats_read_packed_weights_and_their_group_scales() -> None:
     """w4a16: every linear weight but lm_head in 4 bits plus a 16-bit scale per 128 (0.516
@@ -293,6 +331,7 @@ def test_max_load_keeps_the_most_requests_the_caps_allow_in_flight() -> None:
 
 @pytest.mark.parametrize(("argv", "said"), [
     (["hf:llama-3-8b", "--precision", "w4a16"], "weight-only serving format: add --serve"),
+    (["hf:llama-3-8b", "--precision", "fp8-dense"], "is a serving format: add --serve"),
     (["hf:llama-3-8b", "--serve", "--device", "h100", "--max-num-tokens", "0"],
      "--max-num-tokens"),
 ])
@@ -312,7 +351,7 @@ def test_the_cli_repeats_the_rules_serving_choices_and_defaults() -> None:
     from fxlens.cli.analyze import build_parser
     from fxlens.rules import serving
 
-    assert args.WEIGHT_ONLY == serving.WEIGHT_ONLY
+    assert args.SERVE_ONLY == serving.SERVE_ONLY
     parsed = build_parser().parse_args(["m.py"])
     assert (parsed.max_num_tokens, parsed.max_num_seqs) == (serving.MAX_NUM_TOKENS,
                                                            serving.MAX_NUM_SEQS)

@@ -15,6 +15,7 @@ from fxlens.analyzer.serve.kernels import AffineStep, Kernel, Routing
 from fxlens.analyzer.serve.mixed import mixed_s, shared_rows
 from fxlens.analyzer.serve.steps import Link, Steps
 from fxlens.rules.hardware import device
+from fxlens.rules.links import ring_all_reduce_options
 
 H100 = device("h100")
 RATE = H100.achievable_flops("bf16")
@@ -79,6 +80,40 @@ def test_each_all_reduce_call_pays_the_links_latency_then_its_ring_bytes() -> No
         expected = 6 * (latency + 2 * 3 / 4 * payload * batch / bandwidth)
         assert float(steps.reduce_s(reduce, batch, [100])[0]) == pytest.approx(expected)
     assert float(Steps(_prefill(), _decode()).reduce_s(reduce, 8, [1])[0]) == 0.0
+
+
+def test_each_all_reduce_call_runs_the_fastest_of_the_links_protocols() -> None:
+    """Two protocols, (5 µs, 50 GB/s) and (20 µs, 400 GB/s), tp = 2 (the ring moves the
+    whole payload): a 16 KiB call takes the first's 5 µs + S/50 GB/s, a 16 MiB call the
+    second's 20 µs + S/400 GB/s; the link's own pair is not used when protocols are given."""
+    fast, bulk = (5e-6, 50e9), (20e-6, 400e9)
+    steps = Steps(_prefill(), _decode(), 2, Link(1e9, 1.0, (fast, bulk)))
+    small, large = 16384.0, 16 * 2**20
+    times = steps.calls_s(torch.tensor([small, large], dtype=torch.float64))
+    assert float(times[0]) == pytest.approx(5e-6 + small / 50e9)
+    assert float(times[1]) == pytest.approx(20e-6 + large / 400e9)
+
+
+def test_nccl_ring_protocols_are_its_cost_model() -> None:
+    """NCCL 2.20.3 (src/graph/tuning.cc), all-reduce over 4 GPUs (6 ring steps) of one node:
+    LL 6.6 + 6·0.6 µs at min(bus/4, 87.7 GB/s), LL128 14 + 6·1.9 µs at 0.92 of the bus
+    (NVLink only), Simple 8.4 + 6·3.4 µs (6·1.0 and 6·5.7 over PCIe) at the bus."""
+    bus = 360e9
+    def flat(options: tuple[tuple[float, float], ...]) -> list[float]:
+        return [x for pair in options for x in pair]
+
+    assert flat(ring_all_reduce_options("nvlink", 4, bus)) == pytest.approx(
+        [10.2e-6, 87.7e9, 25.4e-6, 0.92 * bus, 28.8e-6, bus])
+    assert flat(ring_all_reduce_options("pcie", 4, 51.2e9)) == pytest.approx(
+        [12.6e-6, 51.2e9 / 4, 42.6e-6, 51.2e9])
+    assert ring_all_reduce_options("", 4, bus) == ()
+    assert ring_all_reduce_options("nvlink", 1, bus) == ()
+    # a decode step's 4 MiB payload: LL128's latency and bandwidth win
+    steps = Steps(_prefill(), _decode(), 4, Link(bus, 10.2e-6,
+                                                 ring_all_reduce_options("nvlink", 4, bus)))
+    payload = 4.0 * 2**20
+    assert float(steps.calls_s(torch.tensor([payload], dtype=torch.float64))[0]) == (
+        pytest.approx(25.4e-6 + 1.5 * payload / (0.92 * bus)))
 
 
 # --- routed experts -------------------------------------------------------------------------

@@ -10,7 +10,11 @@ the kernels (not overlapped: a decode step waits for each all-reduce before its 
 each call timed as the planner times a collective (`fxlens.analyzer.plan.transfers.
 all_reduce_s`): the link's fixed latency per call (NCCL's: 7.8 µs over 2 NVLink GPUs, 15 µs
 over 8; `fxlens.rules.links`), then ``2(t−1)/t`` of its bytes at the link's achievable
-bandwidth. A decode step of a 70B model makes 160 of them.
+bandwidth. Where the device's links are in NCCL's table, each call runs the fastest of
+NCCL's ring protocols for its size (`Link.protocols`, `fxlens.rules.links.RING_PROTOCOLS`):
+LL's latency with a quarter of the bandwidth for a few KiB, LL128's or Simple's higher
+latency with (nearly) all of it for the MiBs a step of hundreds of tokens all-reduces.
+A decode step of a 70B model makes 160 of them.
 """
 
 from __future__ import annotations
@@ -28,10 +32,12 @@ from fxlens.analyzer.time.roofline import Device
 @dataclass(frozen=True)
 class Link:
     """The tensor-parallel group's link: achievable bytes/s per GPU, and the fixed seconds of
-    one all-reduce call over the group."""
+    one all-reduce call over the group; `protocols`: (fixed seconds, bytes/s) of each
+    protocol the library picks from per call (() : the one pair above)."""
 
     bytes_per_s: float = 0.0
     latency_s: float = 0.0
+    protocols: tuple[tuple[float, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -69,9 +75,12 @@ class Steps:
 
     def calls_s(self, payloads: torch.Tensor) -> torch.Tensor:
         """Seconds of one all-reduce call of each payload (bytes): the planner's formula,
-        which is its latency plus a time per byte."""
-        per_byte = all_reduce_s(1.0, self.tp, self.link.bytes_per_s)
-        return all_reduce_s(0.0, self.tp, 1.0, self.link.latency_s) + payloads * per_byte
+        its latency plus a time per byte, for the fastest of the link's protocols."""
+        options = self.link.protocols or ((self.link.latency_s, self.link.bytes_per_s),)
+        times = [all_reduce_s(0.0, self.tp, 1.0, latency)
+                 + payloads * all_reduce_s(1.0, self.tp, bandwidth)
+                 for latency, bandwidth in options]
+        return torch.stack(times).amin(0)
 
 
 def sharded(step: AffineStep, split: Sequence[bool], tp: int) -> AffineStep:
