@@ -15,6 +15,7 @@ squeeze-excite)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -22,6 +23,7 @@ import torch
 from fxlens.analyzer.capture.chain import capture
 from fxlens.analyzer.cost.engine import analyze
 from fxlens.analyzer.prune.module import run
+from fxlens.analyzer.prune.section import PruneResult
 from fxlens.rules import load_rules
 from tests.analyzer.prune_models import (
     MODELS,
@@ -40,9 +42,17 @@ FAST = {"mlp", "concat", "convnet", "tiny_gpt", "llama", "vit"}
 def test_the_saved_pruned_module_runs_and_costs_what_the_plan_predicted(
         name: str, tmp_path: Path) -> None:
     module, inputs, result = planned(MODELS[name])
+    plan = result.section.plan
+    assert plan is not None and plan.met and plan.params_after < plan.params_before
+    saved_runs_as_planned(module, inputs, result, tmp_path)
+
+
+def saved_runs_as_planned(module: Any, inputs: Any, result: PruneResult,
+                          tmp_path: Path) -> None:
+    """The saved pruned module runs, keeps the output shapes, holds the planned parameters and
+    costs exactly the planned FLOPs (FlopCounterMode's GEMMs, and fxlens's own count)."""
     plan, shrunk = result.section.plan, result.shrunk
     assert plan is not None and result.module is not None and shrunk is not None
-    assert plan.met and plan.params_after < plan.params_before
     torch.save(result.module, tmp_path / "pruned.pt")
     pruned = torch.load(tmp_path / "pruned.pt", weights_only=False)
     assert run(pruned, inputs) == run(module, inputs)
@@ -65,16 +75,9 @@ BLOCKS = {"llama": True, "gpt2": True, "resnet_bottleneck": True, "bert": False,
 def test_a_blocks_only_plan_saves_a_module_costing_what_it_predicted(
         name: str, tmp_path: Path) -> None:
     module, inputs, result = planned(MODELS[name], "30% blocks")
-    plan, shrunk = result.section.plan, result.shrunk
-    assert plan is not None and result.module is not None and shrunk is not None
+    plan = result.section.plan
+    assert plan is not None
     gone = [g for g in result.section.groups if g.removed]
     assert gone and all(g.kind == "block" for g in gone) and plan.units_removed == len(gone)
     assert plan.params_before - plan.params_after == sum(g.params_per_unit for g in gone)
-    torch.save(result.module, tmp_path / "pruned.pt")
-    pruned = torch.load(tmp_path / "pruned.pt", weights_only=False)
-    assert run(pruned, inputs) == run(module, inputs)
-    assert sum(p.numel() for p in pruned.parameters()) == plan.params_after
-    predicted = predicted_gemm_flops(shrunk)
-    assert eager_gemm_flops(pruned, inputs) == predicted < eager_gemm_flops(module, inputs)
-    registry = load_rules()
-    assert analyze(capture(pruned, inputs, registry), registry).totals.flops == plan.flops_after
+    saved_runs_as_planned(module, inputs, result, tmp_path)
