@@ -3,6 +3,7 @@ by the closed form, the curve, the formats (`fxlens.analyzer.serve`, `fxlens.ser
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from itertools import pairwise
@@ -70,6 +71,12 @@ def test_max_batch_is_free_memory_over_the_blocks_of_a_request() -> None:
     assert serve.max_batch == free // per_request
     assert serve.block_waste_bytes == (math.ceil(1037 / 16) * 16 - 1037) * 131072
     assert serve.curve[-1].batch == serve.max_batch and serve.curve[-1].fits
+    # the process's CUDA context sits inside the engine's share (vLLM's budget holds it)
+    held = serve_section(Steps(step, step), device("h100"), 32,
+                         ServeRequest(input_len=1000, output_len=37),
+                         dataclasses.replace(memory, context_bytes=2**30))
+    assert held.max_batch == (free - 2**30) // per_request < serve.max_batch
+    assert held.context_bytes == 2**30
 
 
 def test_decode_at_batch_one_reads_the_weights_and_the_cache_once() -> None:
