@@ -104,7 +104,8 @@ class Run:
 
 def specs(run: Run) -> dict[str, Any]:
     """The device specs predictions use: the registry entry and the calibrated profile."""
-    from fxlens.rules.hardware import device, host_cpu, load_profile, registry_name
+    from fxlens.rules.device_files import load_profile, registry_name
+    from fxlens.rules.hardware import device, host_cpu
 
     found: dict[str, Any] = {}
     gpu = run.data["env"].get("gpu")

@@ -30,7 +30,8 @@ from fxlens.analyzer.time.device_calibration import calibrate  # noqa: E402
 from fxlens.analyzer.time.validate import RunSettings  # noqa: E402
 from fxlens.api import load  # noqa: E402
 from fxlens.devices import DTYPES, profile_spec, validate  # noqa: E402
-from fxlens.rules.hardware import DeviceSpec, load_profile  # noqa: E402
+from fxlens.rules.device_files import load_profile  # noqa: E402
+from fxlens.rules.hardware import DeviceSpec  # noqa: E402
 
 
 def zoo() -> dict[str, Any]:

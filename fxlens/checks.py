@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.memory.training_state import parse_bytes
 from fxlens.analyzer.plan.strategy import parse as parse_strategy
-from fxlens.rules.hardware import DeviceSpec, device, device_spec, load_devices
+from fxlens.rules.device_files import device_spec, load_devices
+from fxlens.rules.hardware import DeviceSpec, device
 from fxlens.rules.training import Optimizer, Precision
 
 if TYPE_CHECKING:   # the fix finder imports torch; this module is read before torch loads
@@ -230,7 +231,7 @@ def checkpoint_budget(options: Any) -> tuple[str, int]:
 
 def resolve_device(name: str, devices_file: str | None = None, profile: str | None = None
                    ) -> DeviceSpec:
-    """`fxlens.rules.hardware.device_spec`, its errors as one-line `LoadError`s."""
+    """`fxlens.rules.device_files.device_spec`, its errors as one-line `LoadError`s."""
     try:
         return device_spec(name, devices_file, profile)
     except ValueError as error:

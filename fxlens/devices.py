@@ -30,15 +30,8 @@ from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.time.device_calibration import Calibration, allow_tf32, calibrate
 from fxlens.analyzer.time.validate import RunSettings, prepare, run_graph, validation_section
 from fxlens.pipeline import AnalysisOptions, Context, resolve_device, run_context
-from fxlens.rules.hardware import (
-    CONTEXT_BYTES,
-    DTYPE_KEYS,
-    MISALIGNED_GEMM,
-    DeviceSpec,
-    host_cpu,
-    profile_dir,
-    registry_name,
-)
+from fxlens.rules.device_files import profile_dir, registry_name
+from fxlens.rules.hardware import CONTEXT_BYTES, DTYPE_KEYS, MISALIGNED_GEMM, DeviceSpec, host_cpu
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

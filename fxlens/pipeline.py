@@ -427,5 +427,5 @@ def _eager_peak(loaded: LoadedModel, simulated: MeasuredMemory | None) -> EagerP
 
 def resolve_device(name: str, devices_file: str | None = None, profile: str | None = None
                    ) -> DeviceSpec:
-    """`fxlens.rules.hardware.device_spec`, its errors as one-line `LoadError`s."""
+    """`fxlens.rules.device_files.device_spec`, its errors as one-line `LoadError`s."""
     return checks.resolve_device(name, devices_file, profile)

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from fxlens.cli.main import main
-from fxlens.rules.hardware import DTYPE_KEYS, load_profile
+from fxlens.rules.device_files import load_profile
+from fxlens.rules.hardware import DTYPE_KEYS
 
 ROOT = Path(__file__).resolve().parents[1]
 MLP = str(ROOT / "tests/models/mlp.py")

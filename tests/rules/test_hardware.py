@@ -8,19 +8,21 @@ from pathlib import Path
 
 import pytest
 
+from fxlens.rules.device_files import (
+    cached_profile,
+    load_devices,
+    load_profile,
+    profile_dir,
+    spec_from_json,
+)
 from fxlens.rules.hardware import (
     BANDWIDTH_EFFICIENCY,
     DEVICES,
     DTYPE_KEYS,
     GEMM_EFFICIENCY,
     DeviceSpec,
-    cached_profile,
     device,
     host_cpu,
-    load_devices,
-    load_profile,
-    profile_dir,
-    spec_from_json,
 )
 
 REQUIRED = ("h100", "h100-pcie", "h200", "a100-40gb", "a100-80gb", "l4", "a10g", "t4",

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from fxlens.rules.hardware import device, load_devices
+from fxlens.rules.device_files import load_devices
+from fxlens.rules.hardware import device
 
 US = 1e-6
 
