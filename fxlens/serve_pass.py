@@ -134,7 +134,7 @@ class ServePass:
                      f"and {engine.max_num_seqs} requests in flight (--max-num-tokens, "
                      f"--max-num-seqs; TensorRT-LLM's defaults 8192 and 2048), prefills "
                      f"sharing steps with decodes")
-        memory = ServeMemory(spec.reported_bytes or spec.memory_bytes, weights_bytes, workspace,
+        memory = ServeMemory(spec.driver_bytes, weights_bytes, workspace,
                              kv_per_token, spec.context_bytes)
         request = ServeRequest(i, o, tuple(options.serve_batches), options.tpot_slo_s,
                                engine=engine)

@@ -165,10 +165,15 @@ class DeviceSpec:
     context_bytes: int = 0                   # per process outside PyTorch's allocator
 
     @property
+    def driver_bytes(self) -> int:
+        """The total the driver gives a process (the datasheet's where not sourced)."""
+        return self.reported_bytes or self.memory_bytes
+
+    @property
     def usable_bytes(self) -> int:
         """What one process can allocate: the driver's total less the CUDA context (module
         docstring); every fits verdict and memory budget reads this."""
-        return max((self.reported_bytes or self.memory_bytes) - self.context_bytes, 0)
+        return max(self.driver_bytes - self.context_bytes, 0)
 
     def with_usable(self, usable_bytes: int) -> DeviceSpec:
         """This device with exactly `usable_bytes` to allocate (a budget as given)."""

@@ -91,13 +91,15 @@ def test_hidden_deepep_transfers_slow_the_compute_beside_them_by_their_sms() -> 
                            FakeLinks(), units, tokens, 128)
     h100 = FakeLinks(multiprocessors=132)
     seconds = deepep[0].time_s
+    quarter = 0.25 * seconds                                        # exposed: 0.75 hidden
     assert DEEPEP_SMS == 20
-    assert sm_slowdown_s(deepep, 0.75, h100) == pytest.approx(seconds * 0.75 * 20 / 132)
-    assert sm_slowdown_s(deepep, 0.0, h100) == 0.0                 # nothing ran beside compute
-    assert sm_slowdown_s(deepep, 0.75, FakeLinks()) == 0.0          # SMs unknown
-    assert sm_slowdown_s(nccl, 0.75, h100) == 0.0                   # NCCL's SMs unknown
+    assert sm_slowdown_s(deepep, quarter, h100) == pytest.approx(seconds * 0.75 * 20 / 132)
+    assert sm_slowdown_s(deepep, seconds, h100) == 0.0      # nothing ran beside compute
+    assert sm_slowdown_s(deepep, quarter, FakeLinks()) == 0.0   # SMs unknown
+    nccl_s = nccl[0].time_s
+    assert sm_slowdown_s(nccl, 0.25 * nccl_s, h100) == 0.0      # NCCL's SMs unknown
     dgx = FakeLinks(multiprocessors=132, collective_sms=16)
-    assert sm_slowdown_s(nccl, 0.75, dgx) == pytest.approx(nccl[0].time_s * 0.75 * 16 / 132)
+    assert sm_slowdown_s(nccl, 0.25 * nccl_s, dgx) == pytest.approx(nccl_s * 0.75 * 16 / 132)
 
 
 def test_hidden_gradient_transfers_slow_the_compute_by_the_sms_nccl_holds(

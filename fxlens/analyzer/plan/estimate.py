@@ -155,8 +155,7 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
     dp_s = busiest.data_parallel_s
     window = busiest.compute_s if s.zero == 3 else busiest.backward_s / s.micro_batches
     exposed = max(0.0, dp_s - window)
-    dp_slowdown = sm_slowdown_s(busiest.data_parallel, 1 - exposed / dp_s if dp_s else 0.0,
-                                device)
+    dp_slowdown = sm_slowdown_s(busiest.data_parallel, exposed, device, total_s=dp_s)
     optimizer = _optimizer_s(facts, s, worst.memory)
     step = s.micro_batches * per_micro + bubble + exposed + dp_slowdown + optimizer
     samples = facts.samples * s.micro_batches * s.dp
@@ -290,19 +289,16 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     uncompressed = (data_parallel(_uncompressed(s), device, dense, expert, shard, expert_shard)
                     if s.compresses else gradients)
     nxt = parts[index + 1][0] if index + 1 < len(parts) and parts[index + 1] else None
-    all_to_all = sum(c.time_s for c in experts)
-    ring_s = sum(c.time_s for c in ring)
-    exposed = _expert_exposed_s(s, all_to_all, m * (forward + recompute_s), m * backward)
-    hidden_share = 1 - exposed / all_to_all if all_to_all > 0 else 0.0
+    exposed = _expert_exposed_s(s, sum(c.time_s for c in experts), m * (forward + recompute_s),
+                                m * backward)
     return _Stage(
         memory=memory, compute_s=m * (forward + backward + recompute_s),
         backward_s=m * backward, recompute_s=m * recompute_s,
         tensor_parallel=tensor_parallel(s, device, units),
         expert_parallel=experts,
         expert_exposed_s=exposed,
-        sm_slowdown_s=(sm_slowdown_s(experts, hidden_share, device)
-                       + sm_slowdown_s(ring, 1 - ring_exposed / ring_s if ring_s else 0.0,
-                                       device)),
+        sm_slowdown_s=(sm_slowdown_s(experts, exposed, device)
+                       + sm_slowdown_s(ring, ring_exposed, device)),
         context_parallel=ring, ring_exposed_s=ring_exposed,
         data_parallel=gradients,
         compression_s=(powersgd_flops(mine, s.powersgd) / facts.peak_flops

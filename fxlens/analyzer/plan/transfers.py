@@ -232,13 +232,15 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
                        overlapped=s.a2a_overlap)]
 
 
-def sm_slowdown_s(collectives: Sequence[Collective], hidden_share: float,
-                  device: Links) -> float:
+def sm_slowdown_s(collectives: Sequence[Collective], exposed_s: float, device: Links,
+                  total_s: float | None = None) -> float:
     """Seconds the compute beside hidden transfers loses: a transfer's kernels hold their SMs
     while they run (DeepEP's `DEEPEP_SMS`, an NCCL collective the device's
     `collective_sms`), so compute overlapping t seconds of them finishes ``t · SMs held / SMs``
-    later (0 where a count is unknown). `hidden_share`: the share of the transfers' seconds
-    that compute hides."""
+    later (0 where a count is unknown). `exposed_s` of the transfers' `total_s` (their own
+    seconds unless given) are not hidden."""
+    total = sum(c.time_s for c in collectives) if total_s is None else total_s
+    hidden_share = 1 - exposed_s / total if total > 0 else 0.0
     if device.multiprocessors <= 0 or hidden_share <= 0:
         return 0.0
     held = sum(c.time_s * (DEEPEP_SMS if c.cause == DEEPEP_CAUSE else device.collective_sms)
