@@ -14,7 +14,8 @@ from torch import nn
 
 from fxlens.analyzer.prune.blocks import exclusive
 from fxlens.analyzer.prune.calibrated import CalibrationData
-from fxlens.analyzer.prune.module import run
+from fxlens.analyzer.prune.module import pruned_module, run
+from fxlens.rules.prune import knowledge
 from tests.analyzer.prune_models import MODELS, planned
 
 
@@ -173,3 +174,26 @@ def test_every_surface_shows_the_blocks_grouped_and_the_plan_s_blocks(tmp_path: 
     for text in (console.export_text(), render_markdown(back), render_html(back, None)):
         assert "model.layers.0–1" in text and "the whole block" in text
         assert "whole blocks only" in text and "whole blocks removed" in text
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2"])
+def test_a_saved_decoder_without_its_first_layer_decodes_with_a_cache_as_without(
+        name: str) -> None:
+    # a layer left in place as a Skipped keeps an empty cache layer, and transformers reads
+    # the cached length from layer 0: the next token's position would restart at 0
+    module, inputs, result = planned(MODELS[name], None)
+    first = next(g for g in result.groups if g.block)
+    pruned = pruned_module(module, result.groups, {first.root: frozenset({0})},
+                           knowledge()).eval()
+    layers = module.config.num_hidden_layers
+    assert pruned.config.num_hidden_layers == layers - 1
+    assert module.config.num_hidden_layers == layers               # the original untouched
+    assert [m.layer_idx for m in pruned.modules() if hasattr(m, "layer_idx")
+            and isinstance(m.layer_idx, int)] == list(range(layers - 1))
+    ids = inputs["input_ids"][:1, :5]
+    with torch.no_grad():
+        out = pruned(ids, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+        cached = pruned(token, cache=out.past_key_values).logits[:, -1]
+        whole = pruned(torch.cat([ids, token], 1), use_cache=False).logits[:, -1]
+    torch.testing.assert_close(cached, whole, atol=1e-5, rtol=1e-4)

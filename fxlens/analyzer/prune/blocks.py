@@ -26,7 +26,9 @@ The module side: `Skipped` stands in for a removed block and returns its first a
 stream: ``hidden_states`` of every `transformers` layer, ``x`` of a torchvision block). In
 the installed `transformers` (5.x) a decoder, encoder or GPT-2 layer returns the hidden state
 tensor itself; where a block returned a tuple (4.x layers), `Skipped` returns a tuple as long
-with the stream first and ``None`` for the rest (no attention weights, no cache).
+with the stream first and ``None`` for the rest (no attention weights, no cache). A saved
+module keeps no `Skipped` where a cache addresses the block by its number (`drop_indexed`):
+the block leaves its run and the model's config says the new depth.
 """
 
 from __future__ import annotations
@@ -206,12 +208,14 @@ def exclusive(groups: Sequence[Found], removal: Removal) -> Removal:
 
 
 class Skipped(nn.Module):
-    """A removed residual block: returns its stream input (the first argument) unchanged."""
+    """A removed residual block: returns its stream input (the first argument) unchanged.
+    `indexed`: the block held a ``layer_idx`` (a cache addresses it by its number)."""
 
     def __init__(self, was: str, stream_arg: str, returns: int = 0,
-                 attributes: Mapping[str, Any] | None = None) -> None:
+                 attributes: Mapping[str, Any] | None = None, indexed: bool = False) -> None:
         super().__init__()
         self.was, self.stream_arg, self.returns = was, stream_arg, returns
+        self.indexed = indexed
         for name, value in (attributes or {}).items():
             setattr(self, name, value)
 
@@ -229,7 +233,36 @@ def skipped(block: nn.Module, returns: int = 0) -> Skipped:
     params = list(inspect.signature(block.forward).parameters)
     plain = {k: v for k, v in vars(block).items() if not k.startswith("_") and k != "training"
              and isinstance(v, (str, int, float, bool, type(None)))}
-    return Skipped(type(block).__name__, params[0] if params else "x", returns, plain)
+    indexed = any(isinstance(getattr(m, "layer_idx", None), int) for m in block.modules())
+    return Skipped(type(block).__name__, params[0] if params else "x", returns, plain, indexed)
+
+
+def drop_indexed(module: nn.Module) -> None:
+    """Take every removed block a cache addresses by number out of its run for good: the
+    blocks after it renumbered (``layer_idx``), the model's config told the new depth
+    (``num_hidden_layers`` and every per-layer list, e.g. ``layer_types``). A `Skipped` left
+    in place would leave its cache layer empty, and `transformers` reads the cached length
+    from layer 0: decoding with a cache after removing the first layer restarts positions."""
+    configs = {id(c): c for m in module.modules()
+               if isinstance(getattr(c := getattr(m, "config", None), "num_hidden_layers",
+                                     None), int)}
+    for run in [m for m in module.modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]:
+        blocks = list(run)
+        kept = [i for i, b in enumerate(blocks) if not (isinstance(b, Skipped) and b.indexed)]
+        if len(kept) == len(blocks):
+            continue
+        for new, old in enumerate(kept):
+            for m in blocks[old].modules():
+                if getattr(m, "layer_idx", None) == old:
+                    m.layer_idx = new
+        run._modules = type(run._modules)((str(n), blocks[o]) for n, o in enumerate(kept))
+        for config in configs.values():
+            if config.num_hidden_layers != len(blocks):
+                continue
+            config.num_hidden_layers = len(kept)
+            for key, value in vars(config).items():
+                if isinstance(value, list) and len(value) == len(blocks):
+                    setattr(config, key, [value[o] for o in kept])
 
 
 def swap(module: nn.Module, groups: Sequence[Found], removal: Removal

@@ -1,7 +1,9 @@
 """The pruned module itself: every member's entries of the removed units sliced out, and each
 module's size attributes fixed by the rules (``in_features``, ``out_channels``, head counts),
 so it runs as a smaller ordinary ``nn.Module``; a removed residual block is replaced by a
-`fxlens.analyzer.prune.blocks.Skipped` that returns its stream input.
+`fxlens.analyzer.prune.blocks.Skipped` that returns its stream input (in the saved copy, a
+block a cache addresses by number, a `transformers` layer, is taken out of its run instead:
+`blocks.drop_indexed`).
 
 `pruned_module` does it to a deep copy, for good; `removed` does it to the module itself for
 the length of a ``with`` block and puts every tensor and attribute back after (no copy: the
@@ -37,7 +39,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from fxlens.analyzer.capture.fx_convert import USER_MODULE_PREFIX
-from fxlens.analyzer.prune.blocks import exclusive, swap
+from fxlens.analyzer.prune.blocks import drop_indexed, exclusive, swap
 from fxlens.analyzer.prune.groups import Found, entry_index
 from fxlens.analyzer.prune.types import PruneKnowledge, Removal
 
@@ -49,6 +51,7 @@ def pruned_module(module: nn.Module, groups: Sequence[Found], removal: Removal,
     """A deep copy of `module` with `removal` (units by group root) sliced out."""
     pruned = copy.deepcopy(module)
     _apply(pruned, groups, removal, knowledge)
+    drop_indexed(pruned)
     return pruned
 
 
