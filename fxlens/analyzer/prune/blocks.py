@@ -243,9 +243,11 @@ def drop_indexed(module: nn.Module) -> None:
     (``num_hidden_layers`` and every per-layer list, e.g. ``layer_types``). A `Skipped` left
     in place would leave its cache layer empty, and `transformers` reads the cached length
     from layer 0: decoding with a cache after removing the first layer restarts positions."""
-    configs = {id(c): c for m in module.modules()
-               if isinstance(getattr(c := getattr(m, "config", None), "num_hidden_layers",
-                                     None), int)}
+    configs: dict[int, Any] = {}
+    for m in module.modules():
+        config = getattr(m, "config", None)
+        if isinstance(getattr(config, "num_hidden_layers", None), int):
+            configs[id(config)] = config
     for run in [m for m in module.modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]:
         blocks = list(run)
         kept = [i for i, b in enumerate(blocks) if not (isinstance(b, Skipped) and b.indexed)]
@@ -254,7 +256,7 @@ def drop_indexed(module: nn.Module) -> None:
         for new, old in enumerate(kept):
             for m in blocks[old].modules():
                 if getattr(m, "layer_idx", None) == old:
-                    m.layer_idx = new
+                    m.layer_idx = new        # type: ignore[assignment]  # a plain int
         run._modules = type(run._modules)((str(n), blocks[o]) for n, o in enumerate(kept))
         for config in configs.values():
             if config.num_hidden_layers != len(blocks):
