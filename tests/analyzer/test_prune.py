@@ -199,3 +199,21 @@ def test_padding_keeps_the_channels_it_does_not_pad(pad: tuple[int, ...],
     groups = {m.param for g in result.groups for m in g.members}
     assert ("a.weight" in groups) is prunable
     assert ("padded" in result.section.blocked) is not prunable
+
+
+def test_without_real_weights_every_group_loses_the_same_share() -> None:
+    # a preset on the meta device scores every unit 1: ties spread over the groups, where
+    # ranking by group took all but one unit of the first group (14,336 → 1 neurons of
+    # Llama-3-8B's first MLP at 25 %)
+    def meta() -> tuple[nn.Module, tuple[torch.Tensor]]:
+        with torch.device("meta"):
+            model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 32), nn.ReLU(),
+                                  nn.Linear(32, 8))
+            return model, (torch.randn(4, 16),)
+
+    _, _, result = planned(meta, "30%")
+    plan = result.section.plan
+    assert plan is not None and plan.met
+    assert plan.ranking.startswith("no real weights to score")
+    shares = [g.removed / g.units for g in result.section.groups]
+    assert len(shares) == 2 and max(shares) - min(shares) <= 1 / 32

@@ -81,6 +81,27 @@ def stack() -> tuple[nn.Module, tuple[torch.Tensor]]:
     return model, (torch.randn(6, 8),)
 
 
+def sequential() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """One nn.Sequential holding two runs of residual blocks between other layers."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), Residual(), Residual(), nn.Linear(16, 16),
+                          Residual(), Residual(), nn.Linear(16, 5)).eval()
+    return model, (torch.randn(6, 8),)
+
+
+def test_runs_of_blocks_inside_one_sequential_are_found_and_each_keeps_a_block() -> None:
+    module, inputs, result = planned(sequential, "99% blocks")
+    blocks = {g.block: g for g in result.groups if g.block}
+    assert {p: (g.run, g.siblings) for p, g in blocks.items()} == {
+        "1": ("1", 2), "2": ("1", 2), "4": ("4", 2), "5": ("4", 2)}
+    plan = result.section.plan
+    assert plan is not None and not plan.met and plan.units_removed == 2
+    kept = [name for name, child in result.module.named_children()
+            if type(child).__name__ == "Residual"]
+    assert sorted(k in ("1", "2") for k in kept) == [False, True]     # one of each run
+    assert run(result.module, inputs) == run(module, inputs)
+
+
 def _without(model: nn.Module, index: int, x: torch.Tensor) -> torch.Tensor:
     layers = model.layers
     saved = layers[index]
@@ -124,6 +145,16 @@ def test_a_block_s_calibrated_damage_is_the_output_change_without_it_and_ranks_f
     assert plan.units_removed == 1 and blocks["layers.2"].removed == 1
     assert result.module is not None and run(result.module, inputs) == [(6, 5)]
     assert type(result.module.layers[2]).__name__ == "Skipped"
+
+
+@pytest.mark.parametrize("target", ["10%", "30%"])
+def test_a_data_free_plan_takes_finer_units_before_any_block(target: str) -> None:
+    # layer 2 adds nothing (zero weights: the lowest norm of its run), yet without data the
+    # plan cannot know a block costs less than a neuron: units first
+    _, _, result = planned(stack, target)
+    plan = result.section.plan
+    assert plan is not None and plan.met and plan.units_removed > 0
+    assert all(g.removed == 0 for g in result.section.groups if g.kind == "block")
 
 
 def test_a_block_and_the_groups_inside_it_are_exclusive() -> None:

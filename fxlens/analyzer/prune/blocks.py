@@ -57,6 +57,7 @@ class BlockSite:
     path: str
     root: int                      # its id in a `Removal` (negative)
     siblings: int                  # blocks in its run, removable or not
+    run: str                       # the path of its run's first block
     stream_in: TensorRef
     stream_out: TensorRef
     nodes: frozenset[int]          # its op nodes and the parameter nodes only it reads
@@ -76,7 +77,7 @@ def find_blocks(graph: Graph, knowledge: PruneKnowledge) -> list[BlockSite]:
     sites = []
     for run in _runs(graph.module_types):
         for path in run:
-            site = _site(graph, path, len(run), knowledge, consumers)
+            site = _site(graph, path, run, knowledge, consumers)
             if site is not None:
                 sites.append(site)
     inner = [s for s in sites if not any(o is not s and within(o.path, s.path) for o in sites)]
@@ -84,21 +85,30 @@ def find_blocks(graph: Graph, knowledge: PruneKnowledge) -> list[BlockSite]:
 
 
 def _runs(module_types: Mapping[str, str]) -> list[list[str]]:
-    """Every run of repeated blocks, nested ones included."""
+    """Every run of repeated blocks, nested ones included: two or more consecutive numbered
+    children of one parent of one type (a decoder's layers; the blocks between the stem and
+    the head of one ``nn.Sequential``)."""
     children: dict[str, dict[str, str]] = defaultdict(dict)
     for path in module_types:
         if path:
             parent, _, name = path.rpartition(".")
             children[parent][name] = path
-    runs = []
+    runs: list[list[str]] = []
     for kids in children.values():
-        numbered = [kids[str(i)] for i in range(len(kids)) if str(i) in kids]
-        if len(numbered) >= 2 and len({module_types[p] for p in numbered}) == 1:
-            runs.append(numbered)
+        numbers = [int(name) for name in kids if name.isdigit()]
+        run: list[str] = []
+        for i in range(max(numbers, default=-2) + 2):
+            kid = kids.get(str(i))
+            if kid is not None and run and module_types[kid] == module_types[run[0]]:
+                run.append(kid)
+                continue
+            if len(run) >= 2:
+                runs.append(run)
+            run = [kid] if kid is not None else []
     return runs
 
 
-def _site(graph: Graph, path: str, siblings: int, knowledge: PruneKnowledge,
+def _site(graph: Graph, path: str, run: Sequence[str], knowledge: PruneKnowledge,
           consumers: Mapping[int, set[int]]) -> BlockSite | None:
     inside = {n.id for n in graph.nodes if n.kind is NodeKind.CALL and within(n.module, path)}
     leaving = {ref for n in graph.nodes if n.id not in inside for ref in n.input_refs()
@@ -118,7 +128,7 @@ def _site(graph: Graph, path: str, siblings: int, knowledge: PruneKnowledge,
     owned = {n.id for n in graph.nodes if n.kind in (NodeKind.PARAM, NodeKind.BUFFER)
              and within(n.target, path) and consumers.get(n.id, set()) <= inside}
     names = frozenset(p.name for p in graph.params if within(p.name, path))
-    return BlockSite(path, 0, siblings, stream, out, frozenset(inside | owned), names)
+    return BlockSite(path, 0, len(run), run[0], stream, out, frozenset(inside | owned), names)
 
 
 def _residual_input(graph: Graph, out: TensorRef, inside: set[int], entering: set[TensorRef],
@@ -162,7 +172,7 @@ def block_groups(sites: Sequence[BlockSite], graph: Graph) -> list[Found]:
                         for name in sorted(site.params) if name in specs and specs[name].shape)
         if members:
             out.append(Found(site.root, 1, members, frozenset(), block=site.path,
-                             siblings=site.siblings))
+                             siblings=site.siblings, run=site.run))
     return out
 
 

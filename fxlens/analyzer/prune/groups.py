@@ -45,9 +45,10 @@ class Found:
     basis: str = "none"
     comparable: bool = False           # importance on one scale across groups (calibrated)
     # a whole residual block (`fxlens.analyzer.prune.blocks`): its path, the blocks of its
-    # run, and how it returns (0: a tensor, n: an n-tuple)
+    # run and the run's first block, and how it returns (0: a tensor, n: an n-tuple)
     block: str = ""
     siblings: int = 0
+    run: str = ""
     returns: int = 0
 
 

@@ -285,14 +285,19 @@ def _removed(group: PruneGroup, removal: Removal) -> PruneGroup:
 
 def _ranking(found: Sequence[Found], target: Target, measured: PruneCalibration | None
              ) -> str:
-    what = ("data-free importance ÷ its group's mean" if measured is None else
-            f"calibrated damage of removing the unit alone ({measured.metric_unit}, "
-            f"{measured.batches} {measured.source} batches)")
+    unscored = measured is None and all(g.basis == "none" for g in found)
+    what = ("no real weights to score: each group loses the same share" if unscored else
+            ("data-free importance ÷ its group's mean" if measured is None else
+             f"calibrated damage of removing the unit alone ({measured.metric_unit}, "
+             f"{measured.batches} {measured.source} batches)") + ", least first")
     blocks = ("" if not any(g.block for g in found) or target.only == "units" else
               "; a whole block is one unit of its run" + (
                   " (whole blocks only)" if target.only == "blocks" else
-                  ", exclusive with the groups inside it"))
-    return what + ", least first; each group keeps one" + blocks
+                  ", exclusive with the groups inside it" + (
+                      "" if measured is not None else
+                      "; blocks after every finer unit (no data to weigh a block against "
+                      "a unit)")))
+    return what + "; each group keeps one" + blocks
 
 
 def _blocks(found: Sequence[Found], sites: Mapping[int, BlockSite], graph: Graph,
