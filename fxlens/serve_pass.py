@@ -52,6 +52,7 @@ from fxlens.analyzer.serve.inflight import Engine
 from fxlens.analyzer.serve.kernels import AffineStep, Kernel, Point, Routing, fit
 from fxlens.analyzer.serve.mixed import shared_rows
 from fxlens.analyzer.serve.steps import Link, Steps, sharded
+from fxlens.analyzer.serve.windows import windowed_decode, windowed_prefill
 from fxlens.analyzer.time.roofline import dtype_key, node_dtype
 from fxlens.rules.fusion import kinds_of
 from fxlens.rules.kv_layouts import layers_from_config
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
     from fxlens.pipeline import Context
 
 BATCHES = (2, 4)       # capture points: batch 1 specialises some graphs (a squeezed dim)
+KVGroups = tuple[tuple[int | None, int], ...]    # (window or None, KV bytes per token)
 
 
 class ServePass:
@@ -87,27 +89,32 @@ class ServePass:
         spec = ctx.device_spec()
         assert spec is not None, "--serve is checked to come with --device"
         i, o = options.input_len, options.output_len
-        check_servable(module, i + o)
+        check_servable(module)
         _check_context(module, i + o)
         layers = layer_count(module)
         small = with_layers(module, min(layers, 2))
         counted = _layer_weights(small, layers)
         notes: list[str] = []
+        windows = _windows(module, i + o, notes)
+        layer_of = _layer_index(small)
         tp = options.tp
         ctx.on_step("serving: capturing the prefill")
         prefill_graphs = [capture(small, prefill_inputs(b, i), ctx.registry, options.methods)
                           for b in BATCHES]
         routing = moe_routing(small.config)
         prefill = _affine(ctx, [(b, i, g) for b, g in zip(BATCHES, prefill_graphs, strict=True)],
-                          counted, "", notes, tp, routing, prefill=True)
+                          counted, "", notes, tp, routing, prefill=True,
+                          adjust=lambda s: windowed_prefill(s, layer_of, windows, i,
+                                                            _reads_cache) if windows else s)
         ctx.on_step("serving: capturing decode steps")
         step, layout = decode_step(small), layers_from_config(small.config)
         decode = _affine(ctx, [(b, c, capture(step, decode_inputs(small, b, c, layout),
                                               ctx.registry, options.methods))
                                for b in BATCHES for c in (i, i + o)], counted, "model.", notes,
-                         tp, routing)
+                         tp, routing, adjust=lambda s: windowed_decode(s, layer_of, windows)
+                         if windows else s)
         stored = WEIGHT_FORMATS.get(options.precision or "")
-        formats, weights_bytes, kv_per_token = _formats(module, options, report, stored, notes)
+        formats, weights_bytes, kv_groups = _formats(module, options, report, stored, notes)
         reduced = _reduced_by(stored)
         served = [served_at(s[0], formats, reduced, _reads_cache) for s in (prefill, decode)]
         bus = spec.link_bytes_per_s(True)
@@ -118,8 +125,8 @@ class ServePass:
                       shared_rows(served[1], served[0], _reads_weights))
         workspace = liveness(prefill_graphs[0], ctx.registry).peak_activation_bytes // BATCHES[0]
         if tp > 1:
-            weights_bytes, kv_per_token, workspace = _per_gpu(
-                module, weights_bytes, kv_per_token, workspace, tp, stored)
+            weights_bytes, kv_groups, workspace = _per_gpu(
+                module, weights_bytes, kv_groups, workspace, tp, stored)
             notes.append(f"tensor parallel over {tp} GPUs: memory figures per GPU; each "
                          f"all-reduce {link.latency_s * 1e6:.1f} µs per call (NCCL's latency "
                          f"model) plus its bytes at {link.bytes_per_s / 1e9:.0f} GB/s"
@@ -135,7 +142,7 @@ class ServePass:
                      f"--max-num-seqs; TensorRT-LLM's defaults 8192 and 2048), prefills "
                      f"sharing steps with decodes")
         memory = ServeMemory(spec.driver_bytes, weights_bytes, workspace,
-                             kv_per_token, spec.context_bytes)
+                             sum(size for _, size in kv_groups), spec.context_bytes, kv_groups)
         request = ServeRequest(i, o, tuple(options.serve_batches), options.tpot_slo_s,
                                engine=engine)
         return (serve_section(steps, spec, layers, request, memory, sorted(set(notes)),
@@ -144,12 +151,15 @@ class ServePass:
 
 def _affine(ctx: Context, points: Sequence[tuple[int, int, Graph]],
             counted: Callable[[str], float], root: str, notes: list[str], tp: int,
-            routing: tuple[int, int] | None, prefill: bool = False
+            routing: tuple[int, int] | None, prefill: bool = False,
+            adjust: Callable[[AffineStep], AffineStep] = lambda s: s
             ) -> tuple[AffineStep, AffineStep | None]:
-    """The captures' kernels as one affine step (on one GPU of `tp`; a MoE model's expert
-    GEMMs read as `routing` routes the step's tokens), and what each step all-reduces: a
-    kernel per row-parallel output, its bytes one call's payload (None on one GPU)."""
-    step = fit([Point(b, c, _kernels(ctx, g, counted, root, notes)) for b, c, g in points])
+    """The captures' kernels as one affine step (on one GPU of `tp`; `adjust`ed, e.g. to
+    sliding windows; a MoE model's expert GEMMs read as `routing` routes the step's tokens),
+    and what each step all-reduces: a kernel per row-parallel output, its bytes one call's
+    payload (None on one GPU)."""
+    step = adjust(fit([Point(b, c, _kernels(ctx, g, counted, root, notes))
+                       for b, c, g in points]))
     if routing is not None:
         rows = tuple(r for r, k in enumerate(step.kernels) if routed_experts(k.target))
         step = replace(step, routing=Routing(routing[0], routing[1], rows, prefill))
@@ -164,8 +174,8 @@ def _affine(ctx: Context, points: Sequence[tuple[int, int, Graph]],
     return sharded(step, [k.node in splits[0].split_nodes for k in step.kernels], tp), reduce
 
 
-def _per_gpu(module: nn.Module, weights: int, kv_per_token: int, workspace: int, tp: int,
-             stored: WeightFormat | None) -> tuple[int, int, int]:
+def _per_gpu(module: nn.Module, weights: int, kv_groups: KVGroups, workspace: int, tp: int,
+             stored: WeightFormat | None) -> tuple[int, KVGroups, int]:
     """(weights, KV per token, workspace) on one GPU of `tp`: every weight matrix but the
     input embedding split (attention and MLP projections, experts, the LM head; under a
     reduced format the linear layers' and experts' at its bytes), the K/V heads split
@@ -178,13 +188,14 @@ def _per_gpu(module: nn.Module, weights: int, kv_per_token: int, workspace: int,
                              else p.element_size())
                 for p in module.parameters() if p.dim() >= 2 and p is not embedding)
     kv_heads = min(layer.kv_heads for layer in layers_from_config(module.config))
-    return (round(weights - split + split / tp), kv_per_token // min(tp, kv_heads),
+    return (round(weights - split + split / tp),
+            tuple((window, size // min(tp, kv_heads)) for window, size in kv_groups),
             workspace // tp)
 
 
 def _formats(module: nn.Module, options: Any, report: Report, stored: WeightFormat | None,
-             notes: list[str]) -> tuple[Formats, int, int]:
-    """(the formats, the weights' bytes, the KV bytes per token) served at: the linear
+             notes: list[str]) -> tuple[Formats, int, KVGroups]:
+    """(the formats, the weights' bytes, the KV bytes per token by window) served at: the linear
     layers' and experts' weights `stored` as ``--precision`` says (`rules.serving`), the
     cache at ``--kv-dtype``."""
     width = _element_bytes(module)
@@ -202,7 +213,7 @@ def _formats(module: nn.Module, options: Any, report: Report, stored: WeightForm
                      + "; lm_head, embeddings, norms and attention"
                      + (" at 16 bits" if stored.experts else ", and a MoE model's experts, at "
                         "16 bits"))
-    per_token = _kv_bytes_per_token(module, kv_bytes)
+    per_token = _kv_groups(module, kv_bytes)
     cache = scale_of(kv_bytes, width)
     formats = (Formats(stored.compute, scale_of(stored.bytes_per_weight, width), cache)
                if stored else Formats(cache_scale=cache))
@@ -272,10 +283,41 @@ def _layer_weights(small: nn.Module, layers: int) -> Callable[[str], float]:
         second + ".")) else 1.0
 
 
-def _kv_bytes_per_token(module: nn.Module, element_bytes: int) -> int:
-    """K and V of one token over every layer, `element_bytes` per element."""
-    return sum(layer.kv_heads * (layer.k_head_dim + layer.v_head_dim) * element_bytes
-               for layer in layers_from_config(module.config) if layer.kind == "attention")
+def _kv_groups(module: nn.Module, element_bytes: int) -> KVGroups:
+    """K and V of one token, `element_bytes` per element, summed over the layers of each
+    window (None: full attention)."""
+    groups: dict[int | None, int] = {}
+    for layer in layers_from_config(module.config):
+        if layer.kind == "attention":
+            groups[layer.window] = groups.get(layer.window, 0) + layer.kv_heads * (
+                layer.k_head_dim + layer.v_head_dim) * element_bytes
+    return tuple(sorted(groups.items(), key=lambda g: (g[0] is not None, g[0] or 0)))
+
+
+def _windows(module: nn.Module, tokens: int, notes: list[str]) -> list[int | None]:
+    """Each decoder layer's sliding window where one is narrower than `tokens`, else []."""
+    windows = [layer.window for layer in layers_from_config(module.config)]
+    narrow = [w for w in windows if w is not None and w < tokens]
+    if not narrow:
+        return []
+    notes.append(f"sliding windows: {len(narrow)} of {len(windows)} layers attend to and "
+                 f"cache at most {min(narrow)} tokens (TensorRT-LLM's cyclic KV cache, vLLM's "
+                 f"sliding-window blocks); decode and prefill attention costed over the window")
+    return windows
+
+
+def _layer_index(small: nn.Module) -> Callable[[str], int | None]:
+    """Which captured decoder layer (0 or 1) a kernel's module path is in, None outside."""
+    stacks = [name for name, sub in small.named_modules()
+              if isinstance(sub, nn.ModuleList) and name.endswith("layers")]
+
+    def layer_of(path: str) -> int | None:
+        for index in (0, 1):
+            prefix = f"{stacks[0]}.{index}" if stacks else None
+            if prefix and (path == prefix or path.startswith(prefix + ".")):
+                return index
+        return None
+    return layer_of
 
 
 def _check_context(module: nn.Module, tokens: int) -> None:

@@ -154,7 +154,7 @@ def test_a_model_without_a_config_is_refused() -> None:
     from fxlens.analyzer.capture.hf_decode import check_servable
 
     with pytest.raises(LoadError, match="no transformers config"):
-        check_servable(torch.nn.Linear(2, 2), 10)
+        check_servable(torch.nn.Linear(2, 2))
 
 
 @pytest.mark.slow

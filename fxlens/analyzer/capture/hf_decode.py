@@ -22,9 +22,13 @@ step against a KV cache of a given length — for `fxlens.analyzer.serve`.
   `fxlens.analyzer.serve` captures that and counts the second layer's kernels once per layer
   past the first, so the captures cost the same whatever the depth.
 
-Only models whose every layer keeps K and V for the whole context (dense and MoE decoders
-with full attention; a sliding window wider than the context counts as full) are built here:
-`unsupported_layout` says why another one is not.
+The small model's layers all attend to their whole context (``layer_types`` all full, a
+``sliding_window`` wider than any context): the engine attention reads whatever cache it is
+given, and a sliding layer's window is applied to the captured work afterwards
+(`fxlens.analyzer.serve.windows`), so its cache object keeps no cyclic window to reshape.
+
+Models whose layers keep K and V per token (dense and MoE decoders, full or sliding-window
+attention) are built here: `unsupported_layout` says why another one is not.
 """
 
 from __future__ import annotations
@@ -117,7 +121,9 @@ def with_layers(model: nn.Module, layers: int) -> nn.Module:
     text = _text_config_of(config)
     text.num_hidden_layers = layers
     if getattr(text, "layer_types", None):
-        text.layer_types = list(text.layer_types)[:layers]
+        text.layer_types = ["full_attention"] * layers
+    if getattr(text, "sliding_window", None):      # wider than any context served
+        text.sliding_window = max(getattr(text, "max_position_embeddings", 0) or 0, 2**20)
     dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
     _register_engine_attention()
     previous = torch.get_default_dtype()
@@ -136,9 +142,9 @@ def layer_count(model: nn.Module) -> int:
     return int(_text_config(model).num_hidden_layers)
 
 
-def unsupported_layout(model: nn.Module, context: int) -> str | None:
+def unsupported_layout(model: nn.Module) -> str | None:
     """Why `model` cannot be served here (None: it can): no transformers causal-LM config, or
-    layers that keep something else than K and V for the whole `context`."""
+    layers that keep something else than K and V per token."""
     config = getattr(model, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         return "the model has no transformers config (serving estimates read its layers)"
@@ -152,13 +158,8 @@ def unsupported_layout(model: nn.Module, context: int) -> str | None:
     if not getattr(text, "num_attention_heads", None):
         return "no attention layers (a state-space model keeps no KV cache)"
     kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
-    window = getattr(text, "sliding_window", None)
     if kinds - {"full_attention", "sliding_attention"}:
         return f"layers of kinds {', '.join(sorted(kinds))} (only attention layers are served)"
-    if window and window < context and ("sliding_attention" in kinds or getattr(
-            text, "use_sliding_window", True) is not False):
-        return (f"sliding-window layers ({window} tokens) shorter than the context ({context}); "
-                f"served contexts must fit the window for now")
     if getattr(text, "kv_lora_rank", None):
         return "multi-head latent attention (MLA caches a compressed latent, not K and V)"
     return None
@@ -174,7 +175,7 @@ def _text_config_of(config: Any) -> Any:
     return config
 
 
-def check_servable(model: nn.Module, context: int) -> None:
-    reason = unsupported_layout(model, context)
+def check_servable(model: nn.Module) -> None:
+    reason = unsupported_layout(model)
     if reason is not None:
         raise LoadError(f"--serve: {reason}")

@@ -18,7 +18,8 @@ Capacity (paged KV cache, vLLM's scheme): the engine plans with `utilization` of
 (vLLM's ``gpu_memory_utilization`` default, 0.9); from it the weights and the workspace of one
 prompt's prefill are taken, and the rest holds KV blocks of `block_tokens` tokens. A sequence
 of I + O tokens holds ⌈(I + O) / block⌉ blocks (the last one's unused tokens are the rounding
-waste); `max_batch` = ⌊rest / bytes per sequence⌋.
+waste) in each full-attention layer, ⌈min(I + O, W) / block⌉ in a sliding layer of window W
+(`windows.kv_per_sequence`); `max_batch` = ⌊rest / bytes per sequence⌋.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from fxlens.analyzer.core.sections import Serve, ServeMaxLoad, ServePoint
 from fxlens.analyzer.serve.inflight import Engine, steady_state
 from fxlens.analyzer.serve.steps import Steps
+from fxlens.analyzer.serve.windows import kv_per_sequence
 from fxlens.analyzer.time.roofline import Device
 
 # NB: vLLM's default `gpu_memory_utilization` (EngineArgs): the share of the GPU's memory the
@@ -62,6 +64,11 @@ class ServeMemory:
     workspace_bytes: int
     kv_bytes_per_token: int
     context_bytes: int = 0
+    # (window or None, bytes per token) of each group of layers; () : one group, no window
+    kv_groups: tuple[tuple[int | None, int], ...] = ()
+
+    def kv_by_window(self) -> tuple[tuple[int | None, int], ...]:
+        return self.kv_groups or ((None, self.kv_bytes_per_token),)
 
 
 def serve_section(steps: Steps, device: Device, layers: int, request: ServeRequest,
@@ -70,8 +77,9 @@ def serve_section(steps: Steps, device: Device, layers: int, request: ServeReque
     """`memory` is per GPU (weights and KV per token on one GPU of the tensor-parallel
     group); throughput is the group's."""
     i, o = request.input_len, request.output_len
-    blocks = math.ceil((i + o) / request.block_tokens)
-    per_sequence = blocks * request.block_tokens * memory.kv_bytes_per_token
+    groups = memory.kv_by_window()
+    per_sequence = kv_per_sequence(i + o, request.block_tokens, groups)
+    exact = sum(min(i + o, window or i + o) * size for window, size in groups)
     usable = int(memory.device_bytes * request.utilization)
     room = usable - memory.weights_bytes - memory.workspace_bytes - memory.context_bytes
     max_batch = max(room // per_sequence, 0) if per_sequence else 0
@@ -90,7 +98,7 @@ def serve_section(steps: Steps, device: Device, layers: int, request: ServeReque
         kv_bytes_per_token=memory.kv_bytes_per_token, kv_bytes_per_sequence=per_sequence,
         context_bytes=memory.context_bytes,
         block_tokens=request.block_tokens,
-        block_waste_bytes=(blocks * request.block_tokens - i - o) * memory.kv_bytes_per_token,
+        block_waste_bytes=per_sequence - exact,
         curve=curve, tpot_slo_s=request.tpot_slo_s, layers=layers,
         decode_bytes_per_step=int(decode_bytes), prefill_flops_per_request=prefill_flops,
         notes=tuple(notes), tp=steps.tp, max_load=max_load(steps, device, request, max_batch),

@@ -21,7 +21,9 @@ rest decode only. Decoding requests sit at every point of their output: their me
 I + (O − 2)/2, and attention's work is linear in it, so the mean step is exact.
 Throughput = r·O tokens per step over the mean step time; the time per output token is the
 mean step time.
-NB: no scheduler or sampling time between steps; requests all of one length.
+NB: no scheduler or sampling time between steps; requests all of one length. A sliding-window
+layer's kernels see min(mean context, window), not the mean of min(context, window): exact
+unless the requests' contexts straddle the window (`fxlens.analyzer.serve.windows`).
 """
 
 from __future__ import annotations

@@ -83,13 +83,16 @@ class Routing:
 @dataclass(frozen=True)
 class AffineStep:
     """Per kernel, FLOPs and bytes as ``c₀ + c_b·b + c_L·L + c_bL·b·L`` (rows of `flops`
-    and `bytes`: [c₀, c_b, c_L, c_bL]); the `routing` rows' c₀ read as routed experts'."""
+    and `bytes`: [c₀, c_b, c_L, c_bL]); the `routing` rows' c₀ read as routed experts';
+    `windows`: per kernel, the most cached tokens it reads (a sliding-window layer's: L is
+    ``min(L, window)`` for it; inf for the others; None: every kernel reads the whole L)."""
 
     kernels: tuple[Kernel, ...]
     flops: torch.Tensor          # (kernels, 4) float64
     bytes: torch.Tensor          # (kernels, 4) float64
     weights: torch.Tensor        # (kernels,)
     routing: Routing | None = None
+    windows: torch.Tensor | None = None     # (kernels,) float64
 
     def work(self, batch: float, context: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(FLOPs, bytes) per kernel at one point."""
@@ -100,9 +103,16 @@ class AffineStep:
                                                                       torch.Tensor]:
         """(FLOPs, bytes), each (kernels, contexts), at `batch` and each of `contexts`."""
         ctx = torch.tensor(list(contexts), dtype=torch.float64)
-        basis = torch.stack([torch.ones_like(ctx), torch.full_like(ctx, batch), ctx,
-                             batch * ctx])                               # (4, contexts)
-        return self.flops @ basis, self.bytes @ basis - self.unread(batch, ctx)
+        unread = self.unread(batch, ctx)
+        if self.windows is None:
+            basis = torch.stack([torch.ones_like(ctx), torch.full_like(ctx, batch), ctx,
+                                 batch * ctx])                               # (4, contexts)
+            return self.flops @ basis, self.bytes @ basis - unread
+        seen = torch.minimum(ctx[None, :], self.windows[:, None])       # (kernels, contexts)
+
+        def at(c: torch.Tensor) -> torch.Tensor:
+            return (c[:, 0:1] + c[:, 1:2] * batch) + (c[:, 2:3] + c[:, 3:4] * batch) * seen
+        return at(self.flops), at(self.bytes) - unread
 
     def unread(self, batch: float, contexts: torch.Tensor) -> torch.Tensor:
         """(kernels, contexts): the c₀ bytes of experts no token of the step routes to."""
