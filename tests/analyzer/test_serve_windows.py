@@ -19,6 +19,7 @@ from fxlens.analyzer.serve.windows import (
     windowed_prefill,
 )
 from fxlens.pipeline import AnalysisOptions, run_pipeline
+from fxlens.reports.views.serve import memory_table
 
 SMALL = {"num_hidden_layers": "4", "hidden_size": "256", "intermediate_size": "512",
          "num_attention_heads": "4", "num_key_value_heads": "2", "vocab_size": "1024",
@@ -106,6 +107,9 @@ def test_mistral_with_a_window_narrower_than_the_context_serves_over_its_window(
     assert wide.kv_bytes_per_sequence == 576 * per_token        # 36 blocks
     assert narrow.block_waste_bytes == 0
     assert narrow.max_batch > wide.max_batch
+    assert (narrow.kv_window_tokens, wide.kv_window_tokens) == (128, 0)   # 4,096 ≥ 576
+    per_request = {row[0].text: row[1].text for row in memory_table(narrow).rows}
+    assert "sliding layers hold their last 128 tokens" in per_request["KV cache per request"]
     # a decode step reads the window of every layer's cache instead of its mean context
     middle = 512 + (64 - 2) / 2
     read_less = wide.decode_bytes_per_step - narrow.decode_bytes_per_step

@@ -102,7 +102,8 @@ def serve_section(steps: Steps, device: Device, layers: int, request: ServeReque
         curve=curve, tpot_slo_s=request.tpot_slo_s, layers=layers,
         decode_bytes_per_step=int(decode_bytes), prefill_flops_per_request=prefill_flops,
         notes=tuple(notes), tp=steps.tp, max_load=max_load(steps, device, request, max_batch),
-        weights_format=weights_format)
+        weights_format=weights_format,
+        kv_window_tokens=min((w for w, _ in groups if w is not None and w < i + o), default=0))
 
 
 def max_load(steps: Steps, device: Device, request: ServeRequest, max_batch: int

@@ -131,7 +131,10 @@ def memory_table(serve: Serve) -> Table:
         *([("CUDA context", binary_bytes(serve.context_bytes))] if serve.context_bytes else []),
         ("KV cache per token", binary_bytes(serve.kv_bytes_per_token)),
         ("KV cache per request", f"{binary_bytes(serve.kv_bytes_per_sequence)} "
-                                 f"({serve.block_tokens}-token blocks{waste})"),
+                                 f"({serve.block_tokens}-token blocks{waste}"
+                                 + (f"; sliding layers hold their last "
+                                    f"{serve.kv_window_tokens:,} tokens"
+                                    if serve.kv_window_tokens else "") + ")"),
         ("requests at once", str(serve.max_batch)),
         ("decode step, batch 1", f"reads {binary_bytes(serve.decode_bytes_per_step)}"),
     ]

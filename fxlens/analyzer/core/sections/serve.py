@@ -74,3 +74,4 @@ class Serve(Section):
     max_load: ServeMaxLoad | None = optional()
     weights_format: str = ""        # how the linear layers' weights are stored ("": as loaded)
     context_bytes: int = 0          # the process outside PyTorch's allocator (CUDA context)
+    kv_window_tokens: int = 0       # sliding layers cache at most this many tokens (0: none)
