@@ -81,6 +81,8 @@ def command(run: dict[str, Any], strategy: str, out: Path, mode: str) -> list[st
             "--out", str(out.parent / "report")]
     if mode == "fused":
         argv.append("--fused")
+    if run.get("loss_dtype"):          # the recipe's loss (e.g. no fp32 cast of the logits)
+        argv += ["--loss-dtype", run["loss_dtype"]]
     for key, value in (run["model"].get("overrides") or {}).items():
         argv += ["--set", f"{key}={json.dumps(value)}"]
     return argv

@@ -102,6 +102,7 @@ class AnalysisOptions:
     train: bool = False
     precision: str | None = None        # None: from the parameters' dtype
     optimizer: str = "adamw"
+    loss_dtype: str = "fp32"            # "logits": a transformers LM's loss without the cast
     device_memory: str | None = None    # "80GiB" or a GPU name ("h100")
     checkpoint: bool = False            # every repeated block (the what-if)
     checkpoint_auto: bool = False       # selective, under a budget (fxlens.ckpt_pass)

@@ -1,19 +1,22 @@
 """The run's training step, recorded as `analyze --train` records it: the weights cast to the
 precision's working dtype (none for a model mixing dtypes on purpose without --precision),
-the precision's autocast (CUDA's op lists when the analysis targets a GPU, CPU's otherwise)
-and the attention kernels of that device. The pipeline records the model so, and the pruning
-pass its pruned modules, so that both steps compare."""
+the precision's autocast (CUDA's op lists when the analysis targets a GPU, CPU's otherwise),
+the attention kernels of that device, and the loss ``--loss-dtype`` asks for. The pipeline
+records the model so, and the pruning pass its pruned modules, so that both steps compare."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING
 
 from torch import nn
 
 from fxlens import checks
+from fxlens.analyzer.capture import hf_loss
 from fxlens.analyzer.capture.training import TrainingGraph, capture_training
 from fxlens.analyzer.capture.types import Autocast
+from fxlens.analyzer.core.errors import LoadError
 from fxlens.rules.autocast import cpu_autocast, cuda_autocast
 from fxlens.rules.training import CASTABLE_DTYPES, Precision
 
@@ -28,8 +31,21 @@ def record_training_step(ctx: Context, module: nn.Module,
     device it targets (the pruning pass records its pruned modules so)."""
     precision, cast = step_cast(ctx)
     on_gpu = ctx.targets_gpu()
-    return capture_training(module, ctx.loaded.step_inputs, ctx.registry, cast, on_step,
-                            fused_attention=on_gpu, autocast=_autocast(precision, on_gpu))
+    with _loss(ctx, module):
+        return capture_training(module, ctx.loaded.step_inputs, ctx.registry, cast, on_step,
+                                fused_attention=on_gpu, autocast=_autocast(precision, on_gpu))
+
+
+def _loss(ctx: Context, module: nn.Module) -> AbstractContextManager[None]:
+    """The loss the step records: the model's own, or (``--loss-dtype logits``) transformers'
+    causal-LM loss in the logits' dtype (`fxlens.analyzer.capture.hf_loss`)."""
+    if ctx.options.loss_dtype != "logits":
+        return nullcontext()
+    inputs = ctx.loaded.step_inputs
+    if not (hf_loss.supports(module) and isinstance(inputs, Mapping) and "labels" in inputs):
+        raise LoadError("--loss-dtype logits: only a transformers causal LM trained on labels "
+                        "(an hf: preset) takes transformers' loss; this model computes its own")
+    return hf_loss.logits_dtype_loss(module)
 
 
 def step_cast(ctx: Context) -> tuple[Precision, str | None]:

@@ -101,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
                "image_size": args.image_size},
         methods=tuple(args.method or METHODS), strict=args.strict,
         train=args.train, precision=args.precision, optimizer=args.optimizer,
+        loss_dtype=args.loss_dtype,
         device_memory=args.device_mem, checkpoint=args.checkpoint == "blocks",
         checkpoint_auto=args.checkpoint == "auto", checkpoint_budget=args.checkpoint_budget,
         checkpoint_granularity=args.checkpoint_granularity,

@@ -50,6 +50,11 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
                                "weights, amp-bf16 / amp-fp16 for 16-bit weights")
     training.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
                           help="optimizer whose state is accounted (default adamw)")
+    training.add_argument("--loss-dtype", choices=("fp32", "logits"), default="fp32",
+                          help="a transformers causal LM's loss: fp32 (default: transformers' "
+                               "own, the logits cast to float32) or logits (the cross-entropy "
+                               "in the logits' dtype, as trainers that skip the cast run it: "
+                               "NeMo Automodel's fp32_upcast: false)")
     training.add_argument("--checkpoint", nargs="?", const="blocks", choices=CHECKPOINT_MODES,
                           metavar="auto",
                           help="activation checkpointing of the repeated blocks: alone, every "
