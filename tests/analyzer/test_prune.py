@@ -217,3 +217,21 @@ def test_without_real_weights_every_group_loses_the_same_share() -> None:
     assert plan.ranking.startswith("no real weights to score")
     shares = [g.removed / g.units for g in result.section.groups]
     assert len(shares) == 2 and max(shares) - min(shares) <= 1 / 32
+
+
+def test_calibrated_units_rank_by_damage_per_parameter_they_remove() -> None:
+    from fxlens.analyzer.prune.groups import Found
+    from fxlens.analyzer.prune.plan import ranked_units
+
+    # neurons of 10 params each, and KV groups of 100: damage 1.5 for 100 params is less
+    # per parameter than 1.0 for 10, so the KV group goes first
+    neurons = Found(1, 3, (), frozenset(), importance=(1.0, 2.0, 3.0), comparable=True)
+    kv = Found(2, 2, (), frozenset(), importance=(1.5, 2.5), comparable=True)
+    assert ranked_units([neurons, kv]) == [(1, 0), (2, 0), (1, 1)]          # raw damage
+    assert ranked_units([neurons, kv], {1: 10, 2: 100}) == [(2, 0), (1, 0), (1, 1)]
+    # a unit that saves nothing of the basis never helps reach it: last
+    assert ranked_units([neurons, kv], {1: 10, 2: 0}) == [(1, 0), (1, 1), (2, 0)]
+    # data-free scores stay ÷ their group's mean: the saving is not theirs to weigh
+    free = [Found(1, 3, (), frozenset(), importance=(1.0, 2.0, 3.0)),
+            Found(2, 2, (), frozenset(), importance=(1.5, 2.5))]
+    assert ranked_units(free, {1: 10, 2: 100}) == ranked_units(free)

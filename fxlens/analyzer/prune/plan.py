@@ -13,9 +13,10 @@ marked unmet, so the report says how far it got.
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from fxlens.analyzer.core.graph import Graph, dtype_bytes
@@ -63,18 +64,30 @@ class Choice:
     units: int
 
 
-def ranked_units(groups: Sequence[Found]) -> list[tuple[int, int]]:
+def ranked_units(groups: Sequence[Found], saving: Mapping[int, float] | None = None
+                 ) -> list[tuple[int, int]]:
     """(group root, unit) from least to most important across groups, each group's most
-    important unit left out; data-free scores divided by their group's mean first (calibrated
-    damages are on one scale already). Whole blocks (one unit each) are ranked within their
-    run as a group's units are: divided by the run's mean, the most important left out where
-    every block of the run could go (so a run never vanishes). Data-free, every block comes
-    after every finer unit: a block's weight norm against its run's says which block matters
-    least, not that removing one costs less than a unit (bench/prune_ranking.py: the char LM's
-    data-free plan at 20 % took a block and lost 0.17–0.18 of accuracy where units lost
-    0.03–0.05); calibrated damages compare a block with a unit directly. Ties (a model without real
+    important unit left out. Data-free scores are divided by their group's mean. Calibrated
+    damages are on one scale already, and where `saving` gives what one unit of each group
+    saves of the target's basis (params or FLOPs), each is divided by it: the damage per
+    parameter (or FLOP) removed, the greedy order for reaching a share at least damage (a
+    KV group or a whole block saves many times what a neuron does); a unit that saves none
+    comes last.
+
+    Whole blocks (one unit each) are ranked within their run as a group's units are: divided
+    by the run's mean, the most important left out where every block of the run could go (so
+    a run never vanishes). Data-free, every block comes after every finer unit: a block's
+    weight norm against its run's says which block matters least, not that removing one costs
+    less than a unit (bench/prune_ranking.py: the char LM's data-free plan at 20 % took a block
+    and lost 0.17–0.18 of accuracy where units lost 0.03–0.05). Ties (a model without real
     weights scores every unit 1) go to the unit furthest from its group's end, so each group
     loses the same share rather than the first group all but one unit."""
+    def per_saved(group: Found, score: float) -> float:
+        if not group.comparable or saving is None or group.root not in saving:
+            return score
+        saved = saving[group.root]
+        return score / saved if saved > 0 else math.inf
+
     scored: list[tuple[int, float, float, int, int, int]] = []
     runs: dict[str, list[Found]] = {}
     for group in groups:
@@ -84,7 +97,7 @@ def ranked_units(groups: Sequence[Found]) -> list[tuple[int, int]]:
         values = group.importance or (1.0,) * group.units
         mean = 1.0 if group.comparable else statistics.fmean(values) or 1.0
         order = sorted(range(group.units), key=lambda u: (values[u], u))
-        scored += [(0, values[u] / mean, i / group.units, 0, group.root, u)
+        scored += [(0, per_saved(group, values[u] / mean), i / group.units, 0, group.root, u)
                    for i, u in enumerate(order[:-1])]
     for run in runs.values():
         score = {g.root: (g.importance or (1.0,))[0] for g in run}
@@ -92,7 +105,7 @@ def ranked_units(groups: Sequence[Found]) -> list[tuple[int, int]]:
         blocks = sorted(run, key=lambda g: (score[g.root], -g.root))
         kept = blocks[:-1] if len(run) >= run[0].siblings else blocks
         tier = 0 if run[0].comparable else 1
-        scored += [(tier, score[g.root] / mean, i / len(run), 1, g.root, 0)
+        scored += [(tier, per_saved(g, score[g.root] / mean), i / len(run), 1, g.root, 0)
                    for i, g in enumerate(kept)]
     return [(root, unit) for *_, root, unit in sorted(scored)]    # ties: finer units first
 
@@ -103,9 +116,11 @@ def value(shrunk: Shrunk, target: Target) -> int:
 
 
 def choose(groups: Sequence[Found], target: Target, before: int,
-           evaluate: Callable[[Removal], Shrunk]) -> Choice:
-    """The fewest least-important units whose removal reaches `target` of `before`."""
-    units = ranked_units(groups)
+           evaluate: Callable[[Removal], Shrunk], saving: Mapping[int, float] | None = None
+           ) -> Choice:
+    """The fewest least-important units whose removal reaches `target` of `before`
+    (`saving`: what one unit of each group saves, as `ranked_units` takes it)."""
+    units = ranked_units(groups, saving)
     goal = before * (1 - target.share)
 
     def removal(k: int) -> Removal:

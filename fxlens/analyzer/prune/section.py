@@ -106,8 +106,10 @@ def prune(module: nn.Module, inputs: Any, graph: Graph, report: Report,
     plan, pruned, shrunk = None, None, None
     if target is not None and found:
         on_step(f"choosing units to remove for {target.text}")
+        saving = {g.id: float(g.params_per_unit if target.basis == "params"
+                              else g.flops_per_unit) for g in groups}
         plan, shrunk, removal = _plan(found, graph, report, target, evaluate, meter, base,
-                                      measured)
+                                      measured, saving)
         if measured is not None and calibration is not None:
             on_step("measuring the plan's damage on the calibration batches")
             plan = dataclasses.replace(plan, damage=removal_damage(
@@ -241,9 +243,10 @@ def ranked_or_last(group: Found) -> int:
 
 def _plan(found: Sequence[Found], graph: Graph, report: Report, target: Target,
           evaluate: Callable[[Removal], Shrunk], meter: Meter, base: _Base,
-          measured: PruneCalibration | None) -> tuple[PrunePlan, Shrunk, Removal]:
+          measured: PruneCalibration | None, saving: Mapping[int, float]
+          ) -> tuple[PrunePlan, Shrunk, Removal]:
     before = report.model.params if target.basis == "params" else report.totals.flops
-    choice = choose(candidates(found, target), target, before, evaluate)
+    choice = choose(candidates(found, target), target, before, evaluate, saving)
     goal = before * (1 - target.share)
 
     def cut(how: str, removal: Removal, shrunk: Shrunk | None = None) -> Cut:
@@ -289,7 +292,9 @@ def _ranking(found: Sequence[Found], target: Target, measured: PruneCalibration 
     what = ("no real weights to score: each group loses the same share" if unscored else
             ("data-free importance ÷ its group's mean" if measured is None else
              f"calibrated damage of removing the unit alone ({measured.metric_unit}, "
-             f"{measured.batches} {measured.source} batches)") + ", least first")
+             f"{measured.batches} {measured.source} batches) per "
+             + ("parameter" if target.basis == "params" else "FLOP") + " it removes")
+            + ", least first")
     blocks = ("" if not any(g.block for g in found) or target.only == "units" else
               "; a whole block is one unit of its run" + (
                   " (whole blocks only)" if target.only == "blocks" else
