@@ -43,5 +43,9 @@ def not_a_model_file(path: Path) -> str:
     if path.suffix == ".json":
         return (f"{path} is a JSON file, not a model: analyze takes a model .py file; to "
                 f"compare reports use `analyze diff OLD.json NEW.json`")
+    if path.suffix in (".pt", ".pth"):
+        return (f"{path} is a saved module, not a model file: analyze it from a .py file that "
+                f"loads it, e.g. `model = torch.load({str(path)!r}, weights_only=False)` "
+                f"and `example_inputs = (...)` (its classes importable, as for any pickle)")
     return (f"{path} is not a Python file (expected a model .py file, 'pkg.module:function' "
             f"or 'hf:<preset>')")
