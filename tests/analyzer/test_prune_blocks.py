@@ -228,3 +228,23 @@ def test_a_saved_decoder_without_its_first_layer_decodes_with_a_cache_as_without
         cached = pruned(token, cache=out.past_key_values).logits[:, -1]
         whole = pruned(torch.cat([ids, token], 1), use_cache=False).logits[:, -1]
     torch.testing.assert_close(cached, whole, atol=1e-5, rtol=1e-4)
+
+
+def test_an_encoder_decoder_loses_a_decoder_layer_from_the_decoder_s_config_only() -> None:
+    from tests.models import hf_zoo
+
+    module, inputs, result = planned(hf_zoo.build_t5, None)
+    block = next(g for g in result.groups if g.block.startswith("decoder."))
+    pruned = pruned_module(module, result.groups, {block.root: frozenset({0})},
+                           knowledge()).eval()
+    assert (len(pruned.encoder.block), len(pruned.decoder.block)) == (2, 1)
+    assert (pruned.encoder.config.num_layers, pruned.decoder.config.num_layers) == (2, 1)
+    ids, start = inputs["input_ids"][:1], inputs["decoder_input_ids"][:1, :3]
+    with torch.no_grad():
+        out = pruned(input_ids=ids, decoder_input_ids=start, use_cache=True)
+        token = out.logits[:, -1:].argmax(-1)
+        cached = pruned(input_ids=ids, decoder_input_ids=token,
+                        cache=out.past_key_values).logits[:, -1]
+        whole = pruned(input_ids=ids, decoder_input_ids=torch.cat([start, token], 1),
+                       use_cache=False).logits[:, -1]
+    torch.testing.assert_close(cached, whole, atol=1e-5, rtol=1e-4)

@@ -249,16 +249,14 @@ def skipped(block: nn.Module, returns: int = 0) -> Skipped:
 
 def drop_indexed(module: nn.Module) -> None:
     """Take every removed block a cache addresses by number out of its run for good: the
-    blocks after it renumbered (``layer_idx``), the model's config told the new depth
-    (``num_hidden_layers`` and every per-layer list, e.g. ``layer_types``). A `Skipped` left
-    in place would leave its cache layer empty, and `transformers` reads the cached length
-    from layer 0: decoding with a cache after removing the first layer restarts positions."""
-    configs: dict[int, Any] = {}
-    for m in module.modules():
-        config = getattr(m, "config", None)
-        if isinstance(getattr(config, "num_hidden_layers", None), int):
-            configs[id(config)] = config
-    for run in [m for m in module.modules() if isinstance(m, (nn.ModuleList, nn.Sequential))]:
+    blocks after it renumbered (``layer_idx``), the config of the stack that holds the run
+    told the new depth (``num_hidden_layers`` and every per-layer list, e.g.
+    ``layer_types``; an encoder-decoder's other stack keeps its own). A `Skipped` left in
+    place would leave its cache layer empty, and `transformers` reads the cached length from
+    layer 0: decoding with a cache after removing the first layer restarts positions."""
+    for path, run in list(module.named_modules()):
+        if not isinstance(run, (nn.ModuleList, nn.Sequential)):
+            continue
         blocks = list(run)
         kept = [i for i, b in enumerate(blocks) if not (isinstance(b, Skipped) and b.indexed)]
         if len(kept) == len(blocks):
@@ -268,13 +266,24 @@ def drop_indexed(module: nn.Module) -> None:
                 if getattr(m, "layer_idx", None) == old:
                     m.layer_idx = new        # type: ignore[assignment]  # a plain int
         run._modules = type(run._modules)((str(n), blocks[o]) for n, o in enumerate(kept))
-        for config in configs.values():
-            if config.num_hidden_layers != len(blocks):
-                continue
-            config.num_hidden_layers = len(kept)
-            for key, value in vars(config).items():
-                if isinstance(value, list) and len(value) == len(blocks):
-                    setattr(config, key, [value[o] for o in kept])
+        config = _stack_config(module, path)
+        if config is None or config.num_hidden_layers != len(blocks):
+            continue
+        config.num_hidden_layers = len(kept)
+        for key, value in vars(config).items():
+            if isinstance(value, list) and len(value) == len(blocks):
+                setattr(config, key, [value[o] for o in kept])
+
+
+def _stack_config(module: nn.Module, path: str) -> Any:
+    """The config of the nearest module above `path` that has one counting its layers."""
+    parts = path.split(".")
+    for depth in range(len(parts) - 1, -1, -1):
+        owner = module.get_submodule(".".join(parts[:depth]))
+        config = getattr(owner, "config", None)
+        if isinstance(getattr(config, "num_hidden_layers", None), int):
+            return config
+    return None
 
 
 def swap(module: nn.Module, groups: Sequence[Found], removal: Removal
