@@ -235,6 +235,7 @@ class TrainingStep:
             batch=throughput_basis(ctx.step.graph).samples, device_name=device_name,
             device_bytes=device_bytes, checkpoint=options.checkpoint,
             foreach=ctx.targets_gpu(),   # torch.optim's default on a GPU, not on a CPU
+            loss_dtype=options.loss_dtype,
         )
         training = training_section(ctx.step, report, memory, ctx.registry, settings)
         # one GPU's fixes; with --plan the plan's layouts are the answer (and the fix finder's

@@ -13,6 +13,7 @@ from fxlens.analyzer.capture.hf_loss import causal_lm_loss, logits_dtype_loss
 from fxlens.analyzer.core.sections import Training
 from fxlens.cli.main import main
 from fxlens.pipeline import AnalysisOptions, run_pipeline
+from fxlens.reports.views.memory import step_summary
 from tests.models import hf_zoo
 
 SMALL = {"num_hidden_layers": "2", "hidden_size": "64", "intermediate_size": "128",
@@ -38,6 +39,10 @@ def test_the_loss_is_transformers_own_without_the_cast() -> None:
     torch.testing.assert_close(summed, causal_lm_loss(logits, labels, 7))  # 7 labelled
 
 
+def memory_table_title(training: Training) -> str:
+    return step_summary(training).title
+
+
 @pytest.mark.slow
 def test_the_step_saves_the_log_softmax_in_the_logits_dtype() -> None:
     def saved(loss_dtype: str) -> int:
@@ -45,6 +50,9 @@ def test_the_step_saves_the_log_softmax_in_the_logits_dtype() -> None:
         training = run_pipeline(loaded, AnalysisOptions(
             train=True, loss_dtype=loss_dtype, fusion=False)).get(Training)
         assert training is not None and training.precision == "amp-bf16"
+        # every surface labels the step with the loss it was recorded with
+        assert memory_table_title(training) == "training step · amp-bf16 · adamw" + (
+            " · loss in the logits' dtype" if loss_dtype == "logits" else "")
         return training.saved_activation_bytes
 
     # the cross-entropy's saved log-softmax, 4 bytes per logit cast and 2 in bf16, and its

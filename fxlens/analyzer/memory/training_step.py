@@ -69,6 +69,7 @@ class StepSettings:
     device_bytes: int | None = None
     checkpoint: bool = False
     foreach: bool = True        # the multi-tensor optimizer step (a GPU's default; not a CPU's)
+    loss_dtype: str = "fp32"    # the loss the step was recorded with (`Training.loss_dtype`)
 
 
 def training_section(
@@ -118,6 +119,7 @@ def training_section(
                                               settings.device_bytes) if batch_fits else 0,
                   needed_bytes=needed, with_checkpointing=checkpointing is not None)
     return Training(
+        loss_dtype=settings.loss_dtype,
         precision=settings.precision_name,
         optimizer=settings.optimizer_name,
         forward_flops=flops["forward"],

@@ -88,7 +88,7 @@ def _memory_figures(report: Report) -> list[Figure]:
     weights = report.model.param_bytes + report.model.buffer_bytes
     if training is not None and report.get(Plan) is not None:
         return [Figure("unsharded step peak", binary_bytes(training.step_peak_bytes),
-                       f"{training.precision} · {training.optimizer}; per GPU: the plan")]
+                       f"{training.recipe}; per GPU: the plan")]
     sac = report.get(SelectiveCheckpointing)
     if training is not None and sac is not None:
         how = (f"with selective checkpointing, +{sac.recompute_share:.0%} recompute (without: "
@@ -96,16 +96,16 @@ def _memory_figures(report: Report) -> list[Figure]:
                "no checkpointing: the step fits the budget" if sac.fits else
                "checkpointing lowers nothing: the optimizer step sets the peak")
         return [Figure("training step peak", binary_bytes(sac.peak_after_bytes),
-                       f"{training.precision} · {training.optimizer}, {how}")]
+                       f"{training.recipe}, {how}")]
     if training is not None:
         checkpointed = training.checkpointed_peak_bytes
         if checkpointed is not None:     # the configuration the verdict is about
             return [Figure("training step peak", binary_bytes(checkpointed),
-                           f"{training.precision} · {training.optimizer}, with checkpointing "
+                           f"{training.recipe}, with checkpointing "
                            f"(without: {binary_bytes(training.step_peak_bytes)})")]
         what, size = training.peak_breakdown.on_top
         return [Figure("training step peak", binary_bytes(training.step_peak_bytes),
-                       f"{training.precision} · {training.optimizer}: persistent "
+                       f"{training.recipe}: persistent "
                        f"{binary_bytes(training.peak_breakdown.persistent_bytes)} + "
                        f"{what} {binary_bytes(size)}")]
     out = []

@@ -89,7 +89,7 @@ def step_summary(training: Training) -> Table:
         rows.append((f"on {fit.device}", verdict,
                      f"headroom {binary_bytes(fit.headroom_bytes)}, "
                      f"largest batch {fit.largest_batch}"))
-    return Table.of(f"training step · {training.precision} · {training.optimizer}",
+    return Table.of(f"training step · {training.recipe}",
                     (Column("", strong=True), Column("", right=True), Column("")), rows,
                     show_header=False)
 

@@ -125,6 +125,14 @@ class Training(Section):
     checkpointing: Checkpointing | None = optional()
     fit: Fit | None = optional()
     optimizer_step_bytes: int = 0       # what one optimizer step reads and writes
+    loss_dtype: str = "fp32"            # "logits": a transformers LM's loss without the cast
+
+    @property
+    def recipe(self) -> str:
+        """What the step was recorded as: ``amp-bf16 · adamw``, and the loss when it is not
+        the model's own."""
+        loss = " · loss in the logits' dtype" if self.loss_dtype == "logits" else ""
+        return f"{self.precision} · {self.optimizer}{loss}"
 
     @property
     def state_bytes(self) -> int:
