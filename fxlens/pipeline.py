@@ -35,6 +35,7 @@ from typing import Any
 from fxlens import checks
 from fxlens.analyzer.capture.chain import METHODS, capture
 from fxlens.analyzer.capture.check import check_scale, mixed_dtypes
+from fxlens.analyzer.capture.hf_decode import check_servable
 from fxlens.analyzer.capture.load import calibration_batches, task_metrics
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.beside import MIN_WAIT_S, Beside, beside, result_or_none
@@ -371,6 +372,8 @@ def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
     check_options(options if ctx.device is None else replace(options, device=None))
     ctx.device_spec()   # a bad --device fails before the capture, not after
     check_scale(loaded.module, loaded.name, options.allow_large)
+    if options.serve:   # a model --serve cannot serve says so before the capture, not after
+        check_servable(loaded.module)
     if options.train:
         precision, cast = step_cast(ctx)
         ctx.step = record_training_step(ctx, loaded.module, on_step)

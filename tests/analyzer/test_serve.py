@@ -362,3 +362,16 @@ def test_the_cli_repeats_the_rules_serving_choices_and_defaults() -> None:
     parsed = build_parser().parse_args(["m.py"])
     assert (parsed.max_num_tokens, parsed.max_num_seqs) == (serving.MAX_NUM_TOKENS,
                                                            serving.MAX_NUM_SEQS)
+
+
+def test_a_model_serve_cannot_serve_is_refused_before_the_capture(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import fxlens.pipeline
+
+    def no_capture(*_: object, **__: object) -> None:
+        raise AssertionError("captured before the refusal")
+
+    monkeypatch.setattr(fxlens.pipeline, "capture", no_capture)
+    loaded = load_preset("t5-small", {}, batch=1, seq_len=8)
+    with pytest.raises(LoadError, match="encoder-decoder"):
+        run_pipeline(loaded, AnalysisOptions(serve=True, device="h100"))
