@@ -248,3 +248,14 @@ def test_an_encoder_decoder_loses_a_decoder_layer_from_the_decoder_s_config_only
         whole = pruned(input_ids=ids, decoder_input_ids=torch.cat([start, token], 1),
                        use_cache=False).logits[:, -1]
     torch.testing.assert_close(cached, whole, atol=1e-5, rtol=1e-4)
+
+
+def test_without_real_weights_a_blocks_plan_takes_the_deepest_blocks_but_the_last() -> None:
+    # the published finding for decoders: deeper layers, the final one aside, matter least
+    def meta() -> tuple[nn.Module, tuple[torch.Tensor]]:
+        with torch.device("meta"):
+            return Stack(), (torch.randn(6, 8),)
+
+    _, _, result = planned(meta, "40% blocks")        # two of the four blocks
+    removed = [g.name for g in result.section.groups if g.kind == "block" and g.removed]
+    assert sorted(removed) == ["layers.1", "layers.2"]

@@ -79,9 +79,12 @@ def ranked_units(groups: Sequence[Found], saving: Mapping[int, float] | None = N
     a run never vanishes). Data-free, every block comes after every finer unit: a block's
     weight norm against its run's says which block matters least, not that removing one costs
     less than a unit (bench/prune_ranking.py: the char LM's data-free plan at 20 % took a block
-    and lost 0.17–0.18 of accuracy where units lost 0.03–0.05). Ties (a model without real
+    and lost 0.20–0.21 of accuracy where units lost 0.03–0.05). Ties (a model without real
     weights scores every unit 1) go to the unit furthest from its group's end, so each group
-    loses the same share rather than the first group all but one unit."""
+    loses the same share rather than the first group all but one unit; blocks of a run that
+    tie go deepest first, its last block last (removing a decoder's deeper layers, its final
+    one aside, costs least: Gromov et al. 2024, "The Unreasonable Ineffectiveness of the
+    Deeper Layers"; Men et al. 2024, ShortGPT)."""
     def per_saved(group: Found, score: float) -> float:
         if not group.comparable or saving is None or group.root not in saving:
             return score
@@ -102,12 +105,18 @@ def ranked_units(groups: Sequence[Found], saving: Mapping[int, float] | None = N
     for run in runs.values():
         score = {g.root: (g.importance or (1.0,))[0] for g in run}
         mean = 1.0 if run[0].comparable else statistics.fmean(score.values()) or 1.0
-        blocks = sorted(run, key=lambda g: (score[g.root], -g.root))
+        blocks = sorted(run, key=lambda g: (score[g.root], *_depth_first(g)))
         kept = blocks[:-1] if len(run) >= run[0].siblings else blocks
         tier = 0 if run[0].comparable else 1
         scored += [(tier, per_saved(g, score[g.root] / mean), i / len(run), 1, g.root, 0)
                    for i, g in enumerate(kept)]
     return [(root, unit) for *_, root, unit in sorted(scored)]    # ties: finer units first
+
+
+def _depth_first(block: Found) -> tuple[int, int]:
+    """A tied block's order: the deepest first, the run's last block after every other."""
+    index = int(block.block.rpartition(".")[2]) - int(block.run.rpartition(".")[2])
+    return (1, 0) if index == block.siblings - 1 else (0, -index)
 
 
 def value(shrunk: Shrunk, target: Target) -> int:
