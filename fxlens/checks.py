@@ -29,7 +29,7 @@ from fxlens.analyzer.memory.training_state import parse_bytes
 from fxlens.analyzer.plan.strategy import parse as parse_strategy
 from fxlens.rules.device_files import device_spec, load_devices
 from fxlens.rules.hardware import DeviceSpec, device
-from fxlens.rules.training import Optimizer, Precision
+from fxlens.rules.training import LOSS_DTYPES, Optimizer, Precision
 
 if TYPE_CHECKING:   # the fix finder imports torch; this module is read before torch loads
     from fxlens.analyzer.fixes.training import Alternatives
@@ -44,6 +44,9 @@ def check_options(options: Any) -> None:
     if options.precision is not None:
         _precision_for(options)
     optimizer(options.optimizer)
+    loss = getattr(options, "loss_dtype", "fp32")
+    if loss not in LOSS_DTYPES:
+        raise LoadError(f"--loss-dtype {loss!r}: one of {', '.join(LOSS_DTYPES)}")
     device_memory(options.device_memory, options.devices_file)
     if getattr(options, "checkpoint_auto", False) or getattr(options, "checkpoint_budget", None):
         checkpoint_budget(options)

@@ -73,6 +73,7 @@ class SweepSpec:
     micro_batches: int = 1
     precision: str | None = None
     optimizer: str = "adamw"
+    loss_dtype: str = "fp32"
     checkpoint: bool = False
     tokens: int | None = None
     price: float | None = None
@@ -87,7 +88,8 @@ class SweepSpec:
             sizes={"batch": point.batch, "seq_len": point.seq_len},
             train=self.train or self.plan, plan=self.plan, gpus=self.gpus, search=self.search,
             max_gpus=self.max_gpus, micro_batches=self.micro_batches,
-            precision=self.precision, optimizer=self.optimizer, checkpoint=self.checkpoint,
+            precision=self.precision, optimizer=self.optimizer, loss_dtype=self.loss_dtype,
+            checkpoint=self.checkpoint,
             tokens=self.tokens, price=self.price, device=point.device,
             strategy=point.strategy, fusion=False)
 

@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from fxlens.cli.args import (
+    LOSS_DTYPES,
     OPTIMIZERS,
     PRECISIONS,
     SERVE_ONLY,
@@ -50,7 +51,7 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
                                "weights, amp-bf16 / amp-fp16 for 16-bit weights")
     training.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS,
                           help="optimizer whose state is accounted (default adamw)")
-    training.add_argument("--loss-dtype", choices=("fp32", "logits"), default="fp32",
+    training.add_argument("--loss-dtype", choices=LOSS_DTYPES, default="fp32",
                           help="a transformers causal LM's loss: fp32 (default: transformers' "
                                "own, the logits cast to float32) or logits (the cross-entropy "
                                "in the logits' dtype, as trainers that skip the cast run it: "

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fxlens.cli.args import (
+    LOSS_DTYPES,
     OPTIMIZERS,
     PRECISIONS,
     Parser,
@@ -74,6 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     shared.add_argument("--train", action="store_true")
     shared.add_argument("--precision", choices=PRECISIONS)
     shared.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
+    shared.add_argument("--loss-dtype", choices=LOSS_DTYPES, default="fp32")
     shared.add_argument("--checkpoint", action="store_true")
     shared.add_argument("--plan", action="store_true", help="a parallel plan per point")
     shared.add_argument("--gpus", type=positive_int)
@@ -114,7 +116,8 @@ def points_and_spec(args: argparse.Namespace) -> tuple[list[Any], Any]:
     spec = SweepSpec(train=args.train or args.plan, plan=args.plan, gpus=args.gpus,
                      search=args.search, max_gpus=args.max_gpus,
                      micro_batches=args.micro_batches, precision=args.precision,
-                     optimizer=args.optimizer, checkpoint=args.checkpoint, tokens=args.tokens,
+                     optimizer=args.optimizer, loss_dtype=args.loss_dtype,
+                     checkpoint=args.checkpoint, tokens=args.tokens,
                      price=args.price, entry=args.entry)
     points = grid(args.targets, sets, args.batch or [None], args.seq_len or [None], devices,
                   strategies)

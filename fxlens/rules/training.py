@@ -296,3 +296,8 @@ OPTIMIZERS: dict[Optimizer, OptimizerSpec] = {
         2, ADAM_STEP_FLOPS, quantization=BlockQuantization(ADAM8BIT_BLOCK),
         source="bitsandbytes.optim.Adam8bit (block-wise, v0.44+)"),
 }
+
+
+# --loss-dtype: "fp32", the model's own loss (transformers casts a causal LM's logits to
+# float32); "logits", its cross-entropy in the logits' dtype (`fxlens.analyzer.capture.hf_loss`)
+LOSS_DTYPES = ("fp32", "logits")

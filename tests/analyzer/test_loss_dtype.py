@@ -67,3 +67,14 @@ def test_a_model_computing_its_own_loss_is_refused_in_one_line(
                  "--no-pages"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert any("--loss-dtype logits: only a transformers causal LM" in line for line in err)
+
+
+def test_an_unknown_loss_dtype_is_refused_and_a_sweep_passes_it_on() -> None:
+    from fxlens.analyzer.core.errors import LoadError
+    from fxlens.pipeline import check_options
+    from fxlens.sweep import Point, SweepSpec
+
+    with pytest.raises(LoadError, match="--loss-dtype 'bf16': one of fp32, logits"):
+        check_options(AnalysisOptions(train=True, loss_dtype="bf16"))
+    assert SweepSpec(train=True, loss_dtype="logits").options(Point("hf:gpt2")).loss_dtype == (
+        "logits")
