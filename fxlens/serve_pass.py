@@ -93,10 +93,10 @@ class ServePass:
         _check_context(module, i + o)
         layers = layer_count(module)
         small = with_layers(module, min(layers, 2))
-        counted = _layer_weights(small, layers)
+        layer_of = _layer_index(small)
+        counted = _layer_weights(layer_of, layers)
         notes: list[str] = []
         windows = _windows(module, i + o, notes)
-        layer_of = _layer_index(small)
         tp = options.tp
         ctx.on_step("serving: capturing the prefill")
         prefill_graphs = [capture(small, prefill_inputs(b, i), ctx.registry, options.methods)
@@ -271,16 +271,11 @@ def _kernels(ctx: Context, graph: Graph, counted: Callable[[str], float], root: 
         for n in fused.nodes if n.status == "costed")
 
 
-def _layer_weights(small: nn.Module, layers: int) -> Callable[[str], float]:
-    """How many layers a kernel of `small`'s module path stands for: the second decoder
-    layer's, one per layer past the first; every other kernel once."""
-    stacks = [name for name, sub in small.named_modules()
-              if isinstance(sub, nn.ModuleList) and name.endswith("layers")]
-    if layers < 2 or not stacks:
-        return lambda _: 1.0
-    second = f"{stacks[0]}.1"
-    return lambda path: float(layers - 1) if (path == second or path.startswith(
-        second + ".")) else 1.0
+def _layer_weights(layer_of: Callable[[str], int | None], layers: int
+                   ) -> Callable[[str], float]:
+    """How many layers a kernel of the small model's module path stands for: the second
+    decoder layer's, one per layer past the first; every other kernel once."""
+    return lambda path: float(layers - 1) if layer_of(path) == 1 else 1.0
 
 
 def _kv_groups(module: nn.Module, element_bytes: int) -> KVGroups:
@@ -310,13 +305,11 @@ def _layer_index(small: nn.Module) -> Callable[[str], int | None]:
     """Which captured decoder layer (0 or 1) a kernel's module path is in, None outside."""
     stacks = [name for name, sub in small.named_modules()
               if isinstance(sub, nn.ModuleList) and name.endswith("layers")]
+    layers = [f"{stacks[0]}.{index}" for index in (0, 1)] if stacks else []
 
     def layer_of(path: str) -> int | None:
-        for index in (0, 1):
-            prefix = f"{stacks[0]}.{index}" if stacks else None
-            if prefix and (path == prefix or path.startswith(prefix + ".")):
-                return index
-        return None
+        return next((index for index, layer in enumerate(layers)
+                     if path == layer or path.startswith(layer + ".")), None)
     return layer_of
 
 

@@ -79,7 +79,7 @@ def serve_section(steps: Steps, device: Device, layers: int, request: ServeReque
     i, o = request.input_len, request.output_len
     groups = memory.kv_by_window()
     per_sequence = kv_per_sequence(i + o, request.block_tokens, groups)
-    exact = sum(min(i + o, window or i + o) * size for window, size in groups)
+    exact = kv_per_sequence(i + o, 1, groups)              # the same tokens, no blocks
     usable = int(memory.device_bytes * request.utilization)
     room = usable - memory.weights_bytes - memory.workspace_bytes - memory.context_bytes
     max_batch = max(room // per_sequence, 0) if per_sequence else 0
