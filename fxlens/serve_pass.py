@@ -9,8 +9,11 @@ the output): their kernels' work is affine in the batch and the context, so ever
 the curve is timed without another capture. Each graph is costed by the rules (as the report
 is), grouped into the kernels of the default fusion plan (`fusion.kernels.fused_kernels`:
 what a compiled engine launches), and each kernel rated at its dtype's and kernel class's
-achievable figures. The KV bytes per token come from the model's config (`rules.kv_layouts`)
-in the weights' dtype; the workspace is one prompt's prefill activations (half the simulated
+achievable figures (a model whose first k layers are dense captured with one dense and one
+MoE layer; multi-head latent attention decoded against its latent with ``kv_b_proj``
+absorbed, `capture.hf_mla`). The KV bytes per token come from the model's config
+(`rules.kv_layouts`; an MLA latent on every GPU of a tensor-parallel group) in the weights'
+dtype; the workspace is one prompt's prefill activations (half the simulated
 peak at batch 2). What the rules say is served differently (`rules.serving`): the weights a
 reduced ``--precision`` stores (linear layers' and experts'), the kernels reading the cache,
 a MoE layer's routed experts (their E and k from the config); the tensor-parallel link's
@@ -33,6 +36,7 @@ from fxlens.analyzer.capture.hf_decode import (
     decode_inputs,
     decode_step,
     layer_count,
+    layers_standing_for,
     prefill_inputs,
     with_layers,
 )
@@ -94,7 +98,7 @@ class ServePass:
         layers = layer_count(module)
         small = with_layers(module, min(layers, 2))
         layer_of = _layer_index(small)
-        counted = _layer_weights(layer_of, layers)
+        counted = _layer_weights(layer_of, layers_standing_for(module))
         notes: list[str] = []
         windows = _windows(module, i + o, notes)
         tp = options.tp
@@ -111,8 +115,8 @@ class ServePass:
         decode = _affine(ctx, [(b, c, capture(step, decode_inputs(small, b, c, layout),
                                               ctx.registry, options.methods))
                                for b in BATCHES for c in (i, i + o)], counted, "model.", notes,
-                         tp, routing, adjust=lambda s: windowed_decode(s, layer_of, windows)
-                         if windows else s)
+                         tp, routing, cache_ways=_kv_ways(module, tp),
+                         adjust=lambda s: windowed_decode(s, layer_of, windows) if windows else s)
         stored = WEIGHT_FORMATS.get(options.precision or "")
         formats, weights_bytes, kv_groups = _formats(module, options, report, stored, notes)
         reduced = _reduced_by(stored)
@@ -151,11 +155,12 @@ class ServePass:
 
 def _affine(ctx: Context, points: Sequence[tuple[int, int, Graph]],
             counted: Callable[[str], float], root: str, notes: list[str], tp: int,
-            routing: tuple[int, int] | None, prefill: bool = False,
+            routing: tuple[int, int] | None, prefill: bool = False, cache_ways: int = 0,
             adjust: Callable[[AffineStep], AffineStep] = lambda s: s
             ) -> tuple[AffineStep, AffineStep | None]:
     """The captures' kernels as one affine step (on one GPU of `tp`; `adjust`ed, e.g. to
-    sliding windows; a MoE model's expert GEMMs read as `routing` routes the step's tokens),
+    sliding windows; a MoE model's expert GEMMs read as `routing` routes the step's tokens;
+    a decode's cache-reading kernels' bytes split `cache_ways`, the ways its KV heads split),
     and what each step all-reduces: a kernel per row-parallel output, its bytes one call's
     payload (None on one GPU)."""
     step = adjust(fit([Point(b, c, _kernels(ctx, g, counted, root, notes))
@@ -171,7 +176,10 @@ def _affine(ctx: Context, points: Sequence[tuple[int, int, Graph]],
         for row, size in sorted(split.reduce_bytes.items())
         for module in [g.nodes[row].module.removeprefix(root)]))
         for (b, c, g), split in zip(points, splits, strict=True)])
-    return sharded(step, [k.node in splits[0].split_nodes for k in step.kernels], tp), reduce
+    split = [k.node in splits[0].split_nodes for k in step.kernels]
+    return sharded(step, [tp if s else 1 for s in split],
+                   [((cache_ways or tp) if _reads_cache(k) else tp) if s else 1
+                    for k, s in zip(step.kernels, split, strict=True)]), reduce
 
 
 def _per_gpu(module: nn.Module, weights: int, kv_groups: KVGroups, workspace: int, tp: int,
@@ -187,10 +195,15 @@ def _per_gpu(module: nn.Module, weights: int, kv_groups: KVGroups, workspace: in
     split = sum(p.numel() * (stored.bytes_per_weight if stored and id(p) in reduced
                              else p.element_size())
                 for p in module.parameters() if p.dim() >= 2 and p is not embedding)
-    kv_heads = min(layer.kv_heads for layer in layers_from_config(module.config))
     return (round(weights - split + split / tp),
-            tuple((window, size // min(tp, kv_heads)) for window, size in kv_groups),
+            tuple((window, size // _kv_ways(module, tp)) for window, size in kv_groups),
             workspace // tp)
+
+
+def _kv_ways(module: nn.Module, tp: int) -> int:
+    """How many ways `tp` GPUs split the KV cache: by KV head, each GPU holding one whole
+    past the head count (an MLA latent, one head, is on every GPU)."""
+    return min(tp, min(layer.kv_heads for layer in layers_from_config(module.config)))
 
 
 def _formats(module: nn.Module, options: Any, report: Report, stored: WeightFormat | None,
@@ -271,11 +284,16 @@ def _kernels(ctx: Context, graph: Graph, counted: Callable[[str], float], root: 
         for n in fused.nodes if n.status == "costed")
 
 
-def _layer_weights(layer_of: Callable[[str], int | None], layers: int
+def _layer_weights(layer_of: Callable[[str], int | None], standing_for: tuple[int, int]
                    ) -> Callable[[str], float]:
-    """How many layers a kernel of the small model's module path stands for: the second
-    decoder layer's, one per layer past the first; every other kernel once."""
-    return lambda path: float(layers - 1) if layer_of(path) == 1 else 1.0
+    """How many layers a kernel of the small model's module path stands for: a captured
+    decoder layer's, the layers it `stands_for` (`layers_standing_for`: the second one per
+    layer past the first, unless the first stands for k dense ones); every other kernel
+    once."""
+    def weight(path: str) -> float:
+        index = layer_of(path)
+        return 1.0 if index is None else float(standing_for[index])
+    return weight
 
 
 def _kv_groups(module: nn.Module, element_bytes: int) -> KVGroups:

@@ -6,7 +6,10 @@ multimodal models): ``num_hidden_layers``, ``num_key_value_heads`` (default
 ``qk_head_dim``/``v_head_dim`` where a config has them). Encoder-decoder models count their
 decoder's self-attention layers (``decoder_layers``/``num_decoder_layers``,
 ``decoder_attention_heads``). ``layer_types`` marks sliding-window layers; without it a set
-``sliding_window`` (unless ``use_sliding_window`` is false) caps every layer.
+``sliding_window`` (unless ``use_sliding_window`` is false) caps every layer. Multi-head
+latent attention (``kv_lora_rank``: DeepSeek-V2/V3 and kin) caches one latent per token shared
+by every head, ``kv_lora_rank + qk_rope_head_dim`` values (576 for DeepSeek-V3), as
+`transformers` and serving engines do: one "head" of that width and no separate V.
 
 `TOKEN_MAJOR_KERNELS`: attention kernels whose q/k/v are (B, T, H, d) rather than (B, H, T, d).
 """
@@ -41,7 +44,17 @@ def layers_from_config(config: Any) -> list[KVLayer]:
     k_dim = _first(text, ("qk_head_dim",)) or head_dim
     v_dim = _first(text, ("v_head_dim",)) or head_dim
     windows = _windows(text, count)
+    latent = latent_width(text)
+    if latent:
+        kv_heads, k_dim, v_dim = 1, latent, 0
     return [KVLayer(f"layer {i}", kv_heads, k_dim, v_dim, windows[i]) for i in range(count)]
+
+
+def latent_width(config: Any) -> int | None:
+    """Values one MLA layer caches per token (``kv_lora_rank + qk_rope_head_dim``), None for a
+    model without latent attention."""
+    rank = getattr(config, "kv_lora_rank", None)
+    return int(rank) + int(getattr(config, "qk_rope_head_dim", 0) or 0) if rank else None
 
 
 def _first(config: Any, names: Sequence[str]) -> Any:

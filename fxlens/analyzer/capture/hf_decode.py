@@ -27,8 +27,14 @@ The small model's layers all attend to their whole context (``layer_types`` all 
 given, and a sliding layer's window is applied to the captured work afterwards
 (`fxlens.analyzer.serve.windows`), so its cache object keeps no cyclic window to reshape.
 
-Models whose layers keep K and V per token (dense and MoE decoders, full or sliding-window
-attention) are built here: `unsupported_layout` says why another one is not.
+A model whose first k layers are dense and the rest MoE (DeepSeek's ``first_k_dense_replace``)
+is built with one of each (`layers_standing_for`: the first stands for k layers, the second
+for the rest). Multi-head latent attention decodes against its latent cache as engines do
+(`fxlens.analyzer.capture.hf_mla`).
+
+Models whose layers keep K and V (or an MLA latent) per token — dense and MoE decoders, full
+or sliding-window attention — are built here: `unsupported_layout` says why another one is
+not.
 """
 
 from __future__ import annotations
@@ -40,6 +46,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from fxlens.analyzer.capture.hf_mla import (
+    absorb_latent,
+    absorbed_attention,
+    is_latent_attention,
+    latent_layer,
+    reads_latent,
+)
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.memory.types import KVLayer
 
@@ -50,7 +63,10 @@ def _engine_attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor,
                       value: torch.Tensor, attention_mask: Any, dropout: float = 0.0,
                       scaling: float | None = None, **_: Any) -> tuple[torch.Tensor, None]:
     """(B, H, T, d) queries against (B, H_kv, S, d) keys and values, as a serving kernel:
-    causal over the prompt (T > 1), the whole cache for a decode token (T = 1)."""
+    causal over the prompt (T > 1), the whole cache for a decode token (T = 1); an MLA
+    layer's decode against its latent cache with ``kv_b_proj`` absorbed (`hf_mla`)."""
+    if reads_latent(module, key):
+        return absorbed_attention(module, query, key, scaling), None
     out = torch.nn.functional.scaled_dot_product_attention(
         query, key, value, is_causal=query.shape[2] > 1, scale=scaling,
         enable_gqa=key.shape[1] != query.shape[1])
@@ -75,6 +91,7 @@ class DecodeStep(nn.Module):
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        self.latent = any(is_latent_attention(m) for m in model.modules())
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor,
                 *kv: torch.Tensor) -> torch.Tensor:
@@ -83,7 +100,11 @@ class DecodeStep(nn.Module):
         config: Any = self.model.config
         cache: Any = StaticCache(config=config, max_cache_len=kv[0].shape[2])
         layer: Any
-        for layer, keys, values in zip(cache.layers, kv[::2], kv[1::2], strict=True):
+        for index, (layer, keys, values) in enumerate(zip(cache.layers, kv[::2], kv[1::2],
+                                                           strict=True)):
+            if self.latent:             # one latent buffer per layer (`hf_mla`)
+                cache.layers[index] = latent_layer(keys)
+                continue
             layer.keys, layer.values = keys, values
             layer.max_batch_size, layer.max_cache_len = keys.shape[0], keys.shape[2]
             layer.dtype, layer.device = keys.dtype, keys.device
@@ -101,7 +122,8 @@ def decode_step(model: nn.Module) -> DecodeStep:
 def decode_inputs(model: nn.Module, batch: int, context: int, layers: Sequence[KVLayer]
                   ) -> tuple[torch.Tensor, ...]:
     """(ids, position, K₀, V₀, K₁, V₁, …) of one decode step after `context` tokens, each
-    layer's K and V shaped as its cache layout says (`layers`: one per decoder layer)."""
+    layer's K and V shaped as its cache layout says (`layers`: one per decoder layer; an MLA
+    layer's K is its latent buffer and its V empty, the layout having no separate V)."""
     dtype = next(p.dtype for p in model.parameters() if p.is_floating_point())
     kv = [torch.empty(batch, layer.kv_heads, context + 1, width, device="meta", dtype=dtype)
           for layer in layers for width in (layer.k_head_dim, layer.v_head_dim)]
@@ -119,7 +141,10 @@ def with_layers(model: nn.Module, layers: int) -> nn.Module:
     """`model`'s class and config with `layers` decoder layers, on the meta device."""
     config = copy.deepcopy(model.config)
     text = _text_config_of(config)
+    dense = _dense_first(text)
     text.num_hidden_layers = layers
+    if dense:          # one dense layer, then MoE ones (DeepSeek's first_k_dense_replace)
+        text.first_k_dense_replace = 1
     if getattr(text, "layer_types", None):
         text.layer_types = ["full_attention"] * layers
     if getattr(text, "sliding_window", None):      # wider than any context served
@@ -134,12 +159,29 @@ def with_layers(model: nn.Module, layers: int) -> nn.Module:
     finally:
         torch.set_default_dtype(previous)
     built.set_attn_implementation(ENGINE_ATTENTION)
+    absorb_latent(built)
     small: nn.Module = built.eval()
     return small
 
 
 def layer_count(model: nn.Module) -> int:
     return int(_text_config(model).num_hidden_layers)
+
+
+def layers_standing_for(model: nn.Module) -> tuple[int, int]:
+    """How many of `model`'s decoder layers the first and the second layer of its
+    `with_layers(model, 2)` copy stand for: (k, n − k) when its first k layers are dense and
+    the rest MoE (``first_k_dense_replace``), else (1, n − 1)."""
+    count = layer_count(model)
+    dense = _dense_first(_text_config(model))
+    return (dense, count - dense) if dense else (1, count - 1)
+
+
+def _dense_first(text: Any) -> int:
+    """The k of a config whose first k layers are dense and the rest MoE; 0 for any other."""
+    dense = getattr(text, "first_k_dense_replace", None)
+    count = int(text.num_hidden_layers)
+    return dense if isinstance(dense, int) and 0 < dense < count else 0
 
 
 def unsupported_layout(model: nn.Module) -> str | None:
@@ -160,8 +202,6 @@ def unsupported_layout(model: nn.Module) -> str | None:
     kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
     if kinds - {"full_attention", "sliding_attention"}:
         return f"layers of kinds {', '.join(sorted(kinds))} (only attention layers are served)"
-    if getattr(text, "kv_lora_rank", None):
-        return "multi-head latent attention (MLA caches a compressed latent, not K and V)"
     return None
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
-from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, repeated_blocks
+from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, repeated_blocks
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.compression import Matrix, gradient_matrices
@@ -136,6 +136,7 @@ class _Gemm:
     in_features: int
     out_features: int
     output_bytes: int
+    head_batched: bool = False    # a weight batched by head (absorbed MLA's W_UK, W_UV)
 
 
 @dataclass
@@ -200,10 +201,14 @@ def _gemms(graph: Graph, scope: Iterable[int], knowledge: ParallelKnowledge) -> 
             continue
         weights: list[str] = []
         activations: list[TensorRef] = []
+        batched = False
         for ref in node.input_refs():
             name = weight_param(graph, ref, knowledge)
             if name:
                 weights.append(name)
+                spec = graph.spec(ref)
+                batched |= (node.packet in knowledge.gemm_ops and spec is not None
+                            and len(spec.shape) >= 3)
             else:
                 activations.append(ref)
         out = node.outputs[0] if node.outputs else None
@@ -211,13 +216,18 @@ def _gemms(graph: Graph, scope: Iterable[int], knowledge: ParallelKnowledge) -> 
         if weights and activations and out is not None and first is not None and out.shape:
             found[node_id] = _Gemm(node_id, tuple(weights), tuple(activations),
                                    first.shape[-1] if first.shape else 0, out.shape[-1],
-                                   out.nbytes)
+                                   out.nbytes, batched)
     return found
 
 
 def split_unit(graph: Graph, scope: set[int], width: int, terminal_column: bool,
            knowledge: ParallelKnowledge) -> _Split:
-    """Row/column pairs in `scope` (forward CALL nodes of one unit) of residual `width`."""
+    """Row/column pairs in `scope` (forward CALL nodes of one unit) of residual `width`.
+
+    Between a row and its columns, a GEMM whose weight is batched by head (absorbed MLA's
+    W_UK and W_UV) is split with the heads it runs on, and the walk goes on through it; an
+    attention's single-head key and value (MQA, an MLA latent) are what every rank holds
+    whole, so the walk does not follow them to the projection that made them."""
     gemms = _gemms(graph, sorted(scope), knowledge)
     split = _Split(gemms=gemms)
     region: set[int] = set()
@@ -229,10 +239,11 @@ def split_unit(graph: Graph, scope: set[int], width: int, terminal_column: bool,
             if node_id in seen or node_id not in scope:
                 continue
             seen.add(node_id)
-            if node_id in gemms:
+            if node_id in gemms and not gemms[node_id].head_batched:
                 columns.add(node_id)
                 continue
-            stack.extend(ref.node for ref in graph.nodes[node_id].input_refs()
+            stack.extend(ref.node for ref in _per_head_inputs(graph, graph.nodes[node_id],
+                                                              knowledge)
                          if _floating(graph, ref))
         if columns:
             split.rows.add(row.node)
@@ -250,12 +261,26 @@ def split_unit(graph: Graph, scope: set[int], width: int, terminal_column: bool,
         producers = {ref.node for ref in graph.nodes[node_id].input_refs()}
         if producers & split.split_nodes:
             split.split_nodes.add(node_id)
-    for node_id in split.columns:
+    for node_id in split.columns | {n for n in region if n in gemms}:
         split.split_params.update(gemms[node_id].weights)
     for node_id in split.rows:
         split.split_params.update(w for w in gemms[node_id].weights
                                   if len(graph_param_shape(graph, w)) >= 2)
     return split
+
+
+def _per_head_inputs(graph: Graph, node: Node, knowledge: ParallelKnowledge
+                     ) -> list[TensorRef]:
+    """`node`'s inputs but, for attention, a key or value of one head shared by many query
+    heads (4-D, one head where the query has more)."""
+    refs = list(node.input_refs())
+    if node.packet not in knowledge.attention_ops or not refs:
+        return refs
+    query = graph.spec(refs[0])
+    heads = query.shape[1] if query is not None and len(query.shape) == 4 else 1
+    return [ref for ref in refs
+            if not ((spec := graph.spec(ref)) is not None and len(spec.shape) == 4
+                    and spec.shape[1] == 1 < heads)]
 
 
 def _floating(graph: Graph, ref: TensorRef) -> bool:

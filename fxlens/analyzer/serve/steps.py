@@ -83,7 +83,11 @@ class Steps:
         return torch.stack(times).amin(0)
 
 
-def sharded(step: AffineStep, split: Sequence[bool], tp: int) -> AffineStep:
-    """`step` on one GPU of `tp`: the `split` kernels' work ÷ tp."""
-    scale = torch.tensor([1.0 / tp if s else 1.0 for s in split], dtype=torch.float64)
-    return replace(step, flops=step.flops * scale[:, None], bytes=step.bytes * scale[:, None])
+def sharded(step: AffineStep, flop_ways: Sequence[float], byte_ways: Sequence[float]
+            ) -> AffineStep:
+    """`step` on one GPU of a tensor-parallel group: each kernel's FLOPs ÷ its `flop_ways`,
+    its bytes ÷ its `byte_ways` (1 for a replicated kernel; fewer ways than the group for
+    one reading a cache of fewer KV heads than GPUs, which every GPU reads whole)."""
+    flops = torch.tensor([1.0 / w for w in flop_ways], dtype=torch.float64)
+    moved = torch.tensor([1.0 / w for w in byte_ways], dtype=torch.float64)
+    return replace(step, flops=step.flops * flops[:, None], bytes=step.bytes * moved[:, None])
