@@ -14,7 +14,9 @@ quantization). What is compared:
 - in-flight at maximum load (concurrency not stated): the in-flight batcher's steady state
   with as many requests as the estimate's KV cache holds, under the engine's default caps
   (8,192 tokens per step, 2,048 requests: TensorRT-LLM's defaults);
-- first-token rows (output 1): TTFT at batch 1.
+- first-token rows (output 1): TTFT at batch 1;
+- rows served with attention data parallelism and expert parallelism (DeepSeek-R1 on
+  TensorRT-LLM) run ``--attention-dp`` over their GPUs, with the per-rank caps the run set.
 
 No figure here is fitted: the device's datasheet peaks and its achievable factors
 (`fxlens.rules.hardware`) time every kernel, and the links (bandwidth, NCCL's per-call
@@ -59,7 +61,10 @@ def estimate(run: ServingRun) -> Serve:
     options = AnalysisOptions(serve=True, device=run.gpu, input_len=run.input_len,
                               output_len=max(run.output_len, 1), serve_batches=batches,
                               precision=_precision(run.weights),
-                              kv_dtype=kv, fusion=False, tp=run.tp)
+                              kv_dtype=kv, fusion=False, tp=run.tp,
+                              attention_dp=run.attention_dp,
+                              **({"max_num_tokens": run.caps[0], "max_num_seqs": run.caps[1]}
+                                 if run.caps else {}))
     serve = run_pipeline(loaded, options).get(Serve)
     assert serve is not None
     return serve

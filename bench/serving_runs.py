@@ -80,6 +80,8 @@ class ServingRun:
     ttft_s: float | None                # time to first token
     tpot_s: float | None                # time per output token (NIM: inter-token latency)
     note: str = ""
+    attention_dp: bool = False          # attention data-parallel, experts expert-parallel
+    caps: tuple[int, int] | None = None  # (max_num_tokens, max_batch_size) the run set
 
 
 _TRT09 = ("NVIDIA/TensorRT-LLM v0.9.0, docs/source/performance.md "
@@ -112,6 +114,12 @@ _NIM = ("https://docs.nvidia.com/nim/benchmarking/llm/1.0.0/performance.md, "
 _ENIM = "NVIDIA NIM for LLMs 1.8.0 (AIPerf client)"
 
 _MAXLOAD = "in-flight at max load; concurrency not stated (KV-capacity bound)"
+
+_DSR1 = ("NVIDIA/TensorRT-LLM@f0c873f5ffdd170c9f5b70c844c02ecca9860b8f docs/source/blogs/"
+         "Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md, 'H200 max-throughput' "
+         "(Batch = 1024, ISL = 1K, OSL = 2K, 5,120 requests of a synthetic token-norm-dist "
+         "dataset with stdev 0), Total Output Throughput")
+_EDSR1 = "TensorRT-LLM PyTorch backend (trtllm-bench throughput, enable_attention_dp, EP 8)"
 
 
 RUNS: tuple[ServingRun, ...] = (
@@ -243,4 +251,13 @@ RUNS: tuple[ServingRun, ...] = (
     ServingRun(_NIM + "500 Input Tokens / 2000 Output Tokens, Concurrency 1", _ENIM, "h100",
                2, 2, "llama-3.3-70b", "fp8", None, 500, 2000, 1, "inflight", 52.85, 0.04777,
                0.01891, "TTFT 47.77 ms, ITL 18.91 ms"),
+    # --- DeepSeek-R1 (MLA, MoE), attention data-parallel with expert parallelism ----------
+    ServingRun(_DSR1, _EDSR1, "h200", 8, 8, "deepseek-v3", "fp8", "bf16", 1024, 2048, 1024,
+               "inflight", 11489.2671, None, None,
+               "deepseek-ai/DeepSeek-R1 (its own block-scaled FP8 weights; DeepSeek-V3's "
+               "architecture, fxlens's deepseek-v3 preset); --concurrency 1024 with "
+               "--max_batch_size 128 per rank over 8 ranks and --max_num_tokens 1151; the KV "
+               "dtype is not set, so the checkpoint's BF16 (the same page notes FP8 KV was "
+               "enabled by default only in the later R1-0528-FP4 checkpoint)",
+               attention_dp=True, caps=(1151, 128)),
 )

@@ -68,6 +68,8 @@ def check_options(options: Any) -> None:
     _parallel_plan(options)
     if getattr(options, "serve", False):
         _serving(options)
+    elif getattr(options, "attention_dp", False):
+        raise LoadError("--attention-dp lays out serving: add --serve")
 
 
 PLAN_DEVICE = "h100"     # what --plan lays out on without --device
@@ -109,6 +111,9 @@ def _serving(options: Any) -> None:
     if options.tpot_slo_s is not None and not options.tpot_slo_s > 0:
         raise LoadError("--tpot-slo must be a time above 0 (50ms)")
     at_least_one("--tp", options.tp)
+    if options.attention_dp and options.tp < 2:
+        raise LoadError("--attention-dp spreads requests over the GPUs of --tp N: add --tp 2 "
+                        "or more")
     at_least_one("--max-num-tokens", options.max_num_tokens)
     at_least_one("--max-num-seqs", options.max_num_seqs)
     spec = resolve_device(options.device, options.devices_file, options.profile)

@@ -120,6 +120,7 @@ class AnalysisOptions:
     tp: int = 1                         # --serve: GPUs of the tensor-parallel group
     max_num_tokens: int = MAX_NUM_TOKENS  # --serve: the in-flight batcher's tokens per step
     max_num_seqs: int = MAX_NUM_SEQS    # --serve: the in-flight batcher's requests in flight
+    attention_dp: bool = False          # --serve: attention data-parallel over the tp GPUs
     device: str | None = None           # roofline device ("h100", "cpu"); None: no roofline
     devices_file: str | None = None     # user JSON adding or overriding devices
     profile: str | None = None          # calibrated profile JSON (`analyze calibrate`)

@@ -38,6 +38,7 @@ from fxlens.analyzer.capture.hf_decode import (
     layer_count,
     layers_standing_for,
     prefill_inputs,
+    text_config,
     with_layers,
 )
 from fxlens.analyzer.core.errors import LoadError
@@ -50,6 +51,7 @@ from fxlens.analyzer.fusion.kernels import fused_kernels
 from fxlens.analyzer.memory.liveness import liveness
 from fxlens.analyzer.plan.forward import forward_split
 from fxlens.analyzer.plan.transfers import Group, latency_s
+from fxlens.analyzer.serve.attention_dp import attention_data_parallel, exchange_step
 from fxlens.analyzer.serve.estimate import ServeMemory, ServeRequest, serve_section
 from fxlens.analyzer.serve.formats import Formats, scale_of, served_at
 from fxlens.analyzer.serve.inflight import Engine
@@ -106,8 +108,12 @@ class ServePass:
         prefill_graphs = [capture(small, prefill_inputs(b, i), ctx.registry, options.methods)
                           for b in BATCHES]
         routing = moe_routing(small.config)
+        ranks = tp if options.attention_dp else 1
+        moe_layers = _moe_layers(layer_of, layers_standing_for(module))
         prefill = _affine(ctx, [(b, i, g) for b, g in zip(BATCHES, prefill_graphs, strict=True)],
-                          counted, "", notes, tp, routing, prefill=True,
+                          counted, "", notes, tp, routing, prefill=True, ranks=ranks,
+                          exchange=lambda s: exchange_step(
+                              "experts", _token_bytes(module), moe_layers(s), prefill=True),
                           adjust=lambda s: windowed_prefill(s, layer_of, windows, i,
                                                             _reads_cache) if windows else s)
         ctx.on_step("serving: capturing decode steps")
@@ -115,7 +121,9 @@ class ServePass:
         decode = _affine(ctx, [(b, c, capture(step, decode_inputs(small, b, c, layout),
                                               ctx.registry, options.methods))
                                for b in BATCHES for c in (i, i + o)], counted, "model.", notes,
-                         tp, routing, cache_ways=_kv_ways(module, tp),
+                         tp, routing, cache_ways=_kv_ways(module, tp), ranks=ranks,
+                         exchange=lambda s: exchange_step(
+                             "experts", _token_bytes(module), moe_layers(s), prefill=False),
                          adjust=lambda s: windowed_decode(s, layer_of, windows) if windows else s)
         stored = WEIGHT_FORMATS.get(options.precision or "")
         formats, weights_bytes, kv_groups = _formats(module, options, report, stored, notes)
@@ -128,25 +136,35 @@ class ServePass:
         steps = Steps(served[0], served[1], tp, link, prefill[1], decode[1],
                       shared_rows(served[1], served[0], _reads_weights))
         workspace = liveness(prefill_graphs[0], ctx.registry).peak_activation_bytes // BATCHES[0]
-        if tp > 1:
+        calls = (f"each all-reduce {link.latency_s * 1e6:.1f} µs per call (NCCL's latency "
+                 f"model) plus its bytes at {link.bytes_per_s / 1e9:.0f} GB/s"
+                 + (f", or the faster of NCCL's {len(link.protocols)} ring protocols for its "
+                    f"size" if link.protocols else ""))
+        if ranks > 1:
+            weights_bytes = _per_rank_weights(module, weights_bytes, ranks, stored)
+            notes.append(f"attention data-parallel over {ranks} GPUs: each runs attention, "
+                         f"dense layers and the LM head on its own requests (their KV cache "
+                         f"on it, the weights whole), the routed experts split {ranks} ways "
+                         f"over every rank's tokens; memory figures per GPU, requests "
+                         f"{ranks}× one GPU's; each MoE layer gathers and scatters the "
+                         f"step's hidden states, timed as an all-reduce of them: {calls}")
+        elif tp > 1:
             weights_bytes, kv_groups, workspace = _per_gpu(
                 module, weights_bytes, kv_groups, workspace, tp, stored)
-            notes.append(f"tensor parallel over {tp} GPUs: memory figures per GPU; each "
-                         f"all-reduce {link.latency_s * 1e6:.1f} µs per call (NCCL's latency "
-                         f"model) plus its bytes at {link.bytes_per_s / 1e9:.0f} GB/s"
-                         + (f", or the faster of NCCL's {len(link.protocols)} ring protocols "
-                            f"for its size" if link.protocols else ""))
+            notes.append(f"tensor parallel over {tp} GPUs: memory figures per GPU; {calls}")
         if routing is not None:
             notes.append(f"MoE: each decode step reads the experts its tokens route to, "
                          f"E·(1 − (1 − k/E)^tokens) of E = {routing[0]} per layer (k = "
                          f"{routing[1]}, uniform routing)")
-        engine = Engine(options.max_num_tokens, options.max_num_seqs)
-        notes.append(f"in-flight batching: at most {engine.max_num_tokens} tokens per step "
-                     f"and {engine.max_num_seqs} requests in flight (--max-num-tokens, "
-                     f"--max-num-seqs; TensorRT-LLM's defaults 8192 and 2048), prefills "
-                     f"sharing steps with decodes")
+        engine = Engine(options.max_num_tokens * ranks, options.max_num_seqs * ranks)
+        notes.append(f"in-flight batching: at most {options.max_num_tokens} tokens per step "
+                     f"and {options.max_num_seqs} requests in flight"
+                     + (" on each rank" if ranks > 1 else "")
+                     + " (--max-num-tokens, --max-num-seqs; TensorRT-LLM's defaults 8192 and "
+                     "2048), prefills sharing steps with decodes")
         memory = ServeMemory(spec.driver_bytes, weights_bytes, workspace,
-                             sum(size for _, size in kv_groups), spec.context_bytes, kv_groups)
+                             sum(size for _, size in kv_groups), spec.context_bytes, kv_groups,
+                             replicas=ranks)
         request = ServeRequest(i, o, tuple(options.serve_batches), options.tpot_slo_s,
                                engine=engine)
         return (serve_section(steps, spec, layers, request, memory, sorted(set(notes)),
@@ -156,18 +174,23 @@ class ServePass:
 def _affine(ctx: Context, points: Sequence[tuple[int, int, Graph]],
             counted: Callable[[str], float], root: str, notes: list[str], tp: int,
             routing: tuple[int, int] | None, prefill: bool = False, cache_ways: int = 0,
+            ranks: int = 1, exchange: Callable[[AffineStep], AffineStep] | None = None,
             adjust: Callable[[AffineStep], AffineStep] = lambda s: s
             ) -> tuple[AffineStep, AffineStep | None]:
     """The captures' kernels as one affine step (on one GPU of `tp`; `adjust`ed, e.g. to
     sliding windows; a MoE model's expert GEMMs read as `routing` routes the step's tokens;
     a decode's cache-reading kernels' bytes split `cache_ways`, the ways its KV heads split),
     and what each step all-reduces: a kernel per row-parallel output, its bytes one call's
-    payload (None on one GPU)."""
+    payload (None on one GPU). Over `ranks` > 1 GPUs the attention is data-parallel instead
+    (`serve.attention_dp`) and a step all-reduces what `exchange` says."""
     step = adjust(fit([Point(b, c, _kernels(ctx, g, counted, root, notes))
                        for b, c, g in points]))
     if routing is not None:
         rows = tuple(r for r, k in enumerate(step.kernels) if routed_experts(k.target))
         step = replace(step, routing=Routing(routing[0], routing[1], rows, prefill))
+    if ranks > 1 and exchange is not None:
+        experts = [routed_experts(k.target) for k in step.kernels]
+        return attention_data_parallel(step, experts, ranks), exchange(step)
     if tp <= 1:
         return step, None
     splits = [forward_split(g, PARALLEL) for _, _, g in points]
@@ -198,6 +221,30 @@ def _per_gpu(module: nn.Module, weights: int, kv_groups: KVGroups, workspace: in
     return (round(weights - split + split / tp),
             tuple((window, size // _kv_ways(module, tp)) for window, size in kv_groups),
             workspace // tp)
+
+
+def _per_rank_weights(module: nn.Module, weights: int, ranks: int,
+                      stored: WeightFormat | None) -> int:
+    """Weights on one GPU under attention data parallelism: the routed experts' split `ranks`
+    ways (at the stored format's bytes), every other weight whole."""
+    experts = sum(p.numel() * (stored.bytes_per_weight if stored and stored.experts
+                               else p.element_size())
+                  for name, p in module.named_parameters() if expert_weight(name, p.dim()))
+    return round(weights - experts + experts / ranks)
+
+
+def _moe_layers(layer_of: Callable[[str], int | None], standing_for: tuple[int, int]
+                ) -> Callable[[AffineStep], float]:
+    """How many decoder layers of the whole model a step's routed-expert kernels are in."""
+    def count(step: AffineStep) -> float:
+        captured = {layer_of(k.module) for k in step.kernels if routed_experts(k.target)}
+        return float(sum(standing_for[index] for index in captured if index is not None))
+    return count
+
+
+def _token_bytes(module: nn.Module) -> float:
+    """One token's hidden state in the activations' dtype (the weights')."""
+    return float(text_config(module).hidden_size * _element_bytes(module))
 
 
 def _kv_ways(module: nn.Module, tp: int) -> int:

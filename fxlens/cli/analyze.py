@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
         serve=args.serve, input_len=args.input_len, output_len=args.output_len,
         serve_batches=tuple(args.batch or ()) if args.serve else (), kv_dtype=args.kv_dtype,
         tpot_slo_s=args.tpot_slo, tp=args.tp, max_num_tokens=args.max_num_tokens,
-        max_num_seqs=args.max_num_seqs,
+        max_num_seqs=args.max_num_seqs, attention_dp=args.attention_dp,
     )
     if args.batch and len(args.batch) > 1 and not args.serve:
         from fxlens.analyzer.core.errors import LoadError

@@ -134,6 +134,11 @@ def _serve_options(parser: argparse.ArgumentParser) -> None:
                        help="the KV cache's dtype: fp8, int8, fp16, bf16 (default: the model's)")
     serve.add_argument("--tp", type=positive_int, default=1, metavar="N",
                        help="serve over N GPUs of one node with tensor parallelism (1)")
+    serve.add_argument("--attention-dp", action="store_true",
+                       help="with --tp N: attention and dense layers data-parallel (each GPU "
+                            "its own requests and their KV cache), routed experts split over "
+                            "the N GPUs (TensorRT-LLM's enable_attention_dp, SGLang's "
+                            "--enable-dp-attention)")
     serve.add_argument("--max-num-tokens", type=positive_int, default=8192, metavar="N",
                        help="in-flight batching: tokens per engine step, decode and prompt "
                             "together (8192, TensorRT-LLM's max_num_tokens)")

@@ -165,7 +165,7 @@ def with_layers(model: nn.Module, layers: int) -> nn.Module:
 
 
 def layer_count(model: nn.Module) -> int:
-    return int(_text_config(model).num_hidden_layers)
+    return int(text_config(model).num_hidden_layers)
 
 
 def layers_standing_for(model: nn.Module) -> tuple[int, int]:
@@ -173,7 +173,7 @@ def layers_standing_for(model: nn.Module) -> tuple[int, int]:
     `with_layers(model, 2)` copy stand for: (k, n − k) when its first k layers are dense and
     the rest MoE (``first_k_dense_replace``), else (1, n − 1)."""
     count = layer_count(model)
-    dense = _dense_first(_text_config(model))
+    dense = _dense_first(text_config(model))
     return (dense, count - dense) if dense else (1, count - 1)
 
 
@@ -205,7 +205,7 @@ def unsupported_layout(model: nn.Module) -> str | None:
     return None
 
 
-def _text_config(model: nn.Module) -> Any:
+def text_config(model: nn.Module) -> Any:
     return _text_config_of(model.config)
 
 

@@ -19,7 +19,8 @@ Capacity (paged KV cache, vLLM's scheme): the engine plans with `utilization` of
 prompt's prefill are taken, and the rest holds KV blocks of `block_tokens` tokens. A sequence
 of I + O tokens holds ⌈(I + O) / block⌉ blocks (the last one's unused tokens are the rounding
 waste) in each full-attention layer, ⌈min(I + O, W) / block⌉ in a sliding layer of window W
-(`windows.kv_per_sequence`); `max_batch` = ⌊rest / bytes per sequence⌋.
+(`windows.kv_per_sequence`); `max_batch` = ⌊rest / bytes per sequence⌋ — times the GPUs
+when each holds its own requests (attention data parallelism, `ServeMemory.replicas`).
 """
 
 from __future__ import annotations
@@ -66,6 +67,8 @@ class ServeMemory:
     context_bytes: int = 0
     # (window or None, bytes per token) of each group of layers; () : one group, no window
     kv_groups: tuple[tuple[int | None, int], ...] = ()
+    # GPUs each holding its own requests' KV cache (attention data parallelism)
+    replicas: int = 1
 
     def kv_by_window(self) -> tuple[tuple[int | None, int], ...]:
         return self.kv_groups or ((None, self.kv_bytes_per_token),)
@@ -82,7 +85,7 @@ def serve_section(steps: Steps, device: Device, layers: int, request: ServeReque
     exact = kv_per_sequence(i + o, 1, groups)              # the same tokens, no blocks
     usable = int(memory.device_bytes * request.utilization)
     room = usable - memory.weights_bytes - memory.workspace_bytes - memory.context_bytes
-    max_batch = max(room // per_sequence, 0) if per_sequence else 0
+    max_batch = max(room // per_sequence, 0) * memory.replicas if per_sequence else 0
     batches = _batches(request.batches, max_batch)
     curve = tuple(point(steps, device, request, b, max_batch) for b in batches)
     head = _headline(curve, request)
@@ -102,7 +105,7 @@ def serve_section(steps: Steps, device: Device, layers: int, request: ServeReque
         curve=curve, tpot_slo_s=request.tpot_slo_s, layers=layers,
         decode_bytes_per_step=int(decode_bytes), prefill_flops_per_request=prefill_flops,
         notes=tuple(notes), tp=steps.tp, max_load=max_load(steps, device, request, max_batch),
-        weights_format=weights_format,
+        weights_format=weights_format, attention_dp=memory.replicas > 1,
         kv_window_tokens=min((w for w, _ in groups if w is not None and w < i + o), default=0))
 
 

@@ -22,6 +22,11 @@ tokens each picking k of E experts uniformly, an expert is missed by a token wit
 batch × prompt for a prefill). NB: uniform routing; real routers are skewed, which reads fewer
 distinct experts at small T. The experts' FLOPs are already per routed token (the grouped
 GEMM's rows).
+
+Attention data parallelism (`DataParallel`): each of r GPUs runs the attention and dense
+kernels on its own requests; the step waits for the busiest, which holds ⌈b/r⌉ of a batch
+of b — taken as ``max(b/r, min(b, 1))`` (a lone request runs whole on one GPU) in those
+kernels' batch terms.
 """
 
 from __future__ import annotations
@@ -81,11 +86,24 @@ class Routing:
 
 
 @dataclass(frozen=True)
+class DataParallel:
+    """`rows`: the kernels each of `ranks` GPUs runs on its own share of the step's batch."""
+
+    ranks: int
+    rows: tuple[int, ...]
+
+    def batch_of_rank(self, batch: float) -> float:
+        """The busiest rank's share of `batch` (the module docstring)."""
+        return max(batch / self.ranks, min(batch, 1.0))
+
+
+@dataclass(frozen=True)
 class AffineStep:
     """Per kernel, FLOPs and bytes as ``c₀ + c_b·b + c_L·L + c_bL·b·L`` (rows of `flops`
     and `bytes`: [c₀, c_b, c_L, c_bL]); the `routing` rows' c₀ read as routed experts';
     `windows`: per kernel, the most cached tokens it reads (a sliding-window layer's: L is
-    ``min(L, window)`` for it; inf for the others; None: every kernel reads the whole L)."""
+    ``min(L, window)`` for it; inf for the others; None: every kernel reads the whole L);
+    `data_parallel`: the kernels run on one rank's share of the batch (None: all of it)."""
 
     kernels: tuple[Kernel, ...]
     flops: torch.Tensor          # (kernels, 4) float64
@@ -93,6 +111,7 @@ class AffineStep:
     weights: torch.Tensor        # (kernels,)
     routing: Routing | None = None
     windows: torch.Tensor | None = None     # (kernels,) float64
+    data_parallel: DataParallel | None = None
 
     def work(self, batch: float, context: float) -> tuple[torch.Tensor, torch.Tensor]:
         """(FLOPs, bytes) per kernel at one point."""
@@ -104,15 +123,21 @@ class AffineStep:
         """(FLOPs, bytes), each (kernels, contexts), at `batch` and each of `contexts`."""
         ctx = torch.tensor(list(contexts), dtype=torch.float64)
         unread = self.unread(batch, ctx)
-        if self.windows is None:
-            basis = torch.stack([torch.ones_like(ctx), torch.full_like(ctx, batch), ctx,
-                                 batch * ctx])                               # (4, contexts)
-            return self.flops @ basis, self.bytes @ basis - unread
-        seen = torch.minimum(ctx[None, :], self.windows[:, None])       # (kernels, contexts)
+        seen = (ctx[None, :] if self.windows is None                   # (kernels | 1, contexts)
+                else torch.minimum(ctx[None, :], self.windows[:, None]))
+        b = self.batches(batch)[:, None]                                  # (kernels, 1)
 
         def at(c: torch.Tensor) -> torch.Tensor:
-            return (c[:, 0:1] + c[:, 1:2] * batch) + (c[:, 2:3] + c[:, 3:4] * batch) * seen
+            return (c[:, 0:1] + c[:, 1:2] * b) + (c[:, 2:3] + c[:, 3:4] * b) * seen
         return at(self.flops), at(self.bytes) - unread
+
+    def batches(self, batch: float) -> torch.Tensor:
+        """(kernels,): the batch each kernel runs at on one GPU (`data_parallel`'s rows at one
+        rank's share)."""
+        out = torch.full((len(self.kernels),), float(batch), dtype=torch.float64)
+        if self.data_parallel is not None and self.data_parallel.rows:
+            out[list(self.data_parallel.rows)] = self.data_parallel.batch_of_rank(batch)
+        return out
 
     def unread(self, batch: float, contexts: torch.Tensor) -> torch.Tensor:
         """(kernels, contexts): the c₀ bytes of experts no token of the step routes to."""

@@ -54,7 +54,7 @@ def serve_verdict(serve: Serve) -> Figure:
         met = head.tpot_s <= serve.tpot_slo_s
         what += (f" (the most throughput within the {_ms(serve.tpot_slo_s)} target)" if met
                  else f" — no batch meets the {_ms(serve.tpot_slo_s)} target")
-    per = " per GPU" if serve.tp > 1 else ""
+    per = " on its GPU" if serve.attention_dp else " per GPU" if serve.tp > 1 else ""
     room = (f"up to {serve.max_batch} fit (KV {binary_bytes(serve.kv_bytes_per_sequence)} "
             f"per request{per})" if serve.max_batch else
             "no request fits: the weights and one prefill leave no room for its KV cache")
@@ -135,7 +135,8 @@ def memory_table(serve: Serve) -> Table:
                                  + (f"; sliding layers hold their last "
                                     f"{serve.kv_window_tokens:,} tokens"
                                     if serve.kv_window_tokens else "") + ")"),
-        ("requests at once", str(serve.max_batch)),
+        ("requests at once", str(serve.max_batch)
+         + (f" ({serve.max_batch // serve.tp} a GPU)" if serve.attention_dp else "")),
         ("decode step, batch 1", f"reads {binary_bytes(serve.decode_bytes_per_step)}"),
     ]
     title = "serving memory" + (" · per GPU" if serve.tp > 1 else "")
@@ -144,8 +145,12 @@ def memory_table(serve: Serve) -> Table:
 
 
 def _gpus(serve: Serve) -> str:
-    """``h100``, or ``4× h100 (TP 4)``."""
-    return f"{serve.tp}× {serve.device} (TP {serve.tp})" if serve.tp > 1 else serve.device
+    """``h100``, ``4× h100 (TP 4)``, or ``8× h200 (attention DP 8, experts EP 8)``."""
+    if serve.tp <= 1:
+        return serve.device
+    layout = (f"attention DP {serve.tp}, experts EP {serve.tp}" if serve.attention_dp
+              else f"TP {serve.tp}")
+    return f"{serve.tp}× {serve.device} ({layout})"
 
 
 def _fits(point: ServePoint, serve: Serve) -> Cell:

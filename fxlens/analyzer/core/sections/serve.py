@@ -75,3 +75,4 @@ class Serve(Section):
     weights_format: str = ""        # how the linear layers' weights are stored ("": as loaded)
     context_bytes: int = 0          # the process outside PyTorch's allocator (CUDA context)
     kv_window_tokens: int = 0       # sliding layers cache at most this many tokens (0: none)
+    attention_dp: bool = False      # the tp GPUs run attention data-parallel, experts split
