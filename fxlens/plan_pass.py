@@ -78,7 +78,8 @@ class PlanPass:
 def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
     """The training step as units a layout partitions (`fxlens.analyzer.plan.structure`)."""
     from fxlens.analyzer.plan.fp8 import scaling_s
-    from fxlens.analyzer.plan.structure import WholeStep, read_facts, weight_param
+    from fxlens.analyzer.plan.structure import WholeStep, read_facts
+    from fxlens.analyzer.plan.tensor_split import weight_param
     from fxlens.analyzer.plan.workload import FusedOps
     from fxlens.rules.parallel import PARALLEL
 

@@ -10,7 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fxlens.analyzer.core.graph import Graph, repeated_blocks
-from fxlens.analyzer.plan.structure import residual_width, split_unit, unit_of_nodes
+from fxlens.analyzer.plan.structure import unit_of_nodes
+from fxlens.analyzer.plan.tensor_split import residual_width, split_unit
 from fxlens.analyzer.plan.types import ParallelKnowledge
 
 

@@ -6,17 +6,8 @@ block: embeddings), each repeated block (`repeated_blocks`: the decoder layers),
 activations its forward saves for the backward, what enters it, its roofline time forward and
 backward, and what tensor parallelism would move.
 
-Tensor parallelism is found from the graph's structure, not from class or parameter names
-(Megatron-LM's split, Shoeybi et al. 2019): inside a unit, a GEMM against a weight whose output
-has the unit's width (the residual stream's last dimension) is *row-parallel* when walking back
-from its input along floating-point data, without crossing another weight GEMM, reaches weight
-GEMMs: those are
-*column-parallel*, and every op between them (attention, activation functions, per-head norms)
-runs on 1/t of the features. One all-reduce of the row GEMM's output per pair in the forward,
-one of the column GEMMs' input gradient in the backward. A GEMM in ``post`` with no row partner
-(the LM head) is vocab-parallel with the loss after it; embedding tables are vocab-parallel too
-(one all-reduce of their output). Everything else (norms, routers, low-rank down-projections)
-is replicated.
+Tensor parallelism is found from the graph's structure (`fxlens.analyzer.plan.tensor_split`:
+Megatron's row/column pairs, the LM head and embeddings vocab-parallel, the rest replicated).
 
 Backward ops are attributed to the module whose forward they differentiate; a module's share of
 split work in the backward is taken to be its share in the forward. Expert parameters of a MoE
@@ -29,15 +20,22 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
-from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, repeated_blocks
+from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, repeated_blocks
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.compression import Matrix, gradient_matrices
+from fxlens.analyzer.plan.tensor_split import (
+    graph_param_shape,
+    residual_width,
+    split_unit,
+    weight_gemms,
+    weight_param,
+)
 from fxlens.analyzer.plan.types import ParallelKnowledge
 from fxlens.analyzer.plan.workload import (
     ExpertGemm,
@@ -128,29 +126,6 @@ class ModelFacts:
         return sum(u.flops for u in self.units)
 
 
-@dataclass(frozen=True)
-class _Gemm:
-    node: int
-    weights: tuple[str, ...]
-    activations: tuple[TensorRef, ...]
-    in_features: int
-    out_features: int
-    output_bytes: int
-    head_batched: bool = False    # a weight batched by head (absorbed MLA's W_UK, W_UV)
-
-
-@dataclass
-class _Split:
-    """Tensor-parallel roles found in one unit's forward."""
-
-    rows: set[int] = field(default_factory=set)
-    columns: set[int] = field(default_factory=set)
-    split_nodes: set[int] = field(default_factory=set)
-    split_params: set[str] = field(default_factory=set)
-    reduce_bytes: int = 0
-    gemms: dict[int, _Gemm] = field(default_factory=dict)
-
-
 def unit_of_nodes(graph: Graph, blocks: Sequence[str]) -> dict[int, str]:
     """Unit name per CALL node: its block, else ``pre``/``post`` by where its module first
     runs in the forward (the root's own ops by position; its backward ops are ``post``)."""
@@ -176,137 +151,6 @@ def unit_of_nodes(graph: Graph, blocks: Sequence[str]) -> dict[int, str]:
 
 def _block_of(module: str, blocks: Sequence[str]) -> str:
     return next((b for b in blocks if module == b or module.startswith(b + ".")), "")
-
-
-def weight_param(graph: Graph, ref: TensorRef, knowledge: ParallelKnowledge) -> str | None:
-    """The parameter `ref` is, seen through casts and views; None for an activation."""
-    node = graph.nodes[ref.node]
-    for _ in range(8):
-        if node.kind is NodeKind.PARAM:
-            return node.target
-        if node.kind is not NodeKind.CALL or node.packet not in knowledge.weight_path_ops:
-            return None
-        refs = list(node.input_refs())
-        if not refs:
-            return None
-        node = graph.nodes[refs[0].node]
-    return None
-
-
-def _gemms(graph: Graph, scope: Iterable[int], knowledge: ParallelKnowledge) -> dict[int, _Gemm]:
-    found = {}
-    for node_id in scope:
-        node = graph.nodes[node_id]
-        if node.packet not in knowledge.gemm_ops | knowledge.grouped_gemm_ops:
-            continue
-        weights: list[str] = []
-        activations: list[TensorRef] = []
-        batched = False
-        for ref in node.input_refs():
-            name = weight_param(graph, ref, knowledge)
-            if name:
-                weights.append(name)
-                spec = graph.spec(ref)
-                batched |= (node.packet in knowledge.gemm_ops and spec is not None
-                            and len(spec.shape) >= 3)
-            else:
-                activations.append(ref)
-        out = node.outputs[0] if node.outputs else None
-        first = graph.spec(activations[0]) if activations else None
-        if weights and activations and out is not None and first is not None and out.shape:
-            found[node_id] = _Gemm(node_id, tuple(weights), tuple(activations),
-                                   first.shape[-1] if first.shape else 0, out.shape[-1],
-                                   out.nbytes, batched)
-    return found
-
-
-def split_unit(graph: Graph, scope: set[int], width: int, terminal_column: bool,
-           knowledge: ParallelKnowledge) -> _Split:
-    """Row/column pairs in `scope` (forward CALL nodes of one unit) of residual `width`.
-
-    Between a row and its columns, a GEMM whose weight is batched by head (absorbed MLA's
-    W_UK and W_UV) is split with the heads it runs on, and the walk goes on through it; an
-    attention's single-head key and value (MQA, an MLA latent) are what every rank holds
-    whole, so the walk does not follow them to the projection that made them."""
-    gemms = _gemms(graph, sorted(scope), knowledge)
-    split = _Split(gemms=gemms)
-    region: set[int] = set()
-    for row in (g for g in gemms.values() if g.out_features == width):
-        columns, seen = set(), set()
-        stack = [ref.node for ref in row.activations]
-        while stack:
-            node_id = stack.pop()
-            if node_id in seen or node_id not in scope:
-                continue
-            seen.add(node_id)
-            if node_id in gemms and not gemms[node_id].head_batched:
-                columns.add(node_id)
-                continue
-            stack.extend(ref.node for ref in _per_head_inputs(graph, graph.nodes[node_id],
-                                                              knowledge)
-                         if _floating(graph, ref))
-        if columns:
-            split.rows.add(row.node)
-            split.columns |= columns
-            region |= seen - columns
-            split.reduce_bytes += row.output_bytes
-    if terminal_column and not split.rows and gemms:
-        head = max(gemms.values(), key=lambda g: g.out_features * g.in_features)
-        split.columns.add(head.node)
-        region |= scope
-    split.split_nodes = split.rows | split.columns
-    for node_id in sorted(region):
-        if node_id in split.split_nodes:
-            continue
-        producers = {ref.node for ref in graph.nodes[node_id].input_refs()}
-        if producers & split.split_nodes:
-            split.split_nodes.add(node_id)
-    for node_id in split.columns | {n for n in region if n in gemms}:
-        split.split_params.update(gemms[node_id].weights)
-    for node_id in split.rows:
-        split.split_params.update(w for w in gemms[node_id].weights
-                                  if len(graph_param_shape(graph, w)) >= 2)
-    return split
-
-
-def _per_head_inputs(graph: Graph, node: Node, knowledge: ParallelKnowledge
-                     ) -> list[TensorRef]:
-    """`node`'s inputs but, for attention, a key or value of one head shared by many query
-    heads (4-D, one head where the query has more)."""
-    refs = list(node.input_refs())
-    if node.packet not in knowledge.attention_ops or not refs:
-        return refs
-    query = graph.spec(refs[0])
-    heads = query.shape[1] if query is not None and len(query.shape) == 4 else 1
-    return [ref for ref in refs
-            if not ((spec := graph.spec(ref)) is not None and len(spec.shape) == 4
-                    and spec.shape[1] == 1 < heads)]
-
-
-def _floating(graph: Graph, ref: TensorRef) -> bool:
-    """Data, not indices: a router reaches its experts through integer indices and routing
-    weights applied after them, so walking back from an expert stops there."""
-    spec = graph.spec(ref)
-    return spec is not None and spec.dtype.startswith(("float", "bfloat", "complex"))
-
-
-def graph_param_shape(graph: Graph, name: str) -> tuple[int, ...]:
-    return next((p.spec.shape for p in graph.params if p.name == name), ())
-
-
-def residual_width(graph: Graph, scope: set[int]) -> int:
-    """The residual width of a unit: the last dimension of the largest activation entering
-    it from outside."""
-    best, width = -1, 0
-    for node_id in scope:
-        for ref in graph.nodes[node_id].input_refs():
-            producer = graph.nodes[ref.node]
-            spec = graph.spec(ref)
-            if ref.node in scope or producer.kind is not NodeKind.CALL or spec is None:
-                continue
-            if spec.shape and spec.dtype.startswith(("float", "bfloat")) and spec.nbytes > best:
-                best, width = spec.nbytes, spec.shape[-1]
-    return width
 
 
 def _entering_bytes(graph: Graph, scope: set[int]) -> int:
@@ -463,7 +307,7 @@ def _lookup_output(graph: Graph, scope: set[int], vocab: tuple[int, str] | None
 def _expert_params(graph: Graph, knowledge: ParallelKnowledge) -> set[str]:
     found = {p.name for p in graph.params
              if not p.is_buffer and EXPERT_SEGMENT.search(p.owner)}
-    for gemm in _gemms(graph, (n.id for n in graph.calls()
+    for gemm in weight_gemms(graph, (n.id for n in graph.calls()
                                if n.packet in knowledge.grouped_gemm_ops), knowledge).values():
         found.update(gemm.weights)
     return found
