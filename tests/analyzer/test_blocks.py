@@ -10,7 +10,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from fxlens.analyzer.capture import chain
-from fxlens.analyzer.capture.blocks import Group, Repeats, SpliceError, find_repeats, splice
+from fxlens.analyzer.capture.blocks import Group, Repeats, SpliceError, find_repeats
+from fxlens.analyzer.capture.blocks_splice import splice
 from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef
 from fxlens.analyzer.memory.measure import EagerAlongside, simulate_eager_memory
 from tests.models import OWN_ZOO, tiny_gpt

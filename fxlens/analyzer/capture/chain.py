@@ -53,9 +53,9 @@ from fxlens.analyzer.capture.blocks import (
     Repeats,
     find_repeats,
     guessed_repeats,
-    splice,
     standing_in,
 )
+from fxlens.analyzer.capture.blocks_splice import splice
 from fxlens.analyzer.capture.chatter import export_prints_logged, torch_chatter_to_debug_log
 from fxlens.analyzer.capture.decompose import decompose_unknown
 from fxlens.analyzer.capture.fake_runs import CpuFakeTensorMode, fake_then_real

@@ -55,7 +55,8 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
-from fxlens.analyzer.capture.blocks import Group, forwards_replaced, guessed_repeats, moved
+from fxlens.analyzer.capture.blocks import Group, forwards_replaced, guessed_repeats
+from fxlens.analyzer.capture.blocks_splice import moved
 from fxlens.analyzer.capture.recorder import Recorder
 from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef, map_refs
 
