@@ -122,6 +122,17 @@ def _serving(options: Any) -> None:
                         f"({spec.gpus_per_node} {spec.name} per node)")
 
 
+def check_experts_to_split(module: Any) -> None:
+    """``--attention-dp`` splits a MoE model's routed experts over the GPUs: refuse a model
+    without them (it would be N replicas of the model)."""
+    from fxlens.rules.serving import moe_routing
+
+    if moe_routing(getattr(module, "config", None)) is None:
+        raise LoadError(f"--attention-dp splits a MoE model's routed experts over the GPUs; "
+                        f"{type(module).__name__} has none (serve one replica per GPU, or "
+                        f"shard it with --tp alone)")
+
+
 def _parallel_plan(options: Any) -> None:
     for flag in ("gpus", "max_gpus", "micro_batches", "global_batch", "tokens"):
         at_least_one(f"--{flag.replace('_', '-')}", getattr(options, flag))

@@ -375,6 +375,8 @@ def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
     check_scale(loaded.module, loaded.name, options.allow_large)
     if options.serve:   # a model --serve cannot serve says so before the capture, not after
         check_servable(loaded.module)
+        if options.attention_dp:
+            checks.check_experts_to_split(loaded.module)
     if options.train:
         precision, cast = step_cast(ctx)
         ctx.step = record_training_step(ctx, loaded.module, on_step)

@@ -83,6 +83,8 @@ def test_attention_dp_holds_whole_weights_but_the_experts_and_each_gpus_own_requ
 @pytest.mark.parametrize(("argv", "said"), [
     (["--serve", "--device", "h100", "--attention-dp"], "add --tp 2 or more"),
     (["--attention-dp"], "--attention-dp lays out serving: add --serve"),
+    (["--serve", "--device", "h100", "--tp", "2", "--attention-dp"],
+     "LlamaForCausalLM has none (serve one replica per GPU"),
 ])
 def test_attention_dp_without_its_gpus_or_serving_is_one_line(
         argv: list[str], said: str, capsys: pytest.CaptureFixture[str],
