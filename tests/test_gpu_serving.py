@@ -1,0 +1,53 @@
+"""`bench/gpu/serving.py` on the CPU at shrunk sizes: every case builds, is timed, is predicted
+by fxlens on fake tensors (kernels only, no host launches) and lands in the Markdown table."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from bench.gpu import serving
+
+KEEP = ("experts", "heads", "kv_heads", "qk_dim", "v_dim")
+
+
+def small(case: serving.ServingCase) -> serving.ServingCase:
+    return replace(case, sizes={k: v if k in KEEP else max(4, v // 32)
+                                for k, v in case.sizes.items()})
+
+
+@pytest.mark.slow
+def test_every_case_measures_predicts_and_tabulates(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    monkeypatch.setattr(serving, "CASES", tuple(small(c) for c in serving.CASES))
+    rows = serving.measure(torch.device("cpu"), inner=1, repeat=1)
+    assert [r["name"] for r in rows] == [c.name for c in serving.CASES]
+    for row in rows:
+        assert "error" not in row, row
+        assert row["seconds"] > 0 and row["bytes_per_s"] > 0
+        row["predicted"] = serving.predict(serving.ServingCase(row["name"], row["kind"],
+                                                               row["sizes"]), "h100")
+        assert row["predicted"] > 0
+    (tmp_path / "serving.json").write_text(json.dumps({"device": "cpu", "rows": rows}))
+    table = serving.table(json.loads((tmp_path / "serving.json").read_text()))
+    assert table.count("\n") == len(rows) + 1 and "| linear 70b tp4 qkv, M 1 |" in table
+
+
+def test_a_memory_bound_kernel_is_predicted_at_its_bytes_over_the_bandwidth() -> None:
+    """No host launch in the prediction: a decode-sized GEMM (M = 1) and the MLA decode read
+    what the closed form says, at the device's achievable bandwidth; the latent read once."""
+    from fxlens.rules.hardware import device
+
+    bandwidth = device("h100").achievable_bandwidth
+    gemv = next(c for c in serving.CASES if c.kind == "linear" and c.sizes["m"] == 1)
+    assert serving.predict(gemv, "h100") == pytest.approx(
+        serving.moved_and_flops(gemv)[0] / bandwidth, rel=1e-3)
+    mla = serving.CASES[-1]
+    moved, _ = serving.moved_and_flops(mla)
+    s = mla.sizes
+    assert moved == 2 * s["batch"] * s["context"] * 576          # the latent, once
+    assert serving.predict(mla, "h100") >= moved / bandwidth
