@@ -19,7 +19,8 @@ from fxlens.analyzer.core.codec import encode
 from fxlens.analyzer.quant.section import QuantSettings, quant_section
 from fxlens.analyzer.quant.weights import find_layers
 from fxlens.rules import load_rules
-from fxlens.rules.quant import Granularity, NumberFormat, knowledge
+from fxlens.rules.quant import knowledge
+from fxlens.rules.quant_formats import Granularity, NumberFormat
 
 DIGITS_WIDTHS = (64, 32, 128, 12, 96, 24, 10)
 DIGITS_FORMAT = NumberFormat("int2_per_tensor", "int", 2, Granularity.TENSOR)

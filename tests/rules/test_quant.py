@@ -12,17 +12,14 @@ from torch import nn
 from fxlens.analyzer.quant.types import LayerView
 from fxlens.analyzer.quant.weights import sqnr_db, weight_stats
 from fxlens.rules.quant import (
-    BF16,
     RISK_RULES,
-    Granularity,
-    NumberFormat,
     channel_axis,
-    formats,
     plan_spec,
     random_init_reason,
     risk_rule,
     risks,
 )
+from fxlens.rules.quant_formats import BF16, Granularity, NumberFormat, formats
 
 
 def _w(*shape: int, seed: int = 0) -> torch.Tensor:
