@@ -55,7 +55,7 @@ def covered(run: ServingRun) -> str | None:
 
 
 def estimate(run: ServingRun) -> Serve:
-    loaded = load_preset(run.model, dict(run.overrides), batch=1, seq_len=128)
+    loaded = load_preset(run.model, batch=1, seq_len=128)
     kv = run.kv_dtype or ("fp8" if run.weights == "fp8" else None)
     batches = (run.batch,) if run.batch else ()
     options = AnalysisOptions(serve=True, device=run.gpu, input_len=run.input_len,
@@ -120,20 +120,20 @@ def main(argv: list[str] | None = None) -> int:
             continue
         why = covered(run)
         if why is not None:
-            skipped.append(f"{run.gpu} {run.model_name} {run.input_len}/{run.output_len}: {why}")
+            skipped.append(f"{run.gpu} {run.model} {run.input_len}/{run.output_len}: {why}")
             continue
         started = time.perf_counter()
         serve = estimate(run)
         what, published, predicted = compared(run, serve)
         if predicted is None:
-            skipped.append(f"{run.gpu} TP {run.tp} {run.model_name} {run.input_len}/"
+            skipped.append(f"{run.gpu} TP {run.tp} {run.model} {run.input_len}/"
                            f"{run.output_len}: no request fits (weights "
                            f"{serve.weights_bytes / 2**30:.1f} GiB per GPU)")
             continue
         error = predicted / published - 1
         errors.append(error)
         batch = batch_label(run, serve)
-        print(f"| {run.gpu} | {run.tp} | {run.model_name} | {run.weights}/{run.kv_dtype or '—'} | "
+        print(f"| {run.gpu} | {run.tp} | {run.model} | {run.weights}/{run.kv_dtype or '—'} | "
               f"{run.input_len}/{run.output_len} | {batch} | {what} | {_figure(published)} | "
               f"{_figure(predicted)} | {error:+.0%} |  "
               f"<!-- {time.perf_counter() - started:.0f} s -->")

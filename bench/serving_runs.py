@@ -82,12 +82,6 @@ class ServingRun:
     note: str = ""
     attention_dp: bool = False          # attention data-parallel, experts expert-parallel
     caps: tuple[int, int] | None = None  # (max_num_tokens, max_batch_size) the run set
-    overrides: tuple[tuple[str, str], ...] = ()   # config fields set on the preset (--set)
-    label: str = ""                     # the model's name where the preset is another's
-
-    @property
-    def model_name(self) -> str:
-        return self.label or self.model
 
 
 _TRT09 = ("NVIDIA/TensorRT-LLM v0.9.0, docs/source/performance.md "
@@ -127,14 +121,6 @@ _DSR1 = ("NVIDIA/TensorRT-LLM@f0c873f5ffdd170c9f5b70c844c02ecca9860b8f docs/sour
          "dataset with stdev 0), Total Output Throughput")
 _EDSR1 = "TensorRT-LLM PyTorch backend (trtllm-bench throughput, enable_attention_dp, EP 8)"
 
-# Qwen3-235B-A22B as overrides of the qwen3-30b-a3b preset (the same Qwen3MoeConfig
-# architecture): the values of Qwen/Qwen3-235B-A22B's config, as bench/plan_runs/runs.json
-# gives them with their sources
-_QWEN3_235B = (("hidden_size", "4096"), ("intermediate_size", "12288"),
-               ("moe_intermediate_size", "1536"), ("num_hidden_layers", "94"),
-               ("max_window_layers", "94"), ("num_attention_heads", "64"),
-               ("num_key_value_heads", "4"), ("head_dim", "128"), ("num_experts", "128"),
-               ("num_experts_per_tok", "8"))
 _MOE_DP = ("nvidia/Qwen3-235B-A22B-FP8; the page's MoE command runs --ep with "
            "enable_attention_dp: true; " + _MAXLOAD)
 
@@ -279,15 +265,15 @@ RUNS: tuple[ServingRun, ...] = (
                attention_dp=True, caps=(1151, 128)),
     # --- Qwen3-235B-A22B (MoE), the perf overview's MoE workflow: attention DP, EP ---------
     ServingRun(_TRTMAIN + "Qwen3-235B-A22B, H200 TP8 (FP8)", _EMAIN, "h200", 8, 8,
-               "qwen3-30b-a3b", "fp8", None, 1000, 1000, None, "inflight", 23789.0, None, None,
-               _MOE_DP, attention_dp=True, overrides=_QWEN3_235B, label="qwen3-235b-a22b"),
+               "qwen3-235b-a22b", "fp8", None, 1000, 1000, None, "inflight", 23789.0, None, None,
+               _MOE_DP, attention_dp=True),
     ServingRun(_TRTMAIN + "Qwen3-235B-A22B, H200 TP8 (FP8)", _EMAIN, "h200", 8, 8,
-               "qwen3-30b-a3b", "fp8", None, 2048, 2048, None, "inflight", 16672.0, None, None,
-               _MOE_DP, attention_dp=True, overrides=_QWEN3_235B, label="qwen3-235b-a22b"),
+               "qwen3-235b-a22b", "fp8", None, 2048, 2048, None, "inflight", 16672.0, None, None,
+               _MOE_DP, attention_dp=True),
     ServingRun(_TRTMAIN + "Qwen3-235B-A22B, H100 TP8 (FP8)", _EMAIN, "h100", 8, 8,
-               "qwen3-30b-a3b", "fp8", None, 1000, 1000, None, "inflight", 14898.0, None, None,
-               _MOE_DP, attention_dp=True, overrides=_QWEN3_235B, label="qwen3-235b-a22b"),
+               "qwen3-235b-a22b", "fp8", None, 1000, 1000, None, "inflight", 14898.0, None, None,
+               _MOE_DP, attention_dp=True),
     ServingRun(_TRTMAIN + "Qwen3-235B-A22B, H100 TP8 (FP8)", _EMAIN, "h100", 8, 8,
-               "qwen3-30b-a3b", "fp8", None, 2048, 2048, None, "inflight", 9924.0, None, None,
-               _MOE_DP, attention_dp=True, overrides=_QWEN3_235B, label="qwen3-235b-a22b"),
+               "qwen3-235b-a22b", "fp8", None, 2048, 2048, None, "inflight", 9924.0, None, None,
+               _MOE_DP, attention_dp=True),
 )

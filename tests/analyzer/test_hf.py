@@ -53,6 +53,9 @@ PUBLISHED_PARAMS = {
     "llama-3.1-405b": 405_853_388_800,
     "deepseek-v3": 671_026_404_352,    # the main model; the released 685 B add the MTP layer
     "qwen3-30b-a3b": 30_532_122_624,
+    # Qwen/Qwen3-235B-A22B's model.safetensors.index.json: total_size 470,187,269,120 bytes
+    # of bf16 weights
+    "qwen3-235b-a22b": 235_093_634_560,
     "phi-3-mini": 3_821_079_552,
     "gemma-3-1b": 999_885_952,         # tied embeddings
     # the main models, derived by hand from their config.json (the published 81.3 B of
