@@ -27,10 +27,10 @@ and backward are copies of its nodes, renamed; its backward is never run.
   flag, a path taken on data) is recorded in full itself, and later members may match it
   (sliding and global attention alternating). A group with `MAX_MISSES` such members runs
   as it is from then on.
-- **Splice** (`StandIns.finish`): each placeholder becomes a copy of its full block's nodes,
-  the backward's being one contiguous run of nodes under its path; the copies read the
-  member's inputs, weights and incoming gradients, and the member's weight gradients are the
-  copy's.
+- **Splice** (`StandIns.finish`, `step_splice.StepSplice`): each placeholder becomes a copy
+  of its full block's nodes, the backward's being one contiguous run of nodes under its
+  path; the copies read the member's inputs, weights and incoming gradients, and the
+  member's weight gradients are the copy's.
 - **Anything else that would differ from the full recording raises `Unstandable`**: a
   block reading an input needing grad that a marked or stood-in block read, an op that
   autograd runs for a stand-in or a mark (a gradient summed into a tensor that other code
@@ -49,7 +49,6 @@ import functools
 import logging
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -58,32 +57,27 @@ import torch.utils._pytree as pytree
 from fxlens.analyzer.capture.blocks import Group, forwards_replaced, guessed_repeats
 from fxlens.analyzer.capture.blocks_splice import moved
 from fxlens.analyzer.capture.recorder import Recorder
-from fxlens.analyzer.core.graph import Node, NodeKind, TensorRef, map_refs
+from fxlens.analyzer.capture.step_splice import (
+    BACKWARD,
+    FORWARD,
+    BlockForward,
+    FirstBlock,
+    MemberBlock,
+    Recorded,
+    StepSplice,
+    Unstandable,
+    own_name,
+    under,
+)
+from fxlens.analyzer.core.graph import Node, TensorRef, map_refs
 
 log = logging.getLogger(__name__)
 
-FORWARD = "fxlens_blocks.forward_stand_in"
-BACKWARD = "fxlens_blocks.backward_stand_in"
 # A member that matches none of its group's blocks recorded in full is recorded in full too,
 # and later members may match it (sliding and global attention layers alternating). A group
 # with this many such members (a path chosen on data: MoE routing) is recorded in full from
 # then on: each of them ran its forward twice.
 MAX_MISSES = 3
-
-
-class Unstandable(Exception):
-    """The step recorded with stand-ins would not be the full recording: record it without."""
-
-
-@dataclass
-class _Forward:
-    """One block's forward as recorded."""
-
-    path: str
-    start: int                                  # its first node
-    end: int                                    # one past its last
-    inputs: tuple[TensorRef | None, ...]        # its tensor inputs, in pytree order
-    grad_inputs: tuple[int, ...]                # which of them require grad
 
 
 class _Call:
@@ -94,33 +88,10 @@ class _Call:
         self.forward, self.args, self.kwargs = forward, args, kwargs
         self.tensors = [t for t in pytree.tree_leaves((args, kwargs))
                         if isinstance(t, torch.Tensor)]
-        self.record = _Forward(path, len(recorder.nodes), 0,
+        self.record = BlockForward(path, len(recorder.nodes), 0,
                                tuple(recorder.peek(t) for t in self.tensors),
                                tuple(i for i, t in enumerate(self.tensors) if t.requires_grad))
         self.sources = [self.record.inputs[i] for i in self.record.grad_inputs]
-
-
-@dataclass
-class _First:
-    """A block of a group recorded in full between marks: its forward, and the gradients its
-    marks saw; later blocks that match it are its copies."""
-
-    forward: _Forward
-    key: list[Any]
-    returned: tuple[Any, ...]                   # what it returned, by where it comes from
-    outputs: tuple[TensorRef, ...]              # its tensor outputs
-    output_grads: tuple[bool, ...]              # which of them require grad
-    saved: tuple[TensorRef, ...] = ()           # what autograd saved during its forward
-    grads_in: dict[int, TensorRef | None] = field(default_factory=dict)   # of its outputs
-    grads_out: dict[int, TensorRef | None] = field(default_factory=dict)  # of its inputs
-
-
-@dataclass
-class _Member:
-    forward: _Forward
-    first: _First
-    saved_at: int                               # where its saved tensors go in the list
-    grad_specs: tuple[tuple[Any, ...], ...]     # (shape, stride, dtype, device) per grad input
 
 
 class StandIns:
@@ -137,8 +108,8 @@ class StandIns:
         self._groups: tuple[Group, ...] = (() if _backward_hooks(module)
                                             else guessed_repeats(module).groups)
         self._blocks = dict(module.named_modules())
-        self._firsts: dict[int, list[_First]] = {}    # each group's blocks recorded in full
-        self._members: list[_Member] = []
+        self._firsts: dict[int, list[FirstBlock]] = {}    # each group's blocks recorded in full
+        self._members: list[MemberBlock] = []
         self._misses: Counter[int] = Counter()        # members of a group that differed
         self._observed: set[int] = set()              # groups whose first block has run
         self._broken: set[int] = set()
@@ -204,7 +175,7 @@ class StandIns:
         if None in refs:
             self._broken.add(group)
             return out
-        first = _First(
+        first = FirstBlock(
             record, self._key(record), self._returned(record, out),
             tuple(r for r in refs if r is not None), tuple(t.requires_grad for t in outputs),
             tuple(self._saved[saved_at:]), grads_out=grads_out)
@@ -252,12 +223,12 @@ class StandIns:
         self._recorder.placeholder(FORWARD, {"inputs": list(record.inputs),
                                              "member": len(self._members)}, made)
         self._stood_sources.update(s for s in call.sources if s is not None)
-        self._members.append(_Member(record, first, len(self._saved), tuple(
+        self._members.append(MemberBlock(record, first, len(self._saved), tuple(
             (tuple(t.shape), tuple(t.stride()), t.dtype, t.device) for t in grad_tensors)))
         return _replace_leaves(box["out"], dict(zip(
             (id(t) for t in box["outputs"]), made, strict=True)))
 
-    def _relative(self, record: _Forward) -> Callable[[TensorRef], Any]:
+    def _relative(self, record: BlockForward) -> Callable[[TensorRef], Any]:
         """Where a ref in `record`'s nodes comes from, as its fingerprint says it."""
         nodes, path = self._recorder.nodes, record.path
         inputs: dict[TensorRef, int] = {}
@@ -270,18 +241,18 @@ class StandIns:
                 return ("op", ref.node - record.start, ref.index)
             if ref in inputs:
                 return ("in", inputs[ref])
-            own = _own_name(nodes[ref.node], path)
+            own = own_name(nodes[ref.node], path)
             return ("own", own) if own is not None else ("outside", ref)
         return where
 
-    def _key(self, record: _Forward) -> list[Any]:
+    def _key(self, record: BlockForward) -> list[Any]:
         """The block's forward, as the proof compares it."""
         where = self._relative(record)
         return [(n.kind, n.target, map_refs(n.args, where), n.outputs,
                  moved(n.module, record.path, "<block>"), n.module_type, n.source)
                 for n in self._recorder.nodes[record.start:record.end]]
 
-    def _returned(self, record: _Forward, out: Any) -> tuple[Any, ...]:
+    def _returned(self, record: BlockForward, out: Any) -> tuple[Any, ...]:
         where = self._relative(record)
         leaves, spec = pytree.tree_flatten(out)
         made: list[tuple[Any, ...]] = []
@@ -321,8 +292,10 @@ class StandIns:
             return None
         grads = {name: recorder.peek(t.grad) for name, t in self._state.items()
                  if t.grad is not None}
-        splice = _Splice(self, {m.first.forward.path: self._region(m.first)
-                                for m in self._members})
+        recorded = Recorded(recorder.nodes, self._members, self._state, self._weights,
+                            recorder.peek)
+        splice = StepSplice(recorded, {m.first.forward.path: self._region(m.first)
+                                       for m in self._members})
         for node in recorder.nodes:
             splice.add(node)
         saved = [splice.fix(ref) for ref in self._saved]
@@ -336,135 +309,14 @@ class StandIns:
                  "their group", len(self._members))
         return splice.out, saved, splice.grads, [splice.fix(ref) for ref in outputs]
 
-    def _region(self, first: _First) -> range:
+    def _region(self, first: FirstBlock) -> range:
         """The first block's backward: one contiguous run of nodes under its path."""
         path = first.forward.path
         inside = [n.id for n in self._recorder.nodes
-                  if n.phase == "backward" and _under(n.module, path) is not None]
+                  if n.phase == "backward" and under(n.module, path) is not None]
         if not inside or inside[-1] - inside[0] + 1 != len(inside):
             raise Unstandable(f"{path}'s backward is not one run of its own nodes")
         return range(inside[0], inside[-1] + 1)
-
-
-class _Splice:
-    """The recorded nodes, renumbered, with each placeholder replaced by a copy."""
-
-    def __init__(self, stand_ins: StandIns, regions: Mapping[str, range]) -> None:
-        self.stand_ins = stand_ins
-        self.nodes = stand_ins._recorder.nodes
-        self.regions = regions
-        self.out: list[Node] = []
-        self.new_id: dict[int, int] = {}                   # recorded node → spliced node
-        self.renamed: dict[TensorRef, TensorRef] = {}      # a placeholder's outputs
-        self.forwards: dict[str, dict[int, int]] = {}      # member → first's node → its copy
-        self.saved: dict[str, list[TensorRef]] = {}        # member → what autograd saved
-        self.grads: dict[str, TensorRef] = {}              # members' weight gradients
-
-    def fix(self, ref: TensorRef) -> TensorRef:
-        if ref in self.renamed:
-            return self.renamed[ref]
-        if ref.node not in self.new_id:
-            raise Unstandable(f"node {ref.node} is read before it is made, or was dropped")
-        return TensorRef(self.new_id[ref.node], ref.index)
-
-    def add(self, node: Node) -> None:
-        if node.target == FORWARD:
-            self._forward(node)
-        elif node.target == BACKWARD:
-            self._backward(node)
-        else:
-            self.new_id[node.id] = len(self.out)
-            self.out.append(_renumbered(node, len(self.out), self.fix, node.module))
-
-    def _forward(self, node: Node) -> None:
-        member = self.stand_ins._members[node.args["member"]]
-        first, target = member.first, member.forward.path
-        copied = self.forwards[target] = {}
-
-        def ref(r: TensorRef) -> TensorRef:
-            return self._member_ref(r, member, copied)
-
-        self._copy(range(first.forward.start, first.forward.end), copied, ref,
-                   first.forward.path, target)
-        for i, output in enumerate(first.outputs):
-            self.renamed[TensorRef(node.id, i)] = ref(output)
-        self.saved[target] = [ref(r) for r in first.saved]
-
-    def _backward(self, node: Node) -> None:
-        member = self.stand_ins._members[node.args["member"]]
-        first, target = member.first, member.forward.path
-        forward = self.forwards[target]
-        needing = [i for i, grad in enumerate(first.output_grads) if grad]
-        incoming = {r: node.args["grads"][needing[j]] for j, r in first.grads_in.items()
-                    if r is not None}
-        copied: dict[int, int] = {}
-        region = self.regions[first.forward.path]
-
-        def ref(r: TensorRef) -> TensorRef:
-            if r.node in copied:
-                return TensorRef(copied[r.node], r.index)
-            if r in incoming:
-                grad = incoming[r]
-                if grad is None:
-                    raise Unstandable(f"{target} got no gradient where the first block got one")
-                return self.fix(grad)
-            if self.nodes[r.node].phase == "backward":
-                raise Unstandable(f"{first.forward.path}'s backward reads node {r.node} "
-                                  "from outside it")
-            return self._member_ref(r, member, forward)
-
-        self._copy(region, copied, ref, first.forward.path, target)
-        for i in range(len(first.forward.grad_inputs)):
-            grad = first.grads_out.get(i)
-            if grad is None:
-                raise Unstandable(f"{first.forward.path} passed no gradient to input {i}")
-            made = ref(grad)
-            if self.out[made.node].outputs[made.index] != node.outputs[i]:
-                raise Unstandable(f"{target}'s input gradient {i} has another spec than the "
-                                  "first block's")
-            self.renamed[TensorRef(node.id, i)] = made
-        for name, tensor in self.stand_ins._state.items():
-            own = _under(name, first.forward.path)
-            if own is None or tensor.grad is None:
-                continue
-            grad = self.stand_ins._recorder.peek(tensor.grad)
-            if grad is None or grad.node not in copied:
-                raise Unstandable(f"{name}'s gradient is not made in its block's backward")
-            self.grads[target + own] = TensorRef(copied[grad.node], grad.index)
-
-    def _member_ref(self, r: TensorRef, member: _Member, forward: Mapping[int, int]
-                    ) -> TensorRef:
-        """A ref the first block's nodes read, as the member's: the copy of a forward node
-        (`forward`: the first's node → its copy), the member's input in the same place, the
-        member's own weight of the same name, or the same outside tensor."""
-        first = member.first
-        if r.node in forward:
-            return TensorRef(forward[r.node], r.index)
-        if first.forward.start <= r.node < first.forward.end:
-            raise Unstandable(f"{first.forward.path}'s node {r.node} has no copy")
-        for i, source in enumerate(first.forward.inputs):
-            if source == r:
-                mapped = member.forward.inputs[i]
-                if mapped is None:
-                    raise Unstandable(f"{member.forward.path} reads an input never seen")
-                return self.fix(mapped)
-        own = _own_name(self.nodes[r.node], first.forward.path)
-        if own is None:
-            return self.fix(r)
-        weight = self.stand_ins._weights.get(f"{member.forward.path}.{own}")
-        if weight is None:
-            raise Unstandable(f"{member.forward.path}.{own} is not a recorded weight")
-        return self.fix(weight)
-
-    def _copy(self, nodes: range, copied: dict[int, int],
-              ref: Callable[[TensorRef], TensorRef], source: str, target: str) -> None:
-        for i in nodes:
-            node = self.nodes[i]
-            if node.target in (FORWARD, BACKWARD):
-                raise Unstandable(f"a stand-in inside {source}")
-            copied[i] = len(self.out)
-            self.out.append(_renumbered(node, len(self.out), ref,
-                                        moved(node.module, source, target)))
 
 
 class _Mark(torch.autograd.Function):
@@ -514,24 +366,6 @@ class _StandIn(torch.autograd.Function):
         return (None,) * 7 + tuple(ctx.stand_ins.placeholder(ctx.member, grads))
 
 
-def _renumbered(node: Node, id: int, ref: Callable[[TensorRef], TensorRef], module: str
-                ) -> Node:
-    """`node` as node `id` of `module`, its refs through `ref`. The splice makes one per node
-    of the step: mapping only what aten arguments hold (tensors, lists of them) and building
-    the node directly took the 7B step's splice from 0.39 to 0.21 s against `map_refs` and
-    `dataclasses.replace`."""
-    args = {}
-    for name, value in node.args.items():
-        kind = type(value)
-        if kind is TensorRef:
-            value = ref(value)
-        elif kind is list or kind is tuple:
-            value = map_refs(value, ref)
-        args[name] = value
-    return Node(id, node.kind, node.target, args, node.outputs, module, node.module_type,
-                node.source, node.phase, node.value)
-
-
 def _backward_hooks(module: torch.nn.Module) -> bool:
     """Whether a module backward hook may run: it would see a stand-in's gradients, at
     another point of the backward than the full recording's."""
@@ -546,21 +380,6 @@ def _replace_leaves(value: Any, by_id: Mapping[int, torch.Tensor]) -> Any:
         return value
     leaves, spec = pytree.tree_flatten(value)
     return pytree.tree_unflatten([by_id.get(id(leaf), leaf) for leaf in leaves], spec)
-
-
-def _own_name(node: Node, path: str) -> str | None:
-    """A weight's name relative to block `path`, None if it is not the block's own."""
-    if node.kind not in (NodeKind.PARAM, NodeKind.BUFFER):
-        return None
-    suffix = _under(node.target, path)
-    return suffix[1:] if suffix else None
-
-
-def _under(name: str, path: str) -> str | None:
-    """What follows `path` in `name` ("" for `path` itself), None if `name` is not under it."""
-    if name == path or name.startswith(path + "."):
-        return name[len(path):]
-    return None
 
 
 def _plain(value: Any) -> bool:
