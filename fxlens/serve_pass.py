@@ -199,10 +199,9 @@ def _affine(ctx: Context, points: Sequence[tuple[int, int, Graph]],
         for row, size in sorted(split.reduce_bytes.items())
         for module in [g.nodes[row].module.removeprefix(root)]))
         for (b, c, g), split in zip(points, splits, strict=True)])
-    split = [k.node in splits[0].split_nodes for k in step.kernels]
-    return sharded(step, [tp if s else 1 for s in split],
-                   [((cache_ways or tp) if _reads_cache(k) else tp) if s else 1
-                    for k, s in zip(step.kernels, split, strict=True)]), reduce
+    ways = [tp if k.node in splits[0].split_nodes else 1 for k in step.kernels]
+    return sharded(step, ways, ways, [(cache_ways or tp) if w > 1 and _reads_cache(k) else w
+                                      for k, w in zip(step.kernels, ways, strict=True)]), reduce
 
 
 def _per_gpu(module: nn.Module, weights: int, kv_groups: KVGroups, workspace: int, tp: int,

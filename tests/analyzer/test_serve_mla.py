@@ -159,3 +159,21 @@ def test_other_mla_families_decode_against_their_latent(family: str) -> None:
     keys = [graph.spec(list(n.input_refs())[1]) for n in graph.nodes
             if n.packet == "aten.scaled_dot_product_attention"]
     assert [k.shape for k in keys if k is not None] == [(2, 1, 101, 32 + 8)] * 2
+
+
+def test_a_shared_latent_is_read_whole_while_its_queries_split() -> None:
+    """Under tp = 8 a decode attention's FLOPs and its per-sequence bytes (queries, outputs)
+    split with the heads; the bytes growing with the context (the one-head latent) do not."""
+    from fxlens.analyzer.serve.kernels import Kernel, Point, fit
+    from fxlens.analyzer.serve.steps import sharded
+
+    def kernels(batch: int, context: int) -> tuple[Kernel, ...]:
+        return (Kernel("attention", "self_attn", "bf16", "", 10.0 * batch * context,
+                       100 + 7 * batch + 3 * batch * context),)
+
+    step = fit([Point(b, c, kernels(b, c)) for b in (2, 4) for c in (10, 20)])
+    flops, moved = sharded(step, [8], [8], [1]).work(5, 100)
+    assert flops.tolist() == pytest.approx([10 * 5 * 100 / 8])
+    assert moved.tolist() == pytest.approx([(100 + 7 * 5) / 8 + 3 * 5 * 100])
+    whole = sharded(step, [8], [8]).work(5, 100)[1]           # a cache split by KV heads
+    assert whole.tolist() == pytest.approx([(100 + 7 * 5 + 3 * 5 * 100) / 8])

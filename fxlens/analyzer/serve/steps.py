@@ -83,11 +83,17 @@ class Steps:
         return torch.stack(times).amin(0)
 
 
-def sharded(step: AffineStep, flop_ways: Sequence[float], byte_ways: Sequence[float]
-            ) -> AffineStep:
+def sharded(step: AffineStep, flop_ways: Sequence[float], byte_ways: Sequence[float],
+            cache_ways: Sequence[float] | None = None) -> AffineStep:
     """`step` on one GPU of a tensor-parallel group: each kernel's FLOPs ÷ its `flop_ways`,
-    its bytes ÷ its `byte_ways` (1 for a replicated kernel; fewer ways than the group for
-    one reading a cache of fewer KV heads than GPUs, which every GPU reads whole)."""
-    flops = torch.tensor([1.0 / w for w in flop_ways], dtype=torch.float64)
-    moved = torch.tensor([1.0 / w for w in byte_ways], dtype=torch.float64)
-    return replace(step, flops=step.flops * flops[:, None], bytes=step.bytes * moved[:, None])
+    its bytes ÷ its `byte_ways` (1 for a replicated kernel), the bytes that grow with the
+    context (the cache it reads: the L and b·L terms) ÷ its `cache_ways` where given — fewer
+    ways than the group for a cache of fewer KV heads than GPUs, which every GPU reads
+    whole while its queries and outputs split with the heads."""
+    def per(ways: Sequence[float]) -> torch.Tensor:
+        return torch.tensor([1.0 / w for w in ways], dtype=torch.float64)[:, None]
+
+    moved = step.bytes * per(byte_ways)
+    if cache_ways is not None:
+        moved[:, 2:] = step.bytes[:, 2:] * per(cache_ways)
+    return replace(step, flops=step.flops * per(flop_ways), bytes=moved)
