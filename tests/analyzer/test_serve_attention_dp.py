@@ -32,7 +32,9 @@ def _step(batch: int, context: int) -> tuple[Kernel, ...]:
 def test_the_busiest_rank_runs_its_share_and_the_experts_split_over_every_token() -> None:
     step = fit([Point(b, c, _step(b, c)) for b in (2, 4) for c in (10, 20)])
     dp = attention_data_parallel(step, [False, True], ranks=4)
-    for batch, share in ((64, 16), (6, 1.5), (3, 1), (1, 1)):   # a lone request runs whole
+    # whole requests: the busiest rank holds ⌈b/4⌉ (a lone request runs whole on one GPU);
+    # an in-flight mean over steps spreads evenly, at least min(b, 1)
+    for batch, share in ((64, 16), (6, 2), (3, 1), (1, 1), (6.4, 1.6), (0.5, 0.5)):
         _, moved = dp.work(batch, 100)
         assert moved.tolist() == pytest.approx([100 + 10 * share + share * 100,
                                                 (8000 + 50 * batch) / 4])

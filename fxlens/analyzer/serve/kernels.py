@@ -25,12 +25,14 @@ GEMM's rows).
 
 Attention data parallelism (`DataParallel`): each of r GPUs runs the attention and dense
 kernels on its own requests; the step waits for the busiest, which holds ⌈b/r⌉ of a batch
-of b — taken as ``max(b/r, min(b, 1))`` (a lone request runs whole on one GPU) in those
-kernels' batch terms.
+of b requests (a lone request runs whole on one GPU); an in-flight batcher's steady state,
+a mean over steps (a fractional b), spreads as b/r, at least min(b, 1), in those kernels'
+batch terms.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -94,6 +96,8 @@ class DataParallel:
 
     def batch_of_rank(self, batch: float) -> float:
         """The busiest rank's share of `batch` (the module docstring)."""
+        if float(batch).is_integer():
+            return float(math.ceil(batch / self.ranks))
         return max(batch / self.ranks, min(batch, 1.0))
 
 
