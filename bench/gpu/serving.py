@@ -12,7 +12,8 @@ in a CUDA graph as engines replay a decode step (no launch gaps from the host):
   (Llama-2-70B at t = 4: QKV 8192 → 2560, gate+up 8192 → 14336, down 7168 → 8192) and the
   whole layer of one GPU (Llama-3.1-8B) — at M from 1 (memory-bound) through the ridge point
   (a few hundred on Hopper in bf16) to compute-bound: the roofline's max(compute, memory) is
-  exact at either end and most optimistic at the ridge;
+  exact at either end and most optimistic at the ridge; and two of them in FP8
+  (``torch._scaled_mm``, e4m3, per-tensor scales), as most published rows ran;
 - `experts`: one EP rank's experts at decode (Qwen3-235B over 8 GPUs: 16 local experts, the
   rows a step of ~4,000 tokens routes to each; DeepSeek-V3: 32 local experts) as two
   ``torch._grouped_mm``;
@@ -20,8 +21,9 @@ in a CUDA graph as engines replay a decode step (no launch gaps from the host):
   (Llama-2-70B t = 4: 16 query heads on 2 KV heads) and MLA's absorbed form (128 heads of 576
   over one latent).
 
-Every case runs in bf16 (median of `repeat` graph replays of `inner` calls); the prediction is
-fxlens's roofline of the same module on fake tensors with a registry device:
+Every case but the FP8 ones runs in bf16 (median of `repeat` graph replays of `inner`
+calls); the prediction is fxlens's roofline of the same module on fake tensors with a
+registry device:
 
     python -m bench.gpu.serving --measure --out serving.json          # on the GPU, ~1 min
     python -m bench.gpu.serving --predict serving.json --device h100  # anywhere: the table
@@ -52,8 +54,13 @@ class ServingCase:
 def _linears() -> list[ServingCase]:
     shapes = {"70b tp4 qkv": (8192, 2560), "70b tp4 gate+up": (8192, 14336),
               "70b tp4 down": (7168, 8192), "8b gate+up": (4096, 28672)}
-    return [ServingCase(f"linear {name}, M {m}", "linear", {"m": m, "k": k, "n": n})
+    bf16 = [ServingCase(f"linear {name}, M {m}", "linear", {"m": m, "k": k, "n": n})
             for name, (k, n) in shapes.items() for m in (1, 64, 256, 1024)]
+    # FP8 (most published serving rows): e4m3 operands, per-tensor scales, bf16 out; cuBLASLt
+    # takes M in multiples of 16
+    fp8 = [ServingCase(f"fp8 linear {name}, M {m}", "fp8", {"m": m, "k": k, "n": n})
+           for name, (k, n) in list(shapes.items())[:2] for m in (16, 256, 1024)]
+    return bf16 + fp8
 
 
 CASES = (
@@ -78,6 +85,21 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight)
+
+
+class Fp8Linear(nn.Module):
+    """A weight GEMM as FP8 engines run it: e4m3 activations and weights, per-tensor
+    scales, bf16 out (``torch._scaled_mm``)."""
+
+    def __init__(self, k: int, n: int) -> None:
+        super().__init__()
+        weight = (torch.randn(n, k) * k ** -0.5).to(torch.float8_e4m3fn)
+        self.register_buffer("weight", weight)
+        self.register_buffer("scale", torch.ones((), dtype=torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch._scaled_mm(x, self.weight.t(), self.scale, self.scale,
+                                out_dtype=torch.bfloat16)
 
 
 class Experts(nn.Module):
@@ -110,13 +132,16 @@ class Decode(nn.Module):
 
 
 def build(case: ServingCase, device: torch.device) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
-    """The module and its inputs, bf16 on `device`."""
+    """The module and its inputs, bf16 on `device` (FP8 operands for an ``fp8`` case)."""
     s = case.sizes
     torch.manual_seed(0)
     with torch.device(device):
         if case.kind == "linear":
             module: nn.Module = Linear(s["k"], s["n"])
             inputs: tuple[torch.Tensor, ...] = (torch.randn(s["m"], s["k"]),)
+        elif case.kind == "fp8":
+            fp8 = Fp8Linear(s["k"], s["n"])
+            return fp8, (torch.randn(s["m"], s["k"]).to(torch.float8_e4m3fn),)
         elif case.kind == "experts":
             module = Experts(s["experts"], s["rows"], s["hidden"], s["ffn"])
             inputs = (torch.randn(s["experts"] * s["rows"], s["hidden"]),)
@@ -133,9 +158,10 @@ def build(case: ServingCase, device: torch.device) -> tuple[nn.Module, tuple[tor
 def moved_and_flops(case: ServingCase) -> tuple[float, float]:
     """(bytes the kernel must move, its FLOPs) by the closed form, bf16."""
     s = case.sizes
-    if case.kind == "linear":
+    if case.kind in ("linear", "fp8"):
         m, k, n = s["m"], s["k"], s["n"]
-        return 2.0 * (m * k + k * n + m * n), 2.0 * m * k * n
+        width = 1.0 if case.kind == "fp8" else 2.0            # operands; the output is bf16
+        return width * (m * k + k * n) + 2.0 * m * n, 2.0 * m * k * n
     if case.kind == "experts":
         e, r, h, f = s["experts"], s["rows"], s["hidden"], s["ffn"]
         return 2.0 * e * (3 * h * f + r * (2 * h + 4 * f)), 2.0 * e * r * h * 3 * f
