@@ -122,15 +122,20 @@ def _serving(options: Any) -> None:
                         f"({spec.gpus_per_node} {spec.name} per node)")
 
 
-def check_experts_to_split(module: Any) -> None:
+def check_experts_to_split(module: Any, gpus: int) -> None:
     """``--attention-dp`` splits a MoE model's routed experts over the GPUs: refuse a model
-    without them (it would be N replicas of the model)."""
+    without them (it would be N replicas of the model), or whose experts do not split evenly
+    over `gpus` (engines hold E/N whole experts on each)."""
     from fxlens.rules.serving import moe_routing
 
-    if moe_routing(getattr(module, "config", None)) is None:
+    routing = moe_routing(getattr(module, "config", None))
+    if routing is None:
         raise LoadError(f"--attention-dp splits a MoE model's routed experts over the GPUs; "
                         f"{type(module).__name__} has none (serve one replica per GPU, or "
                         f"shard it with --tp alone)")
+    if routing[0] % gpus:
+        raise LoadError(f"--attention-dp over {gpus} GPUs: {routing[0]} routed experts do not "
+                        f"split evenly over them (each GPU holds whole experts)")
 
 
 def _parallel_plan(options: Any) -> None:

@@ -376,7 +376,7 @@ def _run_context(ctx: Context, settle: Callable[[], None]) -> Report:
     if options.serve:   # a model --serve cannot serve says so before the capture, not after
         check_servable(loaded.module)
         if options.attention_dp:
-            checks.check_experts_to_split(loaded.module)
+            checks.check_experts_to_split(loaded.module, options.tp)
     if options.train:
         precision, cast = step_cast(ctx)
         ctx.step = record_training_step(ctx, loaded.module, on_step)

@@ -94,3 +94,13 @@ def test_attention_dp_without_its_gpus_or_serving_is_one_line(
     assert main(["hf:llama-3-8b", *argv, "--out", str(tmp_path), "--no-pages"]) == 2
     error = capsys.readouterr().err
     assert said in error and error.count("\n") <= 1
+
+
+def test_experts_that_do_not_split_evenly_are_refused(capsys: pytest.CaptureFixture[str],
+                                                      tmp_path: object) -> None:
+    assert main(["hf:mixtral-8x7b", "--set", "num_hidden_layers=2", "--serve", "--device",
+                 "h100", "--tp", "3", "--attention-dp", "--out", str(tmp_path),
+                 "--no-pages"]) == 2
+    error = capsys.readouterr().err
+    assert "8 routed experts do not split evenly over them" in error
+    assert error.count("\n") <= 1
