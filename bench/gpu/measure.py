@@ -284,3 +284,34 @@ def _kernel_time(step: Callable[[], Any], device: torch.device, repeat: int
         return sum(kernels.values()) * 1e-6 / repeat, f"top kernels per step: {note}"
     except Exception as error:  # a profiler that cannot start here: keep the eager figure
         return None, f"{type(error).__name__}: {error}"[:300]
+
+
+def measure_and_predict(doc: str, out_name: str, default_device: str,
+                        measure: Callable[[torch.device], list[dict[str, Any]]],
+                        predict: Callable[[dict[str, Any], str], Any],
+                        table: Callable[[dict[str, Any]], str]) -> None:
+    """The command line of a measured-and-predicted case list (`bench.gpu.moe`,
+    `bench.gpu.serving`): ``--measure`` on this machine's GPU (or its CPU) into ``--out``;
+    ``--predict FILE`` adds fxlens's prediction of each row for ``--device`` and prints the
+    table."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--measure", action="store_true")
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--predict", type=Path, help="a --measure JSON to add predictions to")
+    parser.add_argument("--device", default=default_device,
+                        help="the registry device to predict for")
+    args = parser.parse_args()
+    if args.measure:
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+                  "torch": torch.__version__, "rows": measure(device)}
+        (args.out or Path(out_name)).write_text(json.dumps(result, indent=1))
+    if args.predict:
+        result = json.loads(args.predict.read_text())
+        for row in result["rows"]:
+            row["predicted"] = predict(row, args.device)
+        args.predict.write_text(json.dumps(result, indent=1))
+        print(table(result))
+

@@ -24,11 +24,9 @@ with a registry device (`predict`), on any machine:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -217,24 +215,12 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--measure", action="store_true")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--predict", type=Path, help="a --measure JSON to add predictions to")
-    parser.add_argument("--device", default="h200", help="the registry device to predict for")
-    args = parser.parse_args()
-    if args.measure:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                  "torch": torch.__version__, "rows": measure(device)}
-        (args.out or Path("moe.json")).write_text(json.dumps(result, indent=1))
-    if args.predict:
-        result = json.loads(args.predict.read_text())
-        for row in result["rows"]:
-            case = MoECase(row["name"], row["kind"], row["sizes"])
-            row["predicted"] = predict(case, args.device)
-        args.predict.write_text(json.dumps(result, indent=1))
-        print(table(result))
+    from .measure import measure_and_predict
+
+    measure_and_predict(
+        __doc__ or "", "moe.json", "h200", measure,
+        lambda row, device: predict(MoECase(row["name"], row["kind"], row["sizes"]), device),
+        table)
 
 
 if __name__ == "__main__":

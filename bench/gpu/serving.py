@@ -31,12 +31,10 @@ registry device:
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -265,24 +263,12 @@ def table(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--measure", action="store_true")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--predict", type=Path, help="a --measure JSON to add predictions to")
-    parser.add_argument("--device", default="h100", help="the registry device to predict for")
-    args = parser.parse_args()
-    if args.measure:
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        result = {"device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
-                  "torch": torch.__version__, "rows": measure(device)}
-        (args.out or Path("serving.json")).write_text(json.dumps(result, indent=1))
-    if args.predict:
-        result = json.loads(args.predict.read_text())
-        for row in result["rows"]:
-            row["predicted"] = predict(ServingCase(row["name"], row["kind"], row["sizes"]),
-                                       args.device)
-        args.predict.write_text(json.dumps(result, indent=1))
-        print(table(result))
+    from .measure import measure_and_predict
+
+    measure_and_predict(
+        __doc__ or "", "serving.json", "h100", measure,
+        lambda row, device: predict(ServingCase(row["name"], row["kind"], row["sizes"]), device),
+        table)
 
 
 if __name__ == "__main__":
