@@ -115,6 +115,49 @@ _ENIM = "NVIDIA NIM for LLMs 1.8.0 (AIPerf client)"
 
 _MAXLOAD = "in-flight at max load; concurrency not stated (KV-capacity bound)"
 
+# TensorRT-LLM main's perf overview (`_TRTMAIN`), the H100 and H200 columns of its tables for
+# models with a preset (Llama 3.1 8B, 3.3 70B, 3.1 405B; Qwen3-235B-A22B), output tokens/s of
+# the whole system by (input, output) length, as the page prints them
+_PERF_MAIN: dict[tuple[str, str, str, int], dict[tuple[int, int], int]] = {
+    ("llama-3.1-8b", "Llama 3.1 8B", "h200", 1): {
+        (128, 128): 27911, (128, 2048): 26221, (128, 4096): 18027, (500, 2000): 20770,
+        (1000, 1000): 17744, (1000, 2000): 16828, (2048, 128): 3538, (2048, 2048): 12194,
+        (5000, 500): 3902, (20000, 2000): 1804},
+    ("llama-3.1-8b", "Llama 3.1 8B", "h100", 1): {
+        (128, 128): 28312, (128, 2048): 22714, (128, 4096): 14325, (500, 2000): 17660,
+        (1000, 1000): 15220, (1000, 2000): 13899, (2048, 128): 3450, (2048, 2048): 9305,
+        (5000, 500): 3459, (20000, 2000): 1351},
+    ("llama-3.3-70b", "Llama 3.3 70B", "h200", 1): {
+        (128, 128): 3803, (128, 2048): 4336, (128, 4096): 2872, (500, 2000): 3666,
+        (1000, 1000): 2909, (1000, 2000): 2994, (2048, 128): 442, (2048, 2048): 2003,
+        (5000, 500): 566, (20000, 2000): 283},
+    ("llama-3.3-70b", "Llama 3.3 70B", "h100", 2): {
+        (128, 128): 6378, (128, 2048): 6651, (128, 4096): 4199, (500, 2000): 5222,
+        (1000, 1000): 4205, (1000, 2000): 4146, (2048, 128): 762, (2048, 2048): 3082,
+        (5000, 500): 898, (20000, 2000): 437},
+    ("llama-3.1-405b", "Llama 3.1 405B", "h200", 8): {
+        (128, 128): 3814, (128, 2048): 5348, (128, 4096): 4741, (500, 2000): 4724,
+        (1000, 1000): 3330, (1000, 2000): 3722, (2048, 128): 456, (2048, 2048): 2948,
+        (5000, 500): 650, (20000, 2000): 505},
+    ("llama-3.1-405b", "Llama 3.1 405B", "h100", 8): {
+        (128, 128): 3627, (128, 2048): 4340, (128, 4096): 3116, (500, 2000): 3994,
+        (1000, 1000): 2919, (1000, 2000): 2895, (2048, 128): 453, (2048, 2048): 2296,
+        (5000, 500): 610, (20000, 2000): 345},
+    # MoE: the page's MoE workflow (`--ep`, attention DP; `_MOE_DP`); H100 prints no
+    # 128/128, 2048/128 or 20000/2000 cell
+    ("qwen3-235b-a22b", "Qwen3-235B-A22B", "h200", 8): {
+        (128, 128): 30429, (128, 2048): 42821, (128, 4096): 26852, (500, 2000): 28026,
+        (1000, 1000): 23789, (1000, 2000): 22061, (2048, 128): 3331, (2048, 2048): 16672,
+        (5000, 500): 3623, (20000, 2000): 1876},
+    ("qwen3-235b-a22b", "Qwen3-235B-A22B", "h100", 8): {
+        (128, 2048): 19658, (128, 4096): 12447, (500, 2000): 18351, (1000, 1000): 14898,
+        (1000, 2000): 15136, (2048, 2048): 9924, (5000, 500): 3225},
+}
+# the cells of those tables already among the rows (with their own notes)
+_ROWS_ABOVE = {("llama-3.1-8b", "h100", 1000, 1000), ("llama-3.1-8b", "h100", 20000, 2000),
+               ("llama-3.1-8b", "h200", 5000, 500), ("llama-3.3-70b", "h100", 1000, 1000),
+               ("llama-3.3-70b", "h200", 1000, 1000)}
+
 _DSR1 = ("NVIDIA/TensorRT-LLM@f0c873f5ffdd170c9f5b70c844c02ecca9860b8f docs/source/blogs/"
          "Best_perf_practice_on_DeepSeek-R1_in_TensorRT-LLM.md, 'H200 max-throughput' "
          "(Batch = 1024, ISL = 1K, OSL = 2K, 5,120 requests of a synthetic token-norm-dist "
@@ -254,6 +297,15 @@ RUNS: tuple[ServingRun, ...] = (
     ServingRun(_NIM + "500 Input Tokens / 2000 Output Tokens, Concurrency 1", _ENIM, "h100",
                2, 2, "llama-3.3-70b", "fp8", None, 500, 2000, 1, "inflight", 52.85, 0.04777,
                0.01891, "TTFT 47.77 ms, ITL 18.91 ms"),
+    # --- TensorRT-LLM main: every other H100/H200 cell of its Llama and Qwen3-235B tables ----
+    *(ServingRun(_TRTMAIN + f"{title}, {gpu.upper()} TP{tp} (FP8), {isl}/{osl}", _EMAIN, gpu,
+                 tp, tp, model, "fp8", None, isl, osl, None, "inflight", float(rate), None,
+                 None, _MOE_DP if moe else _MAXLOAD + "; the same table as the rows above",
+                 attention_dp=moe)
+      for (model, title, gpu, tp), cells in _PERF_MAIN.items()
+      for moe in [model.startswith("qwen3")]
+      for (isl, osl), rate in cells.items()
+      if (model, gpu, isl, osl) not in _ROWS_ABOVE),
     # --- DeepSeek-R1 (MLA, MoE), attention data-parallel with expert parallelism ----------
     ServingRun(_DSR1, _EDSR1, "h200", 8, 8, "deepseek-v3", "fp8", "bf16", 1024, 2048, 1024,
                "inflight", 11489.2671, None, None,
@@ -263,17 +315,4 @@ RUNS: tuple[ServingRun, ...] = (
                "dtype is not set, so the checkpoint's BF16 (the same page notes FP8 KV was "
                "enabled by default only in the later R1-0528-FP4 checkpoint)",
                attention_dp=True, caps=(1151, 128)),
-    # --- Qwen3-235B-A22B (MoE), the perf overview's MoE workflow: attention DP, EP ---------
-    ServingRun(_TRTMAIN + "Qwen3-235B-A22B, H200 TP8 (FP8)", _EMAIN, "h200", 8, 8,
-               "qwen3-235b-a22b", "fp8", None, 1000, 1000, None, "inflight", 23789.0, None, None,
-               _MOE_DP, attention_dp=True),
-    ServingRun(_TRTMAIN + "Qwen3-235B-A22B, H200 TP8 (FP8)", _EMAIN, "h200", 8, 8,
-               "qwen3-235b-a22b", "fp8", None, 2048, 2048, None, "inflight", 16672.0, None, None,
-               _MOE_DP, attention_dp=True),
-    ServingRun(_TRTMAIN + "Qwen3-235B-A22B, H100 TP8 (FP8)", _EMAIN, "h100", 8, 8,
-               "qwen3-235b-a22b", "fp8", None, 1000, 1000, None, "inflight", 14898.0, None, None,
-               _MOE_DP, attention_dp=True),
-    ServingRun(_TRTMAIN + "Qwen3-235B-A22B, H100 TP8 (FP8)", _EMAIN, "h100", 8, 8,
-               "qwen3-235b-a22b", "fp8", None, 2048, 2048, None, "inflight", 9924.0, None, None,
-               _MOE_DP, attention_dp=True),
 )
