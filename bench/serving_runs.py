@@ -39,6 +39,10 @@ stated fixed-length setup could be read in the time available, see the session r
 - TensorRT-LLM main `docs/source/performance/perf-overview.md` (PyTorch backend, v1.x).
   Same in-flight max-load method; ModelOpt FP8 checkpoints (nvidia/*-FP8); the KV dtype is not
   stated on the page (kv_dtype None); `--kv_cache_free_gpu_mem_fraction` 0.95 "in many cases".
+  Every H100 and H200 cell of its tables for models with an fxlens preset is a row
+  (`_PERF_MAIN`: Llama 3.1 8B, 3.3 70B, 3.1 405B, and Qwen3-235B-A22B, whose MoE workflow
+  runs `--ep` with attention DP).
+- TensorRT-LLM's DeepSeek-R1 best-practice blog, "H200 max-throughput" (`_DSR1`).
 - TensorRT-LLM blog `docs/source/blogs/H200launch.md` (v0.5.0, "H200 FP8 Max throughput").
 - NVIDIA NIM for LLMs benchmarking guide 1.0.0, "Performance" (NIM 1.8.0, AIPerf client):
   fixed concurrency C (C requests in flight, continuous batching), TTFT, ITL and output
