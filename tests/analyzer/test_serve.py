@@ -375,3 +375,27 @@ def test_a_model_serve_cannot_serve_is_refused_before_the_capture(
     loaded = load_preset("t5-small", {}, batch=1, seq_len=8)
     with pytest.raises(LoadError, match="encoder-decoder"):
         run_pipeline(loaded, AnalysisOptions(serve=True, device="h100"))
+
+
+def test_a_tensor_parallel_moe_layer_all_reduces_its_tokens_not_their_routed_rows() -> None:
+    """Under --tp a MoE layer's experts are all-reduced once their top-k rows are combined:
+    the payload is batch × hidden, as attention's, not top-k times it."""
+    from types import SimpleNamespace
+
+    from fxlens.analyzer.capture.chain import capture
+    from fxlens.analyzer.capture.hf_decode import decode_inputs, decode_step, with_layers
+    from fxlens.rules import load_rules
+    from fxlens.rules.kv_layouts import layers_from_config
+    from fxlens.serve_pass import _affine
+
+    small = with_layers(load_preset("mixtral-8x7b", MOE, batch=1, seq_len=8).module, 2)
+    registry = load_rules()
+    step = decode_step(small)
+    points = [(b, c, capture(step, decode_inputs(small, b, c, layers_from_config(small.config)),
+                             registry)) for b in (2, 4) for c in (100, 164)]
+    ctx = SimpleNamespace(registry=registry, options=SimpleNamespace(tf32=False))
+    _, reduce = _affine(ctx, points, lambda _: 1.0, "model.", [], 2, (8, 2))  # type: ignore[arg-type]
+    assert reduce is not None
+    payloads = reduce.work(16, 100)[1].tolist()
+    modules = [k.module for k in reduce.kernels]
+    assert len(payloads) == 4 and all(p == 16 * 256 * 2 for p in payloads), (modules, payloads)

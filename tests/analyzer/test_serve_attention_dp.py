@@ -104,3 +104,4 @@ def test_experts_that_do_not_split_evenly_are_refused(capsys: pytest.CaptureFixt
     error = capsys.readouterr().err
     assert "8 routed experts do not split evenly over them" in error
     assert error.count("\n") <= 1
+

@@ -5,7 +5,8 @@ Tensor parallelism (Megatron's split, as engines shard a decoder: column-paralle
 gate/up projections, row-parallel output and down projections, attention on its share of the
 heads, the LM head vocab-parallel; `fxlens.analyzer.plan.forward`): each GPU runs the split
 kernels' FLOPs and bytes ÷ t and every other kernel (norms, residual adds, rotary, the
-embedding lookup) whole; each row-parallel GEMM's output is all-reduced over the group after
+embedding lookup) whole; each row-parallel GEMM's output is all-reduced over the group (a
+MoE layer's once its experts' top-k rows are combined: the tokens' hidden states) after
 the kernels (not overlapped: a decode step waits for each all-reduce before its next norm),
 each call timed as the planner times a collective (`fxlens.analyzer.plan.transfers.
 all_reduce_s`): the link's fixed latency per call (NCCL's: 7.8 µs over 2 NVLink GPUs, 15 µs
