@@ -32,20 +32,14 @@ BACKENDS = ("FLASH_ATTENTION", "CUDNN_ATTENTION", "EFFICIENT_ATTENTION")
 
 
 def measure(device: torch.device, warmup: int = 3, repeat: int = 10) -> list[dict[str, Any]]:
-    from .measure import free
+    from .measure import each_case
 
-    rows = []
-    for shape in SHAPES:
-        for backend in BACKENDS:
-            row: dict[str, Any] = {"shape": list(shape), "backend": backend}
-            try:
-                row.update(_timed(shape, backend, device, warmup, repeat))
-            except Exception as error:   # a backend that refuses the shape: say why
-                row["error"] = f"{type(error).__name__}: {error}"[:300]
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-            free(device)
-    return rows
+    # a backend that refuses a shape: its row says why
+    return each_case([{"shape": list(shape), "backend": backend}
+                      for shape in SHAPES for backend in BACKENDS],
+                     lambda row: _timed(tuple(row["shape"]), row["backend"], device, warmup,
+                                        repeat),
+                     device, error_chars=300)
 
 
 def _timed(shape: tuple[int, ...], backend: str, device: torch.device, warmup: int,

@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -284,6 +284,23 @@ def _kernel_time(step: Callable[[], Any], device: torch.device, repeat: int
         return sum(kernels.values()) * 1e-6 / repeat, f"top kernels per step: {note}"
     except Exception as error:  # a profiler that cannot start here: keep the eager figure
         return None, f"{type(error).__name__}: {error}"[:300]
+
+
+def each_case(rows: Iterable[dict[str, Any]], time: Callable[[dict[str, Any]], dict[str, Any]],
+              device: torch.device, error_chars: int = 400) -> list[dict[str, Any]]:
+    """Each row (a case's description) updated with what `time` measures for it, or with why
+    it could not (each case stands alone: record why, go on), printed as it ends; the
+    device's memory freed between cases."""
+    done = []
+    for row in rows:
+        try:
+            row.update(time(row))
+        except Exception as error:
+            row["error"] = f"{type(error).__name__}: {error}"[:error_chars]
+        free(device)
+        done.append(row)
+        print(json.dumps(row), flush=True)
+    return done
 
 
 def measure_and_predict(doc: str, out_name: str, default_device: str,

@@ -24,7 +24,6 @@ with a registry device (`predict`), on any machine:
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -147,19 +146,12 @@ def flops(case: MoECase) -> dict[str, float]:
 
 
 def measure(device: torch.device, warmup: int = 3, repeat: int = 10) -> list[dict[str, Any]]:
-    from .measure import free
+    from .measure import each_case
 
-    rows = []
-    for case in CASES:
-        row: dict[str, Any] = asdict(case)
-        try:
-            row.update(_timed_case(case, device, warmup, repeat))
-        except Exception as error:   # each case stands alone: record why, go on
-            row["error"] = f"{type(error).__name__}: {error}"[:400]
-        free(device)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    return rows
+    by_name = {case.name: case for case in CASES}
+    return each_case([asdict(case) for case in CASES],
+                     lambda row: _timed_case(by_name[row["name"]], device, warmup, repeat),
+                     device)
 
 
 def _timed_case(case: MoECase, device: torch.device, warmup: int, repeat: int

@@ -31,7 +31,6 @@ registry device:
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -206,27 +205,21 @@ def replayed_s(fn: Any, device: torch.device, inner: int, repeat: int) -> float:
 
 
 def measure(device: torch.device, inner: int = 20, repeat: int = 10) -> list[dict[str, Any]]:
-    from .measure import free
+    from .measure import each_case
 
-    rows = []
-    for case in CASES:
-        row: dict[str, Any] = asdict(case)
-        try:
-            seconds = _timed_case(case, device, inner, repeat)
-            moved, flops = moved_and_flops(case)
-            row.update(seconds=seconds, bytes_per_s=moved / seconds, flops_per_s=flops / seconds)
-        except Exception as error:   # each case stands alone: record why, go on
-            row["error"] = f"{type(error).__name__}: {error}"[:400]
-        free(device)
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-    return rows
+    by_name = {case.name: case for case in CASES}
+    return each_case([asdict(case) for case in CASES],
+                     lambda row: _timed_case(by_name[row["name"]], device, inner, repeat),
+                     device)
 
 
-def _timed_case(case: ServingCase, device: torch.device, inner: int, repeat: int) -> float:
+def _timed_case(case: ServingCase, device: torch.device, inner: int, repeat: int
+                ) -> dict[str, float]:
     module, inputs = build(case, device)
     with torch.no_grad():
-        return replayed_s(lambda: module(*inputs), device, inner, repeat)
+        seconds = replayed_s(lambda: module(*inputs), device, inner, repeat)
+    moved, flops = moved_and_flops(case)
+    return {"seconds": seconds, "bytes_per_s": moved / seconds, "flops_per_s": flops / seconds}
 
 
 def predict(case: ServingCase, device_name: str) -> float:
