@@ -194,13 +194,8 @@ def _affine(ctx: Context, points: Sequence[tuple[int, int, Graph]],
     if tp <= 1:
         return step, None
     splits = [forward_split(g, PARALLEL) for _, _, g in points]
-    # a MoE layer's experts are all-reduced once their top-k rows are combined per token:
-    # the payload is the tokens' hidden states, 1/k of the down GEMM's routed rows
-    top_k = routing[1] if routing is not None else 1
     reduce = fit([Point(b, c, tuple(
-        Kernel("all-reduce", module, "", "", 0.0,
-               float(size) / (top_k if routed_experts(g.nodes[row].target) else 1),
-               counted(module), row)
+        Kernel("all-reduce", module, "", "", 0.0, float(size), counted(module), row)
         for row, size in sorted(split.reduce_bytes.items())
         for module in [g.nodes[row].module.removeprefix(root)]))
         for (b, c, g), split in zip(points, splits, strict=True)])

@@ -176,3 +176,24 @@ def test_expert_parallel_layouts_fold_into_the_stage() -> None:
     (expert_grads,) = [c for c in layout(facts, "dp=4,ep=2").collectives
                        if c.cause.startswith("expert gradients")]
     assert expert_grads.group == 2
+
+
+@pytest.mark.slow
+def test_a_tensor_parallel_moe_block_reduces_its_tokens_not_their_routed_rows() -> None:
+    """Under tp a MoE block all-reduces attention's output, and its experts' output once their
+    top-k rows are combined per token — tokens × hidden each, where the routed rows would
+    be top-k times that — the experts' only where they are split (etp > 1): whole experts
+    (etp = 1) receive their tokens by the all-to-all."""
+    facts = hf_facts("mixtral")
+    hidden_states = facts.tokens * 32 * 4        # tests/models/hf_zoo.py: hidden 32, fp32
+    blocks = [u for u in facts.units if u.name not in ("pre", "post")]
+    assert blocks and all(u.row_gemms == 2 for u in blocks)
+    assert all(u.routed_rows == 2 * facts.tokens for u in blocks)            # top-2
+    assert [(u.tp_reduces, u.tp_reduce_bytes) for u in blocks] == [(1, hidden_states)] * 2
+    assert [(u.etp_reduces, u.etp_reduce_bytes) for u in blocks] == [(1, hidden_states)] * 2
+    split = {c.cause: c for c in layout(facts, "tp=2", 2).collectives}       # etp = tp = 2
+    whole = {c.cause: c for c in layout(facts, "tp=2,ep=2", 2).collectives}  # etp = 1
+    assert split["etp expert outputs"].calls == len(blocks) * 2       # forward and backward
+    assert split["etp expert outputs"].bytes == hidden_states
+    assert "etp expert outputs" not in whole
+    assert whole["tp activations"].calls == split["tp activations"].calls

@@ -19,7 +19,8 @@ from fxlens.analyzer.plan.types import ParallelKnowledge
 class ForwardSplit:
     """Tensor-parallel roles in a forward graph (serving, `fxlens.serve_pass`): the nodes
     that run on 1/t of the features, and the row-parallel GEMMs whose outputs are
-    all-reduced (their output bytes summed in `reduce_bytes`, per node)."""
+    all-reduced (`reduce_bytes`: each one's payload, by node; a MoE layer's experts' the
+    tokens' combined hidden states, `tensor_split.split_unit`)."""
 
     split_nodes: frozenset[int]
     reduce_bytes: Mapping[int, int]
@@ -38,5 +39,5 @@ def forward_split(graph: Graph, knowledge: ParallelKnowledge) -> ForwardSplit:
     for name, scope in members.items():
         split = split_unit(graph, scope, residual_width(graph, scope), name == "post", knowledge)
         split_nodes |= split.split_nodes
-        reduce_bytes |= {row: split.gemms[row].output_bytes for row in split.rows}
+        reduce_bytes |= split.payloads
     return ForwardSplit(frozenset(split_nodes), reduce_bytes)

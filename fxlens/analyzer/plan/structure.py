@@ -77,6 +77,8 @@ class Unit:
     flops: int = 0                             # forward + backward
     tp_reduce_bytes: int = 0                   # forward all-reduce payloads under tp, summed
     tp_reduces: int = 0                        # how many (row GEMMs and embeddings)
+    etp_reduce_bytes: int = 0                  # the same of the routed experts' rows, reduced
+    etp_reduces: int = 0                       # over etp only where experts are split by it
     routed_bytes: int = 0                      # token bytes sent to experts (one way)
     routed_rows: int = 0                       # token rows sent to experts (top-k per token)
     column_widths: tuple[int, ...] = ()        # output features of column-parallel GEMMs
@@ -216,6 +218,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
         timing = unit_times(graph, members[name], split_nodes, module_split, times)
         gemms = splits[name].gemms
         embedded = _lookup_output(graph, forward[name], vocab)
+        expert_reduced = sum(splits[name].payloads[r] for r in splits[name].expert_rows)
         routed = routed_rows(graph, [(gemms[c].weights, gemms[c].activations)
                                      for c in splits[name].columns], expert_params)
         units.append(Unit(
@@ -226,8 +229,9 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             forward_split_s=timing[0], forward_whole_s=timing[1], backward_split_s=timing[2],
             backward_whole_s=timing[3],
             flops=sum(flops.get(n, 0) for n in members[name]),
-            tp_reduce_bytes=splits[name].reduce_bytes + embedded[0],
-            tp_reduces=len(splits[name].rows) + embedded[1],
+            tp_reduce_bytes=splits[name].reduce_bytes - expert_reduced + embedded[0],
+            tp_reduces=len(splits[name].rows - splits[name].expert_rows) + embedded[1],
+            etp_reduce_bytes=expert_reduced, etp_reduces=len(splits[name].expert_rows),
             routed_bytes=routed[0], routed_rows=routed[1],
             column_widths=tuple(sorted({gemms[c].out_features for c in splits[name].columns})),
             row_gemms=len(splits[name].rows),

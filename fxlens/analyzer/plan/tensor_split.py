@@ -6,7 +6,10 @@ stream's last dimension) is *row-parallel* when walking back from its input alon
 floating-point data, without crossing another weight GEMM, reaches weight GEMMs: those are
 *column-parallel*, and every op between them (attention, activation functions, per-head
 norms) runs on 1/t of the features. One all-reduce of the row GEMM's output per pair in the
-forward, one of the column GEMMs' input gradient in the backward. A GEMM in ``post`` with no
+forward, one of the column GEMMs' input gradient in the backward; a MoE layer's experts (a
+grouped GEMM whose rows are the tokens' top-k routed copies) all-reduce once their rows are
+combined per token, so their payload is the tokens entering the unit × its width, not the
+routed rows (TensorRT-LLM, vLLM and Megatron reduce after the combine). A GEMM in ``post`` with no
 row partner (the LM head) is vocab-parallel with the loss after it; embedding tables are
 vocab-parallel too (one all-reduce of their output). Everything else (norms, routers,
 low-rank down-projections) is replicated.
@@ -22,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef
+from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
 from fxlens.analyzer.plan.types import ParallelKnowledge
 
 
@@ -47,7 +50,9 @@ class TensorSplit:
     columns: set[int] = field(default_factory=set)
     split_nodes: set[int] = field(default_factory=set)
     split_params: set[str] = field(default_factory=set)
-    reduce_bytes: int = 0
+    reduce_bytes: int = 0                                   # every row's payload, summed
+    payloads: dict[int, int] = field(default_factory=dict)  # row node → its all-reduce's bytes
+    expert_rows: set[int] = field(default_factory=set)      # rows that are routed experts'
     gemms: dict[int, Gemm] = field(default_factory=dict)
 
 
@@ -101,6 +106,7 @@ def split_unit(graph: Graph, scope: set[int], width: int, terminal_column: bool,
     the module docstring walks them."""
     gemms = weight_gemms(graph, sorted(scope), knowledge)
     split = TensorSplit(gemms=gemms)
+    tokens = entering_tokens(graph, scope, width)
     region: set[int] = set()
     for row in (g for g in gemms.values() if g.out_features == width):
         columns, seen = set(), set()
@@ -120,7 +126,10 @@ def split_unit(graph: Graph, scope: set[int], width: int, terminal_column: bool,
             split.rows.add(row.node)
             split.columns |= columns
             region |= seen - columns
-            split.reduce_bytes += row.output_bytes
+            split.payloads[row.node] = _reduced_bytes(graph, row, tokens, knowledge)
+            if graph.nodes[row.node].packet in knowledge.grouped_gemm_ops:
+                split.expert_rows.add(row.node)
+            split.reduce_bytes += split.payloads[row.node]
     if terminal_column and not split.rows and gemms:
         head = max(gemms.values(), key=lambda g: g.out_features * g.in_features)
         split.columns.add(head.node)
@@ -138,6 +147,17 @@ def split_unit(graph: Graph, scope: set[int], width: int, terminal_column: bool,
         split.split_params.update(w for w in gemms[node_id].weights
                                   if len(graph_param_shape(graph, w)) >= 2)
     return split
+
+
+def _reduced_bytes(graph: Graph, row: Gemm, tokens: int, knowledge: ParallelKnowledge
+                   ) -> int:
+    """What `row`'s all-reduce carries: its output, or a grouped GEMM's (routed rows, k per
+    token) once combined, `tokens` × its width at its output's element size."""
+    out = graph.nodes[row.node].outputs[0]
+    if (graph.nodes[row.node].packet not in knowledge.grouped_gemm_ops or tokens <= 0
+            or out is None):
+        return row.output_bytes
+    return min(row.output_bytes, tokens * out.shape[-1] * out.nbytes // max(out.numel, 1))
 
 
 def _per_head_inputs(graph: Graph, node: Node, knowledge: ParallelKnowledge
@@ -168,13 +188,28 @@ def graph_param_shape(graph: Graph, name: str) -> tuple[int, ...]:
 def residual_width(graph: Graph, scope: set[int]) -> int:
     """The residual width of a unit: the last dimension of the largest activation entering
     it from outside."""
-    best, width = -1, 0
+    entering = _largest_entering(graph, scope)
+    return entering.shape[-1] if entering is not None else 0
+
+
+def entering_tokens(graph: Graph, scope: set[int], width: int) -> int:
+    """Tokens entering a unit of residual `width`: the largest activation entering it from
+    outside, its elements ÷ the width (0 when it is not that wide)."""
+    entering = _largest_entering(graph, scope)
+    if entering is None or width <= 0 or entering.shape[-1] != width:
+        return 0
+    return entering.numel // width
+
+
+def _largest_entering(graph: Graph, scope: set[int]) -> TensorSpec | None:
+    best: TensorSpec | None = None
     for node_id in scope:
         for ref in graph.nodes[node_id].input_refs():
             producer = graph.nodes[ref.node]
             spec = graph.spec(ref)
             if ref.node in scope or producer.kind is not NodeKind.CALL or spec is None:
                 continue
-            if spec.shape and spec.dtype.startswith(("float", "bfloat")) and spec.nbytes > best:
-                best, width = spec.nbytes, spec.shape[-1]
-    return width
+            if (spec.shape and spec.dtype.startswith(("float", "bfloat"))
+                    and (best is None or spec.nbytes > best.nbytes)):
+                best = spec
+    return best

@@ -159,17 +159,27 @@ def collective(kind: str, cause: str, group: Group, payload: float, calls: int,
 
 
 def tensor_parallel(s: Strategy, device: Links, units: Sequence[Unit]) -> list[Collective]:
-    reduces = sum(u.tp_reduces for u in units)
-    if s.tp == 1 or not reduces:
+    """The row GEMMs' all-reduces over tp (reduce-scatter + all-gather under sp), and a MoE
+    layer's experts' over etp where they are split by it (`Strategy.expert_tp` > 1; with
+    whole experts, etp = 1, the tokens reach them by the all-to-all instead)."""
+    dense = (sum(u.tp_reduces for u in units), sum(u.tp_reduce_bytes for u in units))
+    experts = (sum(u.etp_reduces for u in units), sum(u.etp_reduce_bytes for u in units))
+    found = _activation_reduces(s, device, "tp activations", s.tp, *dense)
+    return found + _activation_reduces(s, device, "etp expert outputs", s.expert_tp, *experts)
+
+
+def _activation_reduces(s: Strategy, device: Links, cause: str, ways: int, reduces: int,
+                        summed: int) -> list[Collective]:
+    if ways == 1 or not reduces or s.tp == 1:
         return []
-    payload = sum(u.tp_reduce_bytes for u in units) / reduces / s.cp
+    payload = summed / reduces / s.cp
     passes = 3 if s.checkpoint else 2          # forward, backward, and the recompute
     calls = reduces * passes * s.micro_batches
-    group = Group(s.tp, 1)
+    group = Group(ways, 1)
     if s.sp:
-        return [collective(kind, "tp activations (sp)", group, payload, calls, device, False)
+        return [collective(kind, f"{cause} (sp)", group, payload, calls, device, False)
                 for kind in ("reduce-scatter", "all-gather")]
-    return [collective("all-reduce", "tp activations", group, payload, calls, device, False)]
+    return [collective("all-reduce", cause, group, payload, calls, device, False)]
 
 
 def ring_attention(s: Strategy, device: Links, units: Sequence[Unit]
