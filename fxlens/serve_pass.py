@@ -151,7 +151,12 @@ class ServePass:
         elif tp > 1:
             weights_bytes, kv_groups, workspace = _per_gpu(
                 module, weights_bytes, kv_groups, workspace, tp, stored)
-            notes.append(f"tensor parallel over {tp} GPUs: memory figures per GPU; {calls}")
+            notes.append(f"tensor parallel over {tp} GPUs: memory figures per GPU; {calls}"
+                         + (f"; the routed experts split {tp} ways, each GPU the same work "
+                            f"and one all-reduce of the tokens' hidden states per MoE layer "
+                            f"as under expert parallelism over the {tp} (TensorRT-LLM's --ep "
+                            f"{tp}, vLLM's --enable-expert-parallel)"
+                            if routing is not None else ""))
         if routing is not None:
             notes.append(f"MoE: each decode step reads the experts its tokens route to, "
                          f"E·(1 − (1 − k/E)^tokens) of E = {routing[0]} per layer (k = "

@@ -192,6 +192,7 @@ def test_tensor_parallel_splits_the_linear_work_and_all_reduces_twice_per_layer(
     assert 6 * 7.8e-6 < two.tpot_s < one.tpot_s + 6 * 7.8e-6
     assert "tensor parallel over 2 GPUs" in " ".join(two.notes)
     assert "7.8 µs per call" in " ".join(two.notes)
+    assert "routed experts" not in " ".join(two.notes)           # a dense model
     from fxlens.reports.views.serve import serve_verdict
 
     assert serve_verdict(two).label == "serving on 2× h100 (TP 2)"
@@ -399,3 +400,15 @@ def test_a_tensor_parallel_moe_layer_all_reduces_its_tokens_not_their_routed_row
     payloads = reduce.work(16, 100)[1].tolist()
     modules = [k.module for k in reduce.kernels]
     assert len(payloads) == 4 and all(p == 16 * 256 * 2 for p in payloads), (modules, payloads)
+
+
+def test_a_tensor_parallel_moe_says_its_experts_split_as_expert_parallelism_would() -> None:
+    """`--tp 2` on a MoE model: the note says the experts split 2 ways, which costs each GPU
+    what expert parallelism over the two would (the page a user compares with runs --ep)."""
+    loaded = load_preset("mixtral-8x7b", MOE, batch=1, seq_len=32)
+    serve = run_pipeline(loaded, AnalysisOptions(serve=True, device="h100", input_len=128,
+                                                 output_len=16, fusion=False, tp=2,
+                                                 serve_batches=(1,))).get(Serve)
+    assert serve is not None
+    (note,) = [n for n in serve.notes if n.startswith("tensor parallel over 2 GPUs")]
+    assert "routed experts split 2 ways" in note and "--ep 2" in note
