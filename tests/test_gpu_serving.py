@@ -38,16 +38,31 @@ def test_every_case_measures_predicts_and_tabulates(monkeypatch: pytest.MonkeyPa
 
 
 def test_a_memory_bound_kernel_is_predicted_at_its_bytes_over_the_bandwidth() -> None:
-    """No host launch in the prediction: a decode-sized GEMM (M = 1) and the MLA decode read
-    what the closed form says, at the device's achievable bandwidth; the latent read once."""
+    """No host launch in the prediction, one kernel boundary: a decode-sized GEMM (M = 1) and
+    the MLA decode read what the closed form says, at the device's achievable bandwidth;
+    the latent read once."""
     from fxlens.rules.hardware import device
 
-    bandwidth = device("h100").achievable_bandwidth
+    h100 = device("h100")
+    bandwidth, gap = h100.achievable_bandwidth, h100.graph_launch_s
     gemv = next(c for c in serving.CASES if c.kind == "linear" and c.sizes["m"] == 1)
     assert serving.predict(gemv, "h100") == pytest.approx(
-        serving.moved_and_flops(gemv)[0] / bandwidth, rel=1e-3)
-    mla = serving.CASES[-1]
+        serving.moved_and_flops(gemv)[0] / bandwidth + gap, rel=1e-3)
+    mla = next(c for c in serving.CASES if "MLA" in c.name)
     moved, _ = serving.moved_and_flops(mla)
     s = mla.sizes
     assert moved == 2 * s["batch"] * s["context"] * 576          # the latent, once
     assert serving.predict(mla, "h100") >= moved / bandwidth
+
+
+def test_a_chain_of_small_kernels_is_predicted_at_the_devices_gap_per_kernel() -> None:
+    """256 kernels with next to no work: the prediction is the device's kernel-boundary gap
+    256 times (plus their few bytes), what the case measures on a GPU."""
+    from fxlens.rules.hardware import device
+
+    h100 = device("h100")
+    chain = next(c for c in serving.CASES if c.kind == "chain")
+    moved, _ = serving.moved_and_flops(chain)
+    assert serving.predict(chain, "h100") == pytest.approx(
+        chain.sizes["kernels"] * h100.graph_launch_s + moved / h100.achievable_bandwidth,
+        rel=1e-3)

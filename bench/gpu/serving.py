@@ -19,7 +19,10 @@ in a CUDA graph as engines replay a decode step (no launch gaps from the host):
   ``torch._grouped_mm``;
 - `decode`: attention of one new token per sequence over its cache: GQA at a TP shard
   (Llama-2-70B t = 4: 16 query heads on 2 KV heads) and MLA's absorbed form (128 heads of 576
-  over one latent).
+  over one latent);
+- `chain`: 256 dependent elementwise kernels on a few KiB each, nearly no work: what a kernel
+  boundary costs inside a CUDA graph (the device's `graph_launch_s`, 1.3 µs on Hopper from a
+  published H100 measurement; a 70B decode step runs some 900 kernels).
 
 Every case but the FP8 ones runs in bf16 (median of `repeat` graph replays of `inner`
 calls); the prediction is fxlens's roofline of the same module on fake tensors with a
@@ -44,7 +47,7 @@ from torch import nn
 @dataclass(frozen=True)
 class ServingCase:
     name: str
-    kind: str            # "linear", "experts" or "decode"
+    kind: str            # "linear", "fp8", "experts", "decode" or "chain"
     sizes: dict[str, int]
 
 
@@ -72,6 +75,7 @@ CASES = (
     ServingCase("deepseek-v3 absorbed MLA decode, 128 × 3000", "decode",
                 {"batch": 128, "heads": 128, "kv_heads": 1, "context": 3000, "qk_dim": 576,
                  "v_dim": 576}),
+    ServingCase("256 dependent small kernels", "chain", {"kernels": 256, "elements": 2048}),
 )
 
 
@@ -128,6 +132,19 @@ class Decode(nn.Module):
         return F.scaled_dot_product_attention(q, k, k if v is None else v, enable_gqa=self.gqa)
 
 
+class Chain(nn.Module):
+    """`kernels` dependent elementwise ops, each its own kernel in eager PyTorch."""
+
+    def __init__(self, kernels: int) -> None:
+        super().__init__()
+        self.kernels = kernels
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for _ in range(self.kernels):
+            x = torch.add(x, 1.0)
+        return x
+
+
 def build(case: ServingCase, device: torch.device) -> tuple[nn.Module, tuple[torch.Tensor, ...]]:
     """The module and its inputs, bf16 on `device` (FP8 operands for an ``fp8`` case)."""
     s = case.sizes
@@ -142,6 +159,8 @@ def build(case: ServingCase, device: torch.device) -> tuple[nn.Module, tuple[tor
         elif case.kind == "experts":
             module = Experts(s["experts"], s["rows"], s["hidden"], s["ffn"])
             inputs = (torch.randn(s["experts"] * s["rows"], s["hidden"]),)
+        elif case.kind == "chain":
+            module, inputs = Chain(s["kernels"]), (torch.randn(s["elements"]),)
         else:
             module = Decode(s["heads"], s["kv_heads"])
             b, c = s["batch"], s["context"]
@@ -162,6 +181,8 @@ def moved_and_flops(case: ServingCase) -> tuple[float, float]:
     if case.kind == "experts":
         e, r, h, f = s["experts"], s["rows"], s["hidden"], s["ffn"]
         return 2.0 * e * (3 * h * f + r * (2 * h + 4 * f)), 2.0 * e * r * h * 3 * f
+    if case.kind == "chain":
+        return 2.0 * 2 * s["kernels"] * s["elements"], float(s["kernels"] * s["elements"])
     b, c = s["batch"], s["context"]
     cache = b * s["kv_heads"] * c * (s["qk_dim"] + (0 if _one_buffer(s) else s["v_dim"]))
     return 2.0 * cache, 2.0 * b * s["heads"] * c * (s["qk_dim"] + s["v_dim"])
@@ -224,7 +245,8 @@ def _timed_case(case: ServingCase, device: torch.device, inner: int, repeat: int
 
 def predict(case: ServingCase, device_name: str) -> float:
     """fxlens's roofline seconds of the same module's kernels, on fake tensors: each kernel at
-    max(compute, memory), without the host's launches (a CUDA graph has none)."""
+    max(compute, memory) plus the device's gap at a kernel boundary (`graph_launch_s`), as a
+    serving step is timed; without the host's launches (a CUDA graph has none)."""
     from fxlens.analyzer.capture.chain import capture
     from fxlens.analyzer.cost.engine import analyze
     from fxlens.analyzer.time.roofline import dtype_key, node_dtype, node_time
@@ -237,7 +259,8 @@ def predict(case: ServingCase, device_name: str) -> float:
     spec = device(device_name)
     times = [node_time(n, dtype_key(node_dtype(graph.nodes[n.id], graph), False), spec)
              for n in analyze(graph, registry).nodes]
-    return float(sum(max(t.compute_s, t.memory_s) for t in times))
+    work = [max(t.compute_s, t.memory_s) for t in times]
+    return float(sum(work) + spec.graph_launch_s * sum(1 for w in work if w > 0))
 
 
 def table(result: dict[str, Any]) -> str:

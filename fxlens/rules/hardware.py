@@ -83,6 +83,13 @@ from Python on two H200 hosts (bench/gpu, 2026-11-27): 7.0–9.0 µs per ``torch
 per aten overload call, 1.3–2.9 per view, and an ``nn.Linear`` call 4.4 µs over the same
 ``F.linear`` call. `GPU_LAUNCH_S` = 10 µs, `HOST_FREE_S` = 2 µs, `HOST_MODULE_S` = 5 µs;
 `analyze calibrate` measures the machine's own.
+Kernel boundaries (`graph_launch_s`, what a serving step pays per kernel): a decode step
+replayed as one CUDA graph has no host launches, but each kernel still starts after the one
+before it has drained, a gap in which nothing moves. Measured on an H100 with CUDA graphs,
+about 1.3 µs per kernel (Hazy Research, "Look Ma, No Bubbles! Designing a Low-Latency
+Megakernel for Llama-1B", 2025-05-27, hazyresearch.stanford.edu/blog/2025-05-27-no-bubbles,
+where vLLM and SGLang reached at most half of the H100's bandwidth at batch 1 for that and
+other reasons); 1.3 µs for the Hopper entries, 0 (unmeasured) for the others.
 
 Links (for plans and serving across GPUs): bandwidth per GPU inside and across nodes and the
 fixed latency of a collective call, from `fxlens.rules.links` (datasheets, NCCL's and RCCL's
@@ -124,6 +131,7 @@ KERNEL_CLASSES = (MISALIGNED_GEMM, ATTENTION_FORWARD, ATTENTION_BACKWARD, GROUPE
 HOPPER_KERNELS: Mapping[str, float] = {MISALIGNED_GEMM: 0.1, ATTENTION_FORWARD: 0.55,
                                        ATTENTION_BACKWARD: 0.45, GROUPED_GEMM: 0.5}
 HOPPER_DTYPES: Mapping[str, float] = {"fp8": 0.65}
+HOPPER_GRAPH_LAUNCH_S = 1.3e-6
 CONTEXT_BYTES = GIB
 
 
@@ -146,6 +154,7 @@ class DeviceSpec:
     compute_efficiency: float = GEMM_EFFICIENCY
     bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
     launch_s: float = GPU_LAUNCH_S
+    graph_launch_s: float = 0.0                  # per kernel of a replayed CUDA graph
     calibrated: bool = False
     gpus_per_node: int = 8
     intra_node_bytes_per_s: float = 0.0          # per GPU, one direction (NVLink, PCIe)
@@ -229,7 +238,7 @@ _MAPPINGS = ("peak_flops", "kernel_efficiency", "dtype_efficiency")
 def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: float,
          source: str, links: Links, kernels: Mapping[str, float] | None = None,
          reported_gib: float = 0.0, dtypes: Mapping[str, float] | None = None,
-         multiprocessors: int = 0) -> DeviceSpec:
+         multiprocessors: int = 0, graph_launch_s: float = 0.0) -> DeviceSpec:
     """`tflops`: dense TFLOP/s in `DTYPE_KEYS` order (fp32, tf32, bf16, fp16, fp8, int8);
     `kernels`: the kernel classes' shares of the peak (`KERNEL_CLASSES`); `reported_gib`:
     the total the driver gives PyTorch where sourced (module docstring)."""
@@ -237,7 +246,7 @@ def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: 
     peaks = {k: v * T for k, v in zip(DTYPE_KEYS, tflops, strict=True)}
     return DeviceSpec(name, memory_gib * GIB, source, peaks, bandwidth_tb_s * T,
                       reported_bytes=round(reported_gib * GIB), context_bytes=CONTEXT_BYTES,
-                      multiprocessors=multiprocessors,
+                      multiprocessors=multiprocessors, graph_launch_s=graph_launch_s,
                       kernel_efficiency=dict(kernels or {}), dtype_efficiency=dict(dtypes or {}),
                       gpus_per_node=links.gpus_per_node,
                       intra_node_bytes_per_s=links.intra_gb_s * GB,
@@ -255,14 +264,15 @@ DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
     _gpu("h100", 80, (67, 494.5, 989.5, 989.5, 1979, 1979), 3.35,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 SXM5, 80 GB HBM3; dense = sparse / 2)",
          net.DGX_H100, HOPPER_KERNELS, reported_gib=79.11, dtypes=HOPPER_DTYPES,
-         multiprocessors=132),
+         multiprocessors=132, graph_launch_s=HOPPER_GRAPH_LAUNCH_S),
     _gpu("h100-pcie", 80, (51, 378, 756.5, 756.5, 1513, 1513), 2.0,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 PCIe, 80 GB HBM2e; dense = sparse / 2)",
-         net.PCIE5_NODE, HOPPER_KERNELS, dtypes=HOPPER_DTYPES, multiprocessors=114),
+         net.PCIE5_NODE, HOPPER_KERNELS, dtypes=HOPPER_DTYPES, multiprocessors=114,
+         graph_launch_s=HOPPER_GRAPH_LAUNCH_S),
     _gpu("h200", 141, (67, 494.5, 989.5, 989.5, 1979, 1979), 4.8,
          "NVIDIA H200 Tensor Core GPU Datasheet (H200 SXM, 141 GB HBM3e; dense = sparse / 2)",
          net.DGX_H100, HOPPER_KERNELS, reported_gib=139.80, dtypes=HOPPER_DTYPES,
-         multiprocessors=132),
+         multiprocessors=132, graph_launch_s=HOPPER_GRAPH_LAUNCH_S),
     # Ampere: no FP8. A100 SXM bandwidth: 1,555 GB/s (40 GB), 2,039 GB/s (80 GB).
     _gpu("a100-40gb", 40, (19.5, 156, 312, 312, 0, 624), 1.555,
          "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 40 GB HBM2; dense figures)",

@@ -73,9 +73,10 @@ def test_attention_dp_holds_whole_weights_but_the_experts_and_each_gpus_own_requ
     assert two.decode_bytes_per_step == pytest.approx(dense + experts * 2 / 8 / 2 + cache,
                                                       rel=0.02)
     # every decode step gathers and scatters once per MoE layer: 3 calls at NCCL's 7.8 µs
-    # over 2 GPUs, most of a step of a model this small
-    assert all(p.tpot_s > 3 * 7.8e-6 for p in two.curve)
-    assert all(p.tpot_s < 3 * 7.8e-6 for p in one.curve if p.batch == 1)
+    # over 2 GPUs, what a lone request's step on two GPUs costs over one (less the few
+    # expert weights it no longer reads)
+    one_1, two_1 = (next(p for p in s.curve if p.batch == 1) for s in (one, two))
+    assert two_1.tpot_s - one_1.tpot_s == pytest.approx(3 * 7.8e-6, rel=0.1)
     assert any("attention data-parallel over 2 GPUs" in note for note in two.notes)
     from fxlens.reports.views.serve import serve_verdict
 

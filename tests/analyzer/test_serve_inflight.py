@@ -5,6 +5,7 @@ decode and prompt tokens together, and the in-flight batcher's steady state
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -55,7 +56,8 @@ def _steps() -> Steps:
 
 
 def _roofline(flops: float, moved: float) -> float:
-    return max(flops / RATE, moved / BW)
+    """A kernel's roofline time, plus the device's gap at a kernel boundary when it runs."""
+    return max(flops / RATE, moved / BW) + (H100.graph_launch_s if flops or moved else 0.0)
 
 
 def _mixed(decodes: float, context: float, prompts: float) -> float:
@@ -222,3 +224,20 @@ def test_one_request_in_flight_prefills_in_one_step_of_every_o() -> None:
     static = o / (steps.prefill_s(H100, 1, P) + (o - 1) * float(
         steps.decode_s(H100, 1, [P + 4])[0]))
     assert state.output_tokens_per_s == pytest.approx(static, rel=0.02)
+
+
+def test_each_kernel_pays_the_devices_gap_once_and_a_merged_gemm_once() -> None:
+    """A kernel boundary costs the device's `graph_launch_s` (1.3 µs on Hopper, measured):
+    per kernel and layer of a step, once for the GEMM a mixed step shares, nothing for a
+    kernel a step does not run."""
+    gap = 1e-3
+    slow, bare = (dataclasses.replace(H100, graph_launch_s=s) for s in (gap, 0.0))
+    assert H100.graph_launch_s == pytest.approx(1.3e-6)
+    decode = _decode(layers=3)
+    added = decode.times_s(slow, 4, [100]) - decode.times_s(bare, 4, [100])
+    assert float(added[0]) == pytest.approx(2 * 3 * gap)             # 2 kernels × 3 layers
+    steps = _steps()
+    assert (mixed_s(steps, slow, 10, 100, 1, P) - mixed_s(steps, bare, 10, 100, 1, P)
+            == pytest.approx(3 * gap))                 # one GEMM, two attentions
+    assert (mixed_s(steps, slow, 0, 100, 1, P) - mixed_s(steps, bare, 0, 100, 1, P)
+            == pytest.approx(2 * gap))                 # the prefill's kernels alone
