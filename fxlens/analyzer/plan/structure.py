@@ -31,7 +31,6 @@ from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.compression import Matrix, gradient_matrices
 from fxlens.analyzer.plan.tensor_split import (
     graph_param_shape,
-    residual_width,
     split_unit,
     weight_gemms,
     weight_param,
@@ -183,8 +182,8 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
         members[unit].append(node_id)
     forward = {name: {n for n in members[name] if graph.nodes[n].phase == "forward"}
                for name in unit_names}
-    splits = {name: split_unit(graph, forward[name], residual_width(graph, forward[name]),
-                           terminal_column=name == "post", knowledge=knowledge)
+    splits = {name: split_unit(graph, forward[name], terminal_column=name == "post",
+                               knowledge=knowledge)
               for name in unit_names}
     split_nodes = set().union(*(s.split_nodes for s in splits.values()))
     split_params = set().union(*(s.split_params for s in splits.values()))
@@ -218,7 +217,8 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
         timing = unit_times(graph, members[name], split_nodes, module_split, times)
         gemms = splits[name].gemms
         embedded = _lookup_output(graph, forward[name], vocab)
-        expert_reduced = sum(splits[name].payloads[r] for r in splits[name].expert_rows)
+        payloads, experts = splits[name].payloads, splits[name].expert_rows
+        expert_reduced = sum(payloads[r] for r in experts)
         routed = routed_rows(graph, [(gemms[c].weights, gemms[c].activations)
                                      for c in splits[name].columns], expert_params)
         units.append(Unit(
@@ -229,9 +229,9 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             forward_split_s=timing[0], forward_whole_s=timing[1], backward_split_s=timing[2],
             backward_whole_s=timing[3],
             flops=sum(flops.get(n, 0) for n in members[name]),
-            tp_reduce_bytes=splits[name].reduce_bytes - expert_reduced + embedded[0],
-            tp_reduces=len(splits[name].rows - splits[name].expert_rows) + embedded[1],
-            etp_reduce_bytes=expert_reduced, etp_reduces=len(splits[name].expert_rows),
+            tp_reduce_bytes=sum(payloads.values()) - expert_reduced + embedded[0],
+            tp_reduces=len(payloads) - len(experts) + embedded[1],
+            etp_reduce_bytes=expert_reduced, etp_reduces=len(experts),
             routed_bytes=routed[0], routed_rows=routed[1],
             column_widths=tuple(sorted({gemms[c].out_features for c in splits[name].columns})),
             row_gemms=len(splits[name].rows),

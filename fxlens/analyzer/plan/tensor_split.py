@@ -50,7 +50,6 @@ class TensorSplit:
     columns: set[int] = field(default_factory=set)
     split_nodes: set[int] = field(default_factory=set)
     split_params: set[str] = field(default_factory=set)
-    reduce_bytes: int = 0                                   # every row's payload, summed
     payloads: dict[int, int] = field(default_factory=dict)  # row node → its all-reduce's bytes
     expert_rows: set[int] = field(default_factory=set)      # rows that are routed experts'
     gemms: dict[int, Gemm] = field(default_factory=dict)
@@ -100,13 +99,16 @@ def weight_gemms(graph: Graph, scope: Iterable[int], knowledge: ParallelKnowledg
     return found
 
 
-def split_unit(graph: Graph, scope: set[int], width: int, terminal_column: bool,
-           knowledge: ParallelKnowledge) -> TensorSplit:
-    """Row/column pairs in `scope` (forward CALL nodes of one unit) of residual `width`, as
-    the module docstring walks them."""
+def split_unit(graph: Graph, scope: set[int], terminal_column: bool,
+               knowledge: ParallelKnowledge) -> TensorSplit:
+    """Row/column pairs in `scope` (forward CALL nodes of one unit), as the module docstring
+    walks them: its residual width and tokens are those of the largest activation entering
+    it from outside."""
     gemms = weight_gemms(graph, sorted(scope), knowledge)
     split = TensorSplit(gemms=gemms)
-    tokens = entering_tokens(graph, scope, width)
+    entering = _largest_entering(graph, scope)
+    width = entering.shape[-1] if entering is not None else 0
+    tokens = entering.numel // width if entering is not None and width > 0 else 0
     region: set[int] = set()
     for row in (g for g in gemms.values() if g.out_features == width):
         columns, seen = set(), set()
@@ -126,10 +128,11 @@ def split_unit(graph: Graph, scope: set[int], width: int, terminal_column: bool,
             split.rows.add(row.node)
             split.columns |= columns
             region |= seen - columns
-            split.payloads[row.node] = _reduced_bytes(graph, row, tokens, knowledge)
             if graph.nodes[row.node].packet in knowledge.grouped_gemm_ops:
                 split.expert_rows.add(row.node)
-            split.reduce_bytes += split.payloads[row.node]
+                split.payloads[row.node] = _combined_bytes(graph, row, tokens)
+            else:
+                split.payloads[row.node] = row.output_bytes
     if terminal_column and not split.rows and gemms:
         head = max(gemms.values(), key=lambda g: g.out_features * g.in_features)
         split.columns.add(head.node)
@@ -149,13 +152,11 @@ def split_unit(graph: Graph, scope: set[int], width: int, terminal_column: bool,
     return split
 
 
-def _reduced_bytes(graph: Graph, row: Gemm, tokens: int, knowledge: ParallelKnowledge
-                   ) -> int:
-    """What `row`'s all-reduce carries: its output, or a grouped GEMM's (routed rows, k per
-    token) once combined, `tokens` × its width at its output's element size."""
+def _combined_bytes(graph: Graph, row: Gemm, tokens: int) -> int:
+    """What a grouped GEMM's all-reduce carries (its routed rows, k per token, once combined):
+    `tokens` × its width at its output's element size."""
     out = graph.nodes[row.node].outputs[0]
-    if (graph.nodes[row.node].packet not in knowledge.grouped_gemm_ops or tokens <= 0
-            or out is None):
+    if tokens <= 0 or out is None:
         return row.output_bytes
     return min(row.output_bytes, tokens * out.shape[-1] * out.nbytes // max(out.numel, 1))
 
@@ -185,23 +186,9 @@ def graph_param_shape(graph: Graph, name: str) -> tuple[int, ...]:
     return next((p.spec.shape for p in graph.params if p.name == name), ())
 
 
-def residual_width(graph: Graph, scope: set[int]) -> int:
-    """The residual width of a unit: the last dimension of the largest activation entering
-    it from outside."""
-    entering = _largest_entering(graph, scope)
-    return entering.shape[-1] if entering is not None else 0
-
-
-def entering_tokens(graph: Graph, scope: set[int], width: int) -> int:
-    """Tokens entering a unit of residual `width`: the largest activation entering it from
-    outside, its elements ÷ the width (0 when it is not that wide)."""
-    entering = _largest_entering(graph, scope)
-    if entering is None or width <= 0 or entering.shape[-1] != width:
-        return 0
-    return entering.numel // width
-
-
 def _largest_entering(graph: Graph, scope: set[int]) -> TensorSpec | None:
+    """The largest floating-point activation entering a unit from outside: its residual
+    stream."""
     best: TensorSpec | None = None
     for node_id in scope:
         for ref in graph.nodes[node_id].input_refs():
