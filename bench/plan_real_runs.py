@@ -5,7 +5,8 @@ the run's sequence length and micro-batch, the run's precision (``amp-bf16``; ``
 the fp8 peak), AdamW, and its layout written as `--strategy` (Megatron's distributed optimizer
 as ``zero=1``, FSDP as ``zero=3``, sequence parallel with tp, full recompute as ``ckpt``,
 Megatron's selective ``--recompute-modules`` as ``ckpt=layernorm+moe_act``, the MoE dispatcher
-as ``dispatch=`` and its 1F1B all-to-all overlap as ``a2a-overlap``) on
+as ``dispatch=``, its 1F1B all-to-all overlap as ``a2a-overlap``, a benchmark gate that
+gives each token consecutive experts as ``routing=blocks``) on
 the device named by the row, with the device's datasheet × factor figures — the same for every
 row; nothing is fitted to a run. Each row is planned twice: as captured (the `transformers`
 program's ops and saved tensors) and with ``--fused`` (the predicted fused kernels timed,
@@ -58,6 +59,8 @@ def strategy_of(run: dict[str, Any]) -> tuple[str | None, str]:
         parts.append(f"dispatch={lay['dispatcher']}")
     if (lay.get("ep") or 1) > 1 and lay.get("a2a_overlap"):
         parts.append("a2a-overlap")
+    if (lay.get("ep") or 1) > 1 and lay.get("routing"):
+        parts.append(f"routing={lay['routing']}")     # blocks: Automodel's fake gate
     if "selective" in recompute:
         if not lay.get("recompute_modules"):
             return None, f"selective recompute ({lay['recompute']}) without its module list"

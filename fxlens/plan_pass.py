@@ -78,6 +78,7 @@ class PlanPass:
 def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
     """The training step as units a layout partitions (`fxlens.analyzer.plan.structure`)."""
     from fxlens.analyzer.plan.fp8 import scaling_s
+    from fxlens.analyzer.plan.routing import routing_groups
     from fxlens.analyzer.plan.structure import WholeStep, read_facts
     from fxlens.analyzer.plan.tensor_split import weight_param
     from fxlens.analyzer.plan.workload import FusedOps
@@ -130,8 +131,9 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
             cheap=frozenset(i for i, k in kinds.items() if k in FUSABLE or k is OpKind.FREE),
             gemms=frozenset(i for i, k in kinds.items() if k is OpKind.GEMM),
             fp8_gemms=weight_gemms)
+    config = getattr(ctx.loaded.module, "config", None)
     return read_facts(ctx.step, report, ctx.registry, state_of,
-                      by_id, PARALLEL, whole, fusion)
+                      by_id, PARALLEL, whole, fusion, routing_groups(config))
 
 
 def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFacts
@@ -159,11 +161,19 @@ def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFac
         "micro-batches of activations (interleaved, v > 1: Megatron's warm-up chunks)",
         "ranks laid out tp innermost, then cp, dp, pp outermost; experts over a stage's GPUs "
         "as etp, ep, expert dp",
-    ) + (("expert routing balanced (each expert gets the same rows); a token goes once per "
-          "chosen expert inside a node (dispatch=alltoall), once per node holding any of its "
-          "experts across nodes (DeepEP, dispatch=deepep)",) if facts.experts else ()) + (
+    ) + ((_routing_assumption(facts),) if facts.experts else ()) + (
         ("--tokens: the inputs hold no (batch, sequence) token tensor, so no run is "
          "estimated",) if options.tokens and not facts.tokens else ())
+
+
+def _routing_assumption(facts: ModelFacts) -> str:
+    routing = facts.routing
+    groups = (f", drawn from {routing.groups_per_token} of {routing.groups} expert groups "
+              "(the model's group-limited routing)" if routing.limited else "")
+    return ("expert routing balanced (each expert gets the same rows; a token's experts drawn "
+            f"uniformly{groups}, or k consecutive ones with routing=blocks); a token goes once "
+            "per chosen expert inside a node (dispatch=alltoall), once per node holding any of "
+            "its experts across nodes (DeepEP, dispatch=deepep)")
 
 
 FIX_GPUS_MAX = 1024     # the most GPUs a sharding fix looks at

@@ -28,6 +28,7 @@ def test_each_layout_is_a_strategy_on_its_gpus(run: dict) -> None:
     assert parsed.gpus == run["gpus"] and parse(parsed.label, run["gpus"]) == parsed
     if "a2a_overlap" in run["layout"] and run["layout"]["a2a_overlap"]:
         assert parsed.a2a_overlap
+    assert parsed.routing == run["layout"].get("routing")
 
 
 def test_the_table_shows_both_modes_and_their_medians() -> None:

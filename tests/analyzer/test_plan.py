@@ -59,6 +59,8 @@ def psi(facts: ModelFacts) -> int:
     ("tp=2,pp=16,ep=64,etp=1", 1024, Strategy(dp=32, tp=2, pp=16, ep=64, etp=1)),
     ("dp=8,ep=8,dispatch=deepep,a2a-overlap", None,
      Strategy(dp=8, ep=8, dispatch="deepep", a2a_overlap=True)),
+    ("dp=64,pp=4,ep=64,v=8,zero=3,dispatch=deepep,routing=blocks", None,
+     Strategy(dp=64, pp=4, ep=64, v=8, zero=3, dispatch="deepep", routing="blocks")),
 ])
 def test_strategy_text_parses(text: str, gpus: int | None, expected: Strategy) -> None:
     assert parse(text, gpus) == expected
@@ -79,6 +81,9 @@ def test_strategy_text_parses(text: str, gpus: int | None, expected: Strategy) -
     ("pp=0", 2, "≥ 1"),
     ("dp=4,ep=2,dispatch=nccl", None, "dispatchers are alltoall and deepep"),
     ("dp=4,a2a-overlap", None, "need ep > 1"),
+    ("dp=4,routing=blocks", None, "need ep > 1"),
+    ("dp=4,ep=2,routing=topk", None, "routings are balanced and blocks"),
+    ("dp=4,ep=2,routing=blocks,routing=balanced", None, "routing is given twice"),
     ("fsdp", None, "--gpus N, or dp=N"),
 ])
 def test_bad_strategy_says_why(text: str, gpus: int | None, says: str) -> None:

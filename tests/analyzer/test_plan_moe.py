@@ -11,14 +11,10 @@ import math
 import pytest
 
 from fxlens.analyzer.plan.estimate import _expert_exposed_s, _experts_s, estimate
+from fxlens.analyzer.plan.routing import ExpertRouting, distinct_holders, routing_groups
 from fxlens.analyzer.plan.strategy import Strategy, parse
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
-from fxlens.analyzer.plan.transfers import (
-    DEEPEP_SMS,
-    distinct_holders,
-    expert_parallel,
-    sm_slowdown_s,
-)
+from fxlens.analyzer.plan.transfers import DEEPEP_SMS, expert_parallel, sm_slowdown_s
 from fxlens.analyzer.plan.workload import ExpertGemm, ExpertWork
 from tests.analyzer.conftest import FakeLinks
 from tests.analyzer.test_plan import H100, hf_facts, layout
@@ -31,7 +27,67 @@ def test_distinct_holders_is_the_mean_over_every_choice(experts: int, chosen: in
     share = experts // holders
     choices = list(itertools.combinations(range(experts), chosen))
     mean = sum(len({e // share for e in c}) for c in choices) / len(choices)
-    assert distinct_holders(experts, chosen, holders) == pytest.approx(mean)
+    assert distinct_holders(ExpertRouting(experts), chosen, holders) == pytest.approx(mean)
+
+
+@pytest.mark.parametrize("experts, groups, per_token, chosen, holders", [
+    (16, 4, 2, 3, 8), (16, 4, 2, 3, 4), (16, 4, 2, 3, 2), (16, 4, 1, 2, 4),
+    (12, 4, 2, 4, 6), (12, 4, 3, 2, 2), (24, 8, 4, 5, 3)])
+def test_group_limited_holders_are_the_mean_over_every_group_and_expert_choice(
+        experts: int, groups: int, per_token: int, chosen: int, holders: int) -> None:
+    """DeepSeek-V3's router: `per_token` of `groups` expert groups, then `chosen` experts
+    among theirs, each draw uniform; holders aligned with the groups or not."""
+    size, share = experts // groups, experts // holders
+    counts = []
+    for picked in itertools.combinations(range(groups), per_token):
+        eligible = [e for g in picked for e in range(g * size, (g + 1) * size)]
+        counts += [len({e // share for e in c})
+                   for c in itertools.combinations(eligible, chosen)]
+    routing = ExpertRouting(experts, groups, per_token)
+    assert routing.limited
+    assert distinct_holders(routing, chosen, holders) == pytest.approx(sum(counts) / len(counts))
+
+
+@pytest.mark.parametrize("experts, chosen, holders", [
+    (256, 8, 64), (256, 8, 8), (128, 8, 32), (12, 5, 4), (10, 4, 5), (8, 8, 2)])
+def test_block_routing_reaches_the_holders_of_each_tokens_consecutive_experts(
+        experts: int, chosen: int, holders: int) -> None:
+    """Automodel's fake_balanced_gate: token i takes experts i·k … i·k + k − 1 (mod E);
+    over a cycle of tokens every expert gets the same rows."""
+    share = experts // holders
+    tokens = range(experts)
+    reached = [len({((i * chosen + j) % experts) // share for j in range(chosen)})
+               for i in tokens]
+    got = distinct_holders(ExpertRouting(experts), chosen, holders, "blocks")
+    assert got == pytest.approx(sum(reached) / len(reached))
+
+
+def test_group_limits_come_from_the_models_config() -> None:
+    config = dataclasses.make_dataclass("C", [("n_group", int), ("topk_group", int)])
+    assert routing_groups(config(8, 4)) == (8, 4)
+    assert routing_groups(config(1, 1)) == (1, 1)          # Kimi-K2, GLM-4.5: no limit
+    assert routing_groups(object()) == (1, 1)
+    assert not ExpertRouting(256, 8, 8).limited            # every group allowed
+
+
+def test_deepep_sends_fewer_rows_across_nodes_under_node_limited_routing() -> None:
+    """DeepSeek-V3 at ep = 64 over 8 nodes: each node holds one of the 8 groups of 32
+    experts and a token's 8 experts come from 4 of them, so its rows reach the nodes of the
+    chosen groups that got an expert, 4·(1 − C(96, 8)/C(128, 8)), 7/8 of them remote; with
+    Automodel's block gate, one node."""
+    tokens, k, hidden = 4096, 8, 14336
+    units = moe_units(1, tokens, k, hidden)
+    strategy = Strategy(dp=64, ep=64)
+    free, limited, blocks = (
+        expert_parallel(s, FakeLinks(), units, tokens, r)[0] for s, r in (
+            (strategy, ExpertRouting(256)), (strategy, ExpertRouting(256, 8, 4)),
+            (dataclasses.replace(strategy, routing="blocks"), ExpertRouting(256, 8, 4))))
+    nodes = 4 * (1 - math.comb(96, 8) / math.comb(128, 8))
+    calls = 4
+    assert limited.time_s == pytest.approx(calls * tokens * hidden * nodes * 7 / 8 / 50e9)
+    assert blocks.time_s == pytest.approx(calls * tokens * hidden * 1 * 7 / 8 / 50e9)
+    spread = 8 * (1 - math.comb(224, 8) / math.comb(256, 8))
+    assert free.time_s == pytest.approx(calls * tokens * hidden * spread * 7 / 8 / 50e9)
 
 
 def moe_units(layers: int, tokens: int, top_k: int, hidden_bytes: int) -> list[Unit]:
@@ -48,8 +104,9 @@ def test_alltoall_sends_a_copy_per_expert_deepep_one_per_node() -> None:
     units = moe_units(2, tokens, k, hidden)
     base = Strategy(dp=32, ep=32, micro_batches=m)
     (per_expert,) = expert_parallel(Strategy(**{**vars(base), "dispatch": "alltoall"}),
-                                    FakeLinks(), units, tokens, 128)
-    (deepep,) = expert_parallel(base, FakeLinks(), units, tokens, 128)   # default across nodes
+                                    FakeLinks(), units, tokens, ExpertRouting(128))
+    # DeepEP: the default across nodes
+    (deepep,) = expert_parallel(base, FakeLinks(), units, tokens, ExpertRouting(128))
     payload = 2 * tokens * k * hidden
     assert per_expert.time_s == pytest.approx(4 * m * payload * 24 / 32 / 50e9)
     remote_nodes = 4 * (1 - math.comb(96, 8) / math.comb(128, 8)) * 3 / 4
@@ -61,11 +118,12 @@ def test_alltoall_sends_a_copy_per_expert_deepep_one_per_node() -> None:
 def test_inside_a_node_the_default_is_alltoall_and_deepep_dedups_per_gpu() -> None:
     tokens, k, hidden = 1024, 8, 4096
     units = moe_units(1, tokens, k, hidden)
-    (plain,) = expert_parallel(Strategy(dp=8, ep=8), FakeLinks(), units, tokens, 128)
+    (plain,) = expert_parallel(Strategy(dp=8, ep=8), FakeLinks(), units, tokens,
+                               ExpertRouting(128))
     assert plain.cause == "expert routing" and not plain.across_nodes
     assert plain.time_s == pytest.approx(4 * tokens * k * hidden * 7 / 8 / 400e9)
     (deepep,) = expert_parallel(Strategy(dp=8, ep=8, dispatch="deepep"), FakeLinks(), units,
-                                tokens, 128)
+                                tokens, ExpertRouting(128))
     ranks = 8 * (1 - math.comb(112, 8) / math.comb(128, 8))
     assert deepep.time_s == pytest.approx(4 * tokens * hidden * ranks * 7 / 8 / 400e9)
 
@@ -86,9 +144,9 @@ def test_hidden_deepep_transfers_slow_the_compute_beside_them_by_their_sms() -> 
     tokens, k, hidden = 1024, 8, 4096
     units = moe_units(1, tokens, k, hidden)
     deepep = expert_parallel(Strategy(dp=8, ep=8, dispatch="deepep", a2a_overlap=True),
-                             FakeLinks(), units, tokens, 128)
+                             FakeLinks(), units, tokens, ExpertRouting(128))
     nccl = expert_parallel(Strategy(dp=8, ep=8, dispatch="alltoall", a2a_overlap=True),
-                           FakeLinks(), units, tokens, 128)
+                           FakeLinks(), units, tokens, ExpertRouting(128))
     h100 = FakeLinks(multiprocessors=132)
     seconds = deepep[0].time_s
     quarter = 0.25 * seconds                                        # exposed: 0.75 hidden

@@ -283,7 +283,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         recompute_s = sum(phase_s(s, part, "forward")
                           for parts in selected.values() for part in parts)
     ring, ring_exposed = ring_attention(s, device, units)
-    experts = expert_parallel(s, device, units, facts.tokens, facts.experts)
+    experts = expert_parallel(s, device, units, facts.tokens, facts.routing)
     gradients = data_parallel(s, device, dense, expert, shard, expert_shard,
                               facts.grad_element_bytes, mine)
     uncompressed = (data_parallel(_uncompressed(s), device, dense, expert, shard, expert_shard)

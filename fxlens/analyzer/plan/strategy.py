@@ -26,6 +26,9 @@ per GPU inside one (DeepEP, Megatron-core's ``flex``); left out, ``deepep`` when
 group spans nodes and ``alltoall`` inside one node, as published recipes choose.
 ``a2a-overlap`` hides each micro-batch's all-to-all behind another micro-batch's compute
 (Megatron-core's ``overlap_moe_expert_parallel_comm``, 1F1B forward/backward merging).
+``routing=blocks`` gives each token k consecutive experts, as a benchmarking gate does
+(NeMo Automodel's ``fake_balanced_gate``); left out, ``balanced``: k experts drawn uniformly
+within the model's routing groups (`fxlens.analyzer.plan.routing`).
 
 Compression (`fxlens.analyzer.plan.compression`): ``gradq=int8|fp8`` gradient collectives in
 8 bits, ``powersgd=R`` DDP's all-reduce as rank-R factors, ``zeropp`` ZeRO++ (ZeRO-3's
@@ -41,6 +44,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
+
+from fxlens.analyzer.plan.routing import ROUTINGS
 
 NAMED: dict[str, dict[str, int | bool | str]] = {
     "ddp": {"zero": 0}, "zero1": {"zero": 1}, "zero2": {"zero": 2}, "zero3": {"zero": 3},
@@ -74,6 +79,7 @@ class Strategy:
     micro_batches: int = 1
     dispatch: str | None = None     # "alltoall" or "deepep"; None: deepep across nodes
     a2a_overlap: bool = False       # expert all-to-all hidden behind another micro-batch
+    routing: str | None = None      # "balanced" or "blocks"; None: balanced
     gradq: str | None = None        # gradient collectives in "int8" or "fp8"
     powersgd: int = 0               # PowerSGD rank of DDP's gradient all-reduce (0: off)
     zeropp: bool = False            # ZeRO++: int8 weight gathers, hpZ, int4 gradients
@@ -107,6 +113,8 @@ class Strategy:
             parts.append("hsdp" if self.hybrid else f"zero={self.zero}")
         if self.dispatch is not None:
             parts.append(f"dispatch={self.dispatch}")
+        if self.routing is not None:
+            parts.append(f"routing={self.routing}")
         if self.recompute:
             parts.append(f"ckpt={'+'.join(self.recompute)}")
         if self.checkpoint_auto:
@@ -154,8 +162,12 @@ class Strategy:
         if self.dispatch is not None and self.dispatch not in DISPATCHERS:
             found.append(f"dispatch={self.dispatch}: dispatchers are "
                          f"{' and '.join(DISPATCHERS)}")
-        if (self.a2a_overlap or self.dispatch is not None) and self.ep == 1:
-            found.append("dispatch and a2a-overlap route tokens between GPUs: they need ep > 1")
+        if self.routing is not None and self.routing not in ROUTINGS:
+            found.append(f"routing={self.routing}: routings are {' and '.join(ROUTINGS)}")
+        if (self.a2a_overlap or self.dispatch is not None or self.routing is not None) \
+                and self.ep == 1:
+            found.append("dispatch, routing and a2a-overlap route tokens between GPUs: they "
+                         "need ep > 1")
         if self.v > 1 and self.pp == 1:
             found.append("interleaved stages (v > 1) need pp > 1")
         if self.micro_batches < 1:
@@ -179,7 +191,7 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
                 _set(values, "checkpoint_auto", True, text)
             elif key == "ckpt":
                 _set(values, "recompute", _selective(number), text)
-            elif key in ("dispatch", "gradq"):
+            elif key in ("dispatch", "gradq", "routing"):
                 _set(values, key, number, text)
             else:
                 _set(values, key, _degree(key, number), text)
@@ -216,7 +228,7 @@ def _set(values: dict[str, Any], key: str, value: Any, text: str) -> None:
 def _degree(key: str, number: str) -> int:
     if key not in DEGREES:
         raise ValueError(f"unknown degree {key!r}; known: {', '.join(DEGREES)}, and ckpt=, "
-                         f"dispatch=, gradq=")
+                         f"dispatch=, gradq=, routing=")
     try:
         value = int(number)
     except ValueError:

@@ -29,6 +29,7 @@ from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, repeated_bloc
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.compression import Matrix, gradient_matrices
+from fxlens.analyzer.plan.routing import ExpertRouting
 from fxlens.analyzer.plan.tensor_split import (
     graph_param_shape,
     split_unit,
@@ -114,6 +115,11 @@ class ModelFacts:
     peak_flops: float
     notes: tuple[str, ...] = field(default_factory=tuple)
     grad_element_bytes: float = 2.0    # bytes per gradient element (the precision's)
+    routing_groups: tuple[int, int] = (1, 1)   # group-limited routing: groups, per token
+
+    @property
+    def routing(self) -> ExpertRouting:
+        return ExpertRouting(self.experts, *self.routing_groups)
 
     @property
     def states(self) -> StateBytes:
@@ -164,10 +170,12 @@ def _entering_bytes(graph: Graph, scope: set[int]) -> int:
 def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
                state_of: Mapping[str, StateBytes], node_times: Mapping[int, Timed],
                knowledge: ParallelKnowledge, whole_step: WholeStep,
-               fusion: FusedOps | None = None) -> ModelFacts:
+               fusion: FusedOps | None = None,
+               routing_groups: tuple[int, int] = (1, 1)) -> ModelFacts:
     """The `ModelFacts` of one captured training step. `state_of`: persistent state per
     parameter name; `node_times`: roofline times per node id; `fusion`: activations saved as
-    fused kernels keep them (None: the saved set as captured)."""
+    fused kernels keep them (None: the saved set as captured); `routing_groups`: the model's
+    group-limited routing (`fxlens.analyzer.plan.routing.routing_groups`)."""
     graph = step.graph
     grouped = {n.id for n in graph.calls() if n.packet in knowledge.grouped_gemm_ops}
     expert_params = _expert_params(graph, knowledge)
@@ -246,7 +254,9 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
                                expert_part) if name in blocks else (),
         ))
     kept = tuple(u for u in units if u.name in blocks or u.flops or u.states.total)
-    return ModelFacts(units=kept, blocks=len(blocks), experts=expert_count(graph, expert_params),
+    per_layer = expert_count(graph, expert_params)
+    return ModelFacts(units=kept, blocks=len(blocks), experts=per_layer,
+                      routing_groups=routing_groups if per_layer else (1, 1),
                       **vars(whole_step))
 
 

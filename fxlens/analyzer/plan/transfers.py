@@ -23,9 +23,11 @@ layers the same GPUs of a stage as etp innermost, then ep, then expert dp.
   recompute), of the token rows this GPU routes: each token once per chosen expert
   (``dispatch=alltoall``), or, as DeepEP sends them (``dispatch=deepep``, the default across
   nodes), once per node holding any of its experts over the GPU's NIC and once per GPU holding
-  one over NVLink; with balanced routing a token's k experts of E over n holders fall on
-  ``n·(1 − C(E − E/n, k)/C(E, k))`` distinct holders (`distinct_holders`): 2.7 remote nodes of
-  3 instead of 6 expert copies for Qwen3-235B (k = 8 of 128) at ep = 32 over four nodes.
+  one over NVLink; a token's k experts of E over n holders fall on
+  ``n·(1 − C(E − E/n, k)/C(E, k))`` distinct holders with balanced routing
+  (`fxlens.analyzer.plan.routing`, which also counts group-limited routing and a benchmark's
+  block gate): 2.7 remote nodes of 3 instead of 6 expert copies for Qwen3-235B (k = 8 of
+  128) at ep = 32 over four nodes.
   DeepEP's kernels run on `DEEPEP_SMS` = 20 multiprocessors (Megatron-core's
   ``moe_deepep_num_sms`` default; the DeepSeek-V3 report's 20 of 132 SMs for its all-to-alls).
 - Data parallel over the GPUs holding the same weights (dp · cp for the dense part, the expert
@@ -52,6 +54,7 @@ from typing import Protocol
 from fxlens.analyzer.core.sections import Collective
 from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.compression import Matrix, powersgd_bytes, quantized_bytes
+from fxlens.analyzer.plan.routing import ExpertRouting, distinct_holders
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import Unit
 
@@ -210,9 +213,9 @@ def ring_attention(s: Strategy, device: Links, units: Sequence[Unit]
 
 
 def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: int,
-                    experts: int) -> list[Collective]:
+                    routing: ExpertRouting) -> list[Collective]:
     """The dispatch and combine all-to-alls of one stage, every micro-batch (`tokens`: the
-    captured micro-batch's, `experts`: per MoE layer)."""
+    captured micro-batch's; `routing`: a MoE layer's experts and router groups)."""
     routed = sum(u.routed_bytes for u in units)
     if s.ep == 1 or not routed:
         return []
@@ -223,7 +226,7 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
     chosen = sum(u.routed_rows for u in units) / (moe_layers * tokens) if tokens else 0.0
     inside = group.within_node(device.gpus_per_node)
     dispatch = s.dispatch or ("alltoall" if inside else "deepep")
-    if dispatch == "alltoall" or chosen < 1 or experts < s.ep:
+    if dispatch == "alltoall" or chosen < 1 or routing.experts < s.ep:
         return [collective("all-to-all", "expert routing", group, payload,
                            passes * s.micro_batches, device, s.a2a_overlap)]
     # DeepEP: each token once to every node holding one of its experts (over this GPU's NIC),
@@ -231,8 +234,9 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
     members = _members(group, device)
     nodes = group.size // members
     token_bytes = payload / chosen
-    per_gpu = token_bytes * distinct_holders(experts, chosen, group.size)
-    across = token_bytes * distinct_holders(experts, chosen, nodes) * (nodes - 1) / nodes
+    pattern = s.routing or "balanced"
+    per_gpu = token_bytes * distinct_holders(routing, chosen, group.size, pattern)
+    across = token_bytes * distinct_holders(routing, chosen, nodes, pattern) * (nodes - 1) / nodes
     each = latency_s("all-to-all", group, device) + max(
         across / device.link_bytes_per_s(False) if nodes > 1 else 0.0,
         per_gpu * (group.size - 1) / group.size / device.link_bytes_per_s(True))
@@ -256,18 +260,6 @@ def sm_slowdown_s(collectives: Sequence[Collective], exposed_s: float, device: L
     held = sum(c.time_s * (DEEPEP_SMS if c.cause == DEEPEP_CAUSE else device.collective_sms)
                for c in collectives)
     return held * hidden_share / device.multiprocessors
-
-
-def distinct_holders(experts: int, chosen: float, holders: int) -> float:
-    """Expected number of `holders` (each with an equal share of `experts`) among the holders
-    of `chosen` distinct experts drawn uniformly, as balanced routing draws them."""
-    if holders <= 1:
-        return 1.0
-    share = experts / holders
-    missed = 1.0
-    for i in range(round(chosen)):
-        missed *= max(experts - share - i, 0.0) / (experts - i)
-    return holders * (1.0 - missed)
 
 
 def data_parallel(s: Strategy, device: Links, dense: StateBytes, expert: StateBytes,
