@@ -140,6 +140,19 @@ def test_a2a_overlap_hides_all_to_alls_behind_the_other_micro_batch(
     assert _expert_exposed_s(Strategy(dp=8, ep=8, micro_batches=4), 8.0, 1e9, 1e9) == 8.0
 
 
+@pytest.mark.parametrize("stage, alone", [
+    (0, (2 * 3 + 1 * 4 + 1) / 16),      # warm-up 2(p − 1) + (v − 1)p chunks, and one more
+    (3, (0 + 1 * 4 + 1) / 16)])         # the last stage warms up (v − 1)p + 1
+def test_a2a_overlap_leaves_an_interleaved_pipelines_warm_up_and_cool_down_exposed(
+        stage: int, alone: float) -> None:
+    """Megatron-core's combined 1F1B pairs a forward with another micro-batch's backward
+    only in the steady state: on stage i of p = 4, v = 2, m = 8 the chunks it warms up
+    (forwards with no backward yet) and as many cool-down backwards run alone."""
+    s = Strategy(dp=8, pp=4, v=2, ep=8, micro_batches=8, a2a_overlap=True)
+    assert _expert_exposed_s(s, 8.0, 1e9, 1e9, stage) == pytest.approx(8.0 * alone)
+    assert _expert_exposed_s(s, 8.0, 0.0, 0.0, stage) == pytest.approx(8.0)
+
+
 def test_hidden_deepep_transfers_slow_the_compute_beside_them_by_their_sms() -> None:
     tokens, k, hidden = 1024, 8, 4096
     units = moe_units(1, tokens, k, hidden)

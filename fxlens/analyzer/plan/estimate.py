@@ -290,7 +290,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
                     if s.compresses else gradients)
     nxt = parts[index + 1][0] if index + 1 < len(parts) and parts[index + 1] else None
     exposed = _expert_exposed_s(s, sum(c.time_s for c in experts), m * (forward + recompute_s),
-                                m * backward)
+                                m * backward, index)
     return _Stage(
         memory=memory, compute_s=m * (forward + backward + recompute_s),
         backward_s=m * backward, recompute_s=m * recompute_s,
@@ -335,17 +335,21 @@ def _compression_buffers(s: Strategy, facts: ModelFacts, units: Sequence[Unit],
 
 
 def _expert_exposed_s(s: Strategy, all_to_all_s: float, forward_s: float,
-                      backward_s: float) -> float:
-    """The expert all-to-alls' seconds on the critical path (all micro-batches). With
-    ``a2a-overlap`` the forward's transfers run beside another micro-batch's backward compute
-    and the backward's beside a forward, except the first forward's and the last backward's."""
+                      backward_s: float, stage: int = 0) -> float:
+    """The expert all-to-alls' seconds on the critical path of `stage` (all micro-batches).
+    With ``a2a-overlap`` (Megatron-core's combined 1F1B) a steady-state forward's transfers
+    run beside another micro-batch's backward compute and the backward's beside a forward;
+    the forwards of the warm-up, which has no backward to pair with, and as many backwards of
+    the cool-down run alone: one micro-batch without a pipeline, and on stage i of an
+    interleaved one the ``2(p − i − 1) + (v − 1)p + 1`` chunks it warms up (`in_flight`)."""
     if not s.a2a_overlap:
         return all_to_all_s
     forward_passes = 4 if s.checkpoint else 2
     to_forward = all_to_all_s * forward_passes / (forward_passes + 2)
     steady = (max(0.0, to_forward - backward_s)
               + max(0.0, all_to_all_s - to_forward - forward_s))
-    return steady * (s.micro_batches - 1) / s.micro_batches + all_to_all_s / s.micro_batches
+    alone = in_flight(s, stage) / s.micro_batches
+    return steady * (1 - alone) + all_to_all_s * alone
 
 
 def phase_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
