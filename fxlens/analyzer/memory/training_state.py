@@ -74,8 +74,11 @@ class StateBytes:
                 + self.optimizer_bytes + self.buffer_bytes)
 
     def plus(self, other: StateBytes) -> StateBytes:
-        return StateBytes(*(getattr(self, f.name) + getattr(other, f.name)
-                            for f in fields(StateBytes)))
+        return StateBytes(self.weights_bytes + other.weights_bytes,
+                          self.master_bytes + other.master_bytes,
+                          self.grad_bytes + other.grad_bytes,
+                          self.optimizer_bytes + other.optimizer_bytes,
+                          self.buffer_bytes + other.buffer_bytes)
 
     def to_section(self) -> StateTotals:
         return StateTotals(**{f.name: getattr(self, f.name) for f in fields(StateBytes)},

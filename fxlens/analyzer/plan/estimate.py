@@ -54,7 +54,7 @@ from fxlens.analyzer.plan.compression import (
     powersgd_flops,
     quantized_bytes,
 )
-from fxlens.analyzer.plan.recompute import recomputed
+from fxlens.analyzer.plan.recompute import recomputed_parts
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
 from fxlens.analyzer.plan.transfers import (
@@ -103,9 +103,12 @@ def in_flight(s: Strategy, stage: int) -> float:
     return min(chunks, s.micro_batches * s.v) / s.v
 
 
+STATE_FIELDS = tuple(f.name for f in fields(StateBytes))
+
+
 def _scaled(state: StateBytes, **divisors: float) -> StateBytes:
-    return StateBytes(**{f.name: math.ceil(getattr(state, f.name) / divisors.get(f.name, 1))
-                         for f in fields(StateBytes)})
+    return StateBytes(**{name: math.ceil(getattr(state, name) / divisors.get(name, 1))
+                         for name in STATE_FIELDS})
 
 
 def is_block(unit: Unit | ModulePart) -> bool:
@@ -236,7 +239,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         host = held.master_bytes + held.optimizer_bytes
         held = StateBytes(held.weights_bytes, 0, held.grad_bytes, 0, held.buffer_bytes)
     held_micro_batches = in_flight(s, index)
-    selected = {u.name: recomputed(u.name, u.parts, s.recompute)
+    selected = {u.name: recomputed_parts(u, s.recompute)
                 for u in units if s.recompute and is_block(u)}
     if s.checkpoint:
         kept = sum(u.input_bytes / seq_div if is_block(u) else saved_on_gpu(u, t, seq_div)
@@ -384,7 +387,7 @@ def _unit_state(unit: Unit, t: int, experts_on_gpu: int) -> StateBytes:
 
 
 def _all(divisor: float) -> dict[str, float]:
-    return {f.name: divisor for f in fields(StateBytes)}
+    return dict.fromkeys(STATE_FIELDS, divisor)
 
 
 def _zero(state: StateBytes, stage: int, n: int) -> StateBytes:

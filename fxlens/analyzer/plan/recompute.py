@@ -24,8 +24,12 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
+from typing import TYPE_CHECKING
 
 from fxlens.analyzer.plan.workload import ModulePart
+
+if TYPE_CHECKING:
+    from fxlens.analyzer.plan.structure import Unit
 
 ATTENTION = re.compile(r"(self_|cross_)?(attn|attention)")
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
@@ -86,6 +90,15 @@ def recomputed(block: str, parts: Sequence[ModulePart], patterns: Sequence[str]
         if any(_matches(pattern, inside, segments, part.types) for pattern in patterns):
             chosen.append(part)
     return chosen
+
+
+def recomputed_parts(unit: Unit, patterns: Sequence[str]) -> tuple[ModulePart, ...]:
+    """`recomputed` for a block unit, remembered on the unit per set of patterns."""
+    key = tuple(patterns)
+    memo = unit.recomputed_by
+    if key not in memo:
+        memo[key] = tuple(recomputed(unit.name, unit.parts, key))
+    return memo[key]
 
 
 def _matches(pattern: str, inside: str, segments: Sequence[str], types: Sequence[str]) -> bool:

@@ -22,6 +22,7 @@ import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
@@ -93,9 +94,16 @@ class Unit:
     def saved_bytes(self) -> int:
         return self.saved_split_bytes + self.saved_whole_bytes
 
-    @property
+    @cached_property
     def states(self) -> StateBytes:
         return self.states_split.plus(self.states_whole).plus(self.states_expert)
+
+    @cached_property
+    def recomputed_by(self) -> dict[tuple[str, ...], tuple[ModulePart, ...]]:
+        """The parts each set of ``ckpt=`` patterns recomputes, as
+        `fxlens.analyzer.plan.recompute.recomputed_parts` finds them once per unit (a search
+        asks every layout's units the same question)."""
+        return {}
 
 
 @dataclass(frozen=True)
@@ -121,7 +129,7 @@ class ModelFacts:
     def routing(self) -> ExpertRouting:
         return ExpertRouting(self.experts, *self.routing_groups)
 
-    @property
+    @cached_property
     def states(self) -> StateBytes:
         total = StateBytes()
         for unit in self.units:
