@@ -67,6 +67,10 @@ def test_group_limits_come_from_the_models_config() -> None:
     assert routing_groups(config(8, 4)) == (8, 4)
     assert routing_groups(config(1, 1)) == (1, 1)          # Kimi-K2, GLM-4.5: no limit
     assert routing_groups(object()) == (1, 1)
+    greedy = dataclasses.make_dataclass("G", [("n_group", int), ("topk_group", int),
+                                              ("topk_method", str)])
+    assert routing_groups(greedy(8, 3, "greedy")) == (1, 1)    # DeepSeek-V2's plain top-k
+    assert routing_groups(greedy(8, 3, "group_limited_greedy")) == (8, 3)
     assert not ExpertRouting(256, 8, 8).limited            # every group allowed
 
 

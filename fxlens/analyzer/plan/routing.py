@@ -45,8 +45,11 @@ class ExpertRouting:
 
 def routing_groups(config: object) -> tuple[int, int]:
     """(groups, groups per token) of a model's group-limited router from its configuration
-    (`transformers`' DeepSeek-V2/V3 names: ``n_group``, ``topk_group``); (1, 1) without."""
+    (`transformers`' DeepSeek-V2/V3 names: ``n_group``, ``topk_group``; DeepSeek-V2's
+    ``topk_method = "greedy"`` ignores them); (1, 1) without."""
     groups, per_token = getattr(config, "n_group", None), getattr(config, "topk_group", None)
+    if getattr(config, "topk_method", None) == "greedy":
+        return 1, 1
     if isinstance(groups, int) and isinstance(per_token, int) and 1 <= per_token < groups:
         return groups, per_token
     return 1, 1
