@@ -95,6 +95,7 @@ def _reached(experts: int, k: int, lo: int, hi: int, groups: int, per_token: int
                for (taken, mine), count in ways.items() if taken == per_token) / total
 
 
+@cache
 def _block_holders(experts: int, k: int, bounds: tuple[int, ...]) -> float:
     """Mean distinct holders of the blocks ``[s, s + k) mod E`` that tokens' starts
     ``s = i·k mod E`` take in turn."""
