@@ -272,3 +272,28 @@ def test_a_tensor_parallel_moe_block_reduces_its_tokens_not_their_routed_rows() 
     assert split["etp expert outputs"].bytes == hidden_states
     assert "etp expert outputs" not in whole
     assert whole["tp activations"].calls == split["tp activations"].calls
+
+
+@pytest.mark.slow
+def test_a_models_group_limited_router_reaches_the_plan() -> None:
+    """The zoo's DeepSeek-V3 routes its top-2 of 4 experts within 1 of 2 groups (its config's
+    n_group, topk_group); the plan reads that from the model it analyses."""
+    assert hf_facts("deepseek_v3").routing == ExpertRouting(4, 2, 1)
+    mixtral = hf_facts("mixtral").routing                   # top-k over all its experts
+    assert mixtral.experts > 0 and not mixtral.limited
+
+
+@pytest.mark.slow
+def test_layouts_offered_for_one_that_does_not_fit_keep_the_runs_routing() -> None:
+    from fxlens.analyzer.plan.search import PlanRequest, plan_section
+    from fxlens.rules.hardware import LINK_EFFICIENCY
+
+    facts = hf_facts("mixtral")
+    asked = parse("dp=8,ep=8,routing=blocks", 8)
+    tight = H100.with_usable(layout(facts, "dp=8,ep=8,zero=3", 8).memory.peak_bytes + 1)
+    plan = plan_section(facts, PlanRequest(strategy=asked), tight, (), LINK_EFFICIENCY, "",
+                        1.0, 1.0)
+    assert not plan.layouts[0].fits
+    offered = [parse(x.strategy, 8) for x in plan.layouts[1:]]
+    assert any(s.ep > 1 for s in offered)
+    assert all(s.routing == ("blocks" if s.ep > 1 else None) for s in offered)

@@ -45,6 +45,7 @@ class PlanRequest:
     global_batch: int | None = None        # samples per step in a search
     tokens: int | None = None
     price_per_gpu_hour: float | None = None
+    routing: str | None = None             # the run's router (`Strategy.routing`), kept
 
 
 def _powers(limit: int) -> list[int]:
@@ -159,7 +160,8 @@ def plan_section(facts: ModelFacts, request: PlanRequest, device: Links,
             asked = request.strategy
             batch = request.global_batch or facts.samples * asked.dp * asked.micro_batches
             fitting, *_ = _search(facts, replace(request, strategy=None, gpus=asked.gpus,
-                                                 global_batch=batch), device)
+                                                 global_batch=batch, routing=asked.routing),
+                                  device)
             layouts += fitting[:SHOWN - 1]
     else:
         fitting, dropped, reasons, considered = _search(facts, request, device)
@@ -193,6 +195,8 @@ def _search(facts: ModelFacts, request: PlanRequest, device: Links
             reasons[item.reason.split(" (")[0].split(" of ")[0]] += 1
             dropped.append((1 << 62, item))
             continue
+        if request.routing is not None and item.ep > 1:     # the router is the run's
+            item = replace(item, routing=request.routing)
         layout = estimate_auto(facts, item, device, request.tokens, request.price_per_gpu_hour)
         if layout.strategy in seen:
             continue        # ckpt=auto settled on no recompute, or on full recompute
