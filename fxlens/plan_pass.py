@@ -169,7 +169,7 @@ def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFac
 
 def _routing_assumption(facts: ModelFacts) -> str:
     routing = facts.routing
-    groups = (f", drawn from {routing.groups_per_token} of {routing.groups} expert groups "
+    groups = (f" within {routing.groups_per_token} of {routing.groups} expert groups "
               "(the model's group-limited routing)" if routing.limited else "")
     return ("expert routing balanced (each expert gets the same rows; a token's experts drawn "
             f"uniformly{groups}, or k consecutive ones with routing=blocks); a token goes once "

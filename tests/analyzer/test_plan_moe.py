@@ -278,7 +278,11 @@ def test_a_tensor_parallel_moe_block_reduces_its_tokens_not_their_routed_rows() 
 def test_a_models_group_limited_router_reaches_the_plan() -> None:
     """The zoo's DeepSeek-V3 routes its top-2 of 4 experts within 1 of 2 groups (its config's
     n_group, topk_group); the plan reads that from the model it analyses."""
-    assert hf_facts("deepseek_v3").routing == ExpertRouting(4, 2, 1)
+    from fxlens.plan_pass import _routing_assumption
+
+    deepseek = hf_facts("deepseek_v3")
+    assert deepseek.routing == ExpertRouting(4, 2, 1)
+    assert "drawn uniformly within 1 of 2 expert groups" in _routing_assumption(deepseek)
     mixtral = hf_facts("mixtral").routing                   # top-k over all its experts
     assert mixtral.experts > 0 and not mixtral.limited
 
