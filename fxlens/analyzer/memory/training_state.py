@@ -81,8 +81,11 @@ class StateBytes:
                           self.buffer_bytes + other.buffer_bytes)
 
     def to_section(self) -> StateTotals:
-        return StateTotals(**{f.name: getattr(self, f.name) for f in fields(StateBytes)},
+        return StateTotals(**{name: getattr(self, name) for name in STATE_FIELDS},
                            total=self.total)
+
+
+STATE_FIELDS = tuple(f.name for f in fields(StateBytes))   # its categories, in order
 
 
 @dataclass(frozen=True)

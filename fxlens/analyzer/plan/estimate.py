@@ -43,10 +43,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 
 from fxlens.analyzer.core.sections import Collective, PlanLayout, PlanMemory, PlanRun, PlanTime
-from fxlens.analyzer.memory.training_state import StateBytes
+from fxlens.analyzer.memory.training_state import STATE_FIELDS, StateBytes
 from fxlens.analyzer.plan.compression import (
     Matrix,
     on_gpu,
@@ -101,9 +101,6 @@ def in_flight(s: Strategy, stage: int) -> float:
         return min(s.micro_batches, s.pp - stage)
     chunks = 2 * (s.pp - stage - 1) + (s.v - 1) * s.pp + 1
     return min(chunks, s.micro_batches * s.v) / s.v
-
-
-STATE_FIELDS = tuple(f.name for f in fields(StateBytes))
 
 
 def _scaled(state: StateBytes, **divisors: float) -> StateBytes:
