@@ -55,10 +55,12 @@ def routing_groups(config: object) -> tuple[int, int]:
     return 1, 1
 
 
+@cache
 def distinct_holders(routing: ExpertRouting, chosen: float, holders: int,
                      pattern: str = "balanced") -> float:
     """Expected number of the `holders` (each keeping an equal run of the experts) that hold
-    at least one of a token's `chosen` experts under `pattern` (`ROUTINGS`)."""
+    at least one of a token's `chosen` experts under `pattern` (`ROUTINGS`). Remembered: a
+    plan search asks it for every stage of every layout."""
     k, experts = round(chosen), routing.experts
     if holders <= 1 or k < 1 or experts < holders:
         return 1.0
@@ -71,7 +73,6 @@ def distinct_holders(routing: ExpertRouting, chosen: float, holders: int,
                for h in range(holders))
 
 
-@cache
 def _reached(experts: int, k: int, lo: int, hi: int, groups: int, per_token: int) -> float:
     """Probability that a token's k uniformly drawn experts (from `per_token` of `groups`
     uniformly drawn groups) include one of experts [lo, hi)."""
@@ -95,7 +96,6 @@ def _reached(experts: int, k: int, lo: int, hi: int, groups: int, per_token: int
                for (taken, mine), count in ways.items() if taken == per_token) / total
 
 
-@cache
 def _block_holders(experts: int, k: int, bounds: tuple[int, ...]) -> float:
     """Mean distinct holders of the blocks ``[s, s + k) mod E`` that tokens' starts
     ``s = i·k mod E`` take in turn."""
