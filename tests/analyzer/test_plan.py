@@ -327,11 +327,15 @@ def test_plan_section_round_trips_through_json(gpt: tuple[Report, ModelFacts],
 # --- architectures by others ---------------------------------------------------------------
 
 
-def hf_facts(name: str) -> ModelFacts:
+def hf_facts(name: str, tokens: int | None = None) -> ModelFacts:
+    """The zoo model's facts; `tokens`: a sequence of that length instead of its own."""
     from fxlens.analyzer.core.loaded import LoadedModel
+    from tests.models.hf_build import tokens as token_ids
     from tests.models.hf_zoo import ZOO
 
     module, inputs = ZOO[name]()
+    if tokens is not None:
+        inputs = {"input_ids": token_ids(length=tokens)}
     options = AnalysisOptions(train=True, plan=True, strategy="ddp", gpus=2, fusion=False)
     ctx = Context(LoadedModel(module, inputs, name, name), options, lambda _: None)
     return plan_facts(ctx, run_context(ctx), H100)
@@ -339,13 +343,28 @@ def hf_facts(name: str) -> ModelFacts:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name, rows", [("llama", 2), ("gpt2", 2), ("bert", 2),
-                                        ("mixtral", 2), ("deepseek_v3", 2)])
+                                        ("mixtral", 2), ("deepseek_v3", 2),
+                                        ("gpt_oss", 2)])
 def test_megatron_pairs_in_transformers_blocks(name: str, rows: int) -> None:
     facts = hf_facts(name)
     first = next(u for u in facts.units if u.name not in ("pre", "post"))
     assert first.row_gemms == rows          # attention output and MLP down projection
     assert first.tp_reduce_bytes > 0 and first.saved_split_bytes > first.saved_whole_bytes
 
+
+
+@pytest.mark.slow
+def test_a_mask_wider_than_the_hidden_states_is_not_the_residual_stream() -> None:
+    """GPT-OSS's eager attention takes a batch × 1 × T × T mask made before the blocks; at 96
+    tokens over a width of 64 it outgrows the hidden states, and had been taken for the
+    residual stream: no pairs, no routed rows (no all-to-all under ep), a block's input the
+    mask's size."""
+    batch, tokens, width, top_k, fp32 = 2, 96, 64, 2, 4
+    facts = hf_facts("gpt_oss", tokens)
+    for block in (u for u in facts.units if u.name not in ("pre", "post")):
+        assert block.row_gemms == 2
+        assert block.routed_rows == batch * tokens * top_k
+        assert block.input_bytes == batch * tokens * width * fp32
 
 # --- the command line -----------------------------------------------------------------------
 

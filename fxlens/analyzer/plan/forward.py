@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from fxlens.analyzer.core.graph import Graph, repeated_blocks
 from fxlens.analyzer.plan.structure import unit_of_nodes
-from fxlens.analyzer.plan.tensor_split import split_unit
+from fxlens.analyzer.plan.tensor_split import handed_on, split_unit
 from fxlens.analyzer.plan.types import ParallelKnowledge
 
 
@@ -36,8 +36,9 @@ def forward_split(graph: Graph, knowledge: ParallelKnowledge) -> ForwardSplit:
             members[unit].add(node_id)
     split_nodes: set[int] = set()
     reduce_bytes: dict[int, int] = {}
+    handed = handed_on(graph, members)
     for name, scope in members.items():
-        split = split_unit(graph, scope, name == "post", knowledge)
+        split = split_unit(graph, scope, name == "post", knowledge, handed[name])
         split_nodes |= split.split_nodes
         reduce_bytes |= split.payloads
     return ForwardSplit(frozenset(split_nodes), reduce_bytes)

@@ -32,7 +32,9 @@ from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.compression import Matrix, gradient_matrices
 from fxlens.analyzer.plan.routing import ExpertRouting
 from fxlens.analyzer.plan.tensor_split import (
+    entering,
     graph_param_shape,
+    handed_on,
     split_unit,
     weight_gemms,
     weight_param,
@@ -168,11 +170,13 @@ def _block_of(module: str, blocks: Sequence[str]) -> str:
     return next((b for b in blocks if module == b or module.startswith(b + ".")), "")
 
 
-def _entering_bytes(graph: Graph, scope: set[int]) -> int:
-    refs = {ref: graph.spec(ref) for node_id in scope
-            for ref in graph.nodes[node_id].input_refs()
-            if ref.node not in scope and graph.nodes[ref.node].kind is NodeKind.CALL}
-    return sum(spec.nbytes for spec in refs.values() if spec is not None)
+def _input_bytes(graph: Graph, scope: set[int], handed: frozenset[tuple[int, ...]]) -> int:
+    """Bytes of what enters the unit's forward and it hands on in kind (its residual stream,
+    what a pipeline stage receives and a checkpointed block keeps); everything entering when
+    nothing does (a mask or a rotary table made once for every block is not the unit's)."""
+    refs = entering(graph, scope)
+    own = [spec for spec in refs.values() if tuple(spec.shape) in handed]
+    return sum(spec.nbytes for spec in own or refs.values())
 
 
 def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
@@ -198,8 +202,9 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
         members[unit].append(node_id)
     forward = {name: {n for n in members[name] if graph.nodes[n].phase == "forward"}
                for name in unit_names}
+    handed = handed_on(graph, forward)
     splits = {name: split_unit(graph, forward[name], terminal_column=name == "post",
-                               knowledge=knowledge)
+                               knowledge=knowledge, handed=handed[name])
               for name in unit_names}
     split_nodes = set().union(*(s.split_nodes for s in splits.values()))
     split_params = set().union(*(s.split_params for s in splits.values()))
@@ -241,7 +246,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             name=name, states_split=states["split"], states_whole=states["whole"],
             states_expert=states["expert"], saved_split_bytes=saved[name][0],
             saved_whole_bytes=saved[name][1],
-            input_bytes=_entering_bytes(graph, forward[name]),
+            input_bytes=_input_bytes(graph, forward[name], handed[name]),
             forward_split_s=timing[0], forward_whole_s=timing[1], backward_split_s=timing[2],
             backward_whole_s=timing[3],
             flops=sum(flops.get(n, 0) for n in members[name]),

@@ -22,7 +22,7 @@ them to the projection that made them.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
@@ -100,13 +100,14 @@ def weight_gemms(graph: Graph, scope: Iterable[int], knowledge: ParallelKnowledg
 
 
 def split_unit(graph: Graph, scope: set[int], terminal_column: bool,
-               knowledge: ParallelKnowledge) -> TensorSplit:
+               knowledge: ParallelKnowledge,
+               handed: frozenset[tuple[int, ...]] = frozenset()) -> TensorSplit:
     """Row/column pairs in `scope` (forward CALL nodes of one unit), as the module docstring
-    walks them: its residual width and tokens are those of the largest activation entering
-    it from outside."""
+    walks them: its residual width and tokens are those of its residual stream
+    (`residual_stream`; `handed`: the shapes the unit hands to others, `handed_on`)."""
     gemms = weight_gemms(graph, sorted(scope), knowledge)
     split = TensorSplit(gemms=gemms)
-    entering = _largest_entering(graph, scope)
+    entering = residual_stream(graph, scope, handed, {g.out_features for g in gemms.values()})
     width = entering.shape[-1] if entering is not None else 0
     tokens = entering.numel // width if entering is not None and width > 0 else 0
     region: set[int] = set()
@@ -186,17 +187,42 @@ def graph_param_shape(graph: Graph, name: str) -> tuple[int, ...]:
     return next((p.spec.shape for p in graph.params if p.name == name), ())
 
 
-def _largest_entering(graph: Graph, scope: set[int]) -> TensorSpec | None:
-    """The largest floating-point activation entering a unit from outside: its residual
-    stream."""
-    best: TensorSpec | None = None
+def entering(graph: Graph, scope: set[int]) -> dict[TensorRef, TensorSpec]:
+    """The activations `scope`'s nodes read from calls outside it."""
+    found = {}
     for node_id in scope:
         for ref in graph.nodes[node_id].input_refs():
-            producer = graph.nodes[ref.node]
             spec = graph.spec(ref)
-            if ref.node in scope or producer.kind is not NodeKind.CALL or spec is None:
-                continue
-            if (spec.shape and spec.dtype.startswith(("float", "bfloat"))
-                    and (best is None or spec.nbytes > best.nbytes)):
-                best = spec
-    return best
+            if (ref.node not in scope and graph.nodes[ref.node].kind is NodeKind.CALL
+                    and spec is not None):
+                found[ref] = spec
+    return found
+
+
+def handed_on(graph: Graph, units: Mapping[str, set[int]]
+              ) -> dict[str, frozenset[tuple[int, ...]]]:
+    """Per unit (forward CALL nodes by unit name), the shapes of the floating-point tensors
+    its nodes make and another unit's forward reads: its residual stream leaves as it came,
+    where a mask or a rotary table that every block reads is made once, before them."""
+    owner = {node_id: name for name, scope in units.items() for node_id in scope}
+    shapes: dict[str, set[tuple[int, ...]]] = {name: set() for name in units}
+    for node_id, reader in owner.items():
+        for ref in graph.nodes[node_id].input_refs():
+            maker = owner.get(ref.node)
+            if maker is not None and maker != reader and _floating(graph, ref):
+                spec = graph.spec(ref)
+                assert spec is not None
+                shapes[maker].add(tuple(spec.shape))
+    return {name: frozenset(found) for name, found in shapes.items()}
+
+
+def residual_stream(graph: Graph, scope: set[int], handed: frozenset[tuple[int, ...]],
+                    widths: Collection[int] = ()) -> TensorSpec | None:
+    """The unit's residual stream: of the floating-point activations entering it from outside,
+    one of a shape it hands on, else one as wide as a GEMM's output in it, else the largest.
+    (An eager attention's mask, batch × 1 × T × T, outgrows the hidden states once T passes
+    their width, and does not leave the block.)"""
+    floating = [spec for spec in entering(graph, scope).values()
+                if spec.shape and spec.dtype.startswith(("float", "bfloat"))]
+    return max(floating, default=None,
+               key=lambda s: (tuple(s.shape) in handed, s.shape[-1] in widths, s.nbytes))
