@@ -128,7 +128,7 @@ def _fused(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
     if not dropout_p > 0 or not cpu_flash_takes(query, key, value, attn_mask):
         return None
     try:
-        mask = _additive(attn_mask, query.dtype)
+        mask = additive_mask(attn_mask, query.dtype)
         out, _ = aten._scaled_dot_product_flash_attention_for_cpu(
             query, key, value, dropout_p, is_causal, attn_mask=mask, scale=scale)
     except Exception as error:   # never fail the capture for this
@@ -151,7 +151,7 @@ def _efficient(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attn_mask: torch.Tensor | None, dropout_p: float, is_causal: bool,
                scale: float | None) -> torch.Tensor | None:
     try:
-        bias = _additive(attn_mask, query.dtype)
+        bias = additive_mask(attn_mask, query.dtype)
         if bias is not None and bias.dim() == 2:
             bias = bias.expand(query.shape[0], query.shape[1], *bias.shape)
         out, *_ = aten._scaled_dot_product_efficient_attention(
@@ -196,7 +196,7 @@ def _mask_fits(mask: torch.Tensor, query: torch.Tensor, key: torch.Tensor) -> bo
                                and mask.shape[1] in (1, query.shape[1]))
 
 
-def _additive(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+def additive_mask(mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """A boolean mask as the additive one the composite hands its kernels (True: attend),
     made by the same ops (``convert_boolean_attn_mask``)."""
     if mask is None or mask.dtype != torch.bool:

@@ -8,8 +8,9 @@ downloaded: configs are built from those dicts, modules are built under
 second), and example inputs are meta tensors.
 
 Choices made for capture: attention is forced to ``sdpa`` (one op per attention) unless the
-preset names another (``"attention": "eager"`` for GPT-OSS, whose attention sinks
-transformers runs only in its eager implementation: matmuls and a softmax), decoders
+preset names another; GPT-OSS's attention sinks, which transformers runs only in its eager
+implementation (matmuls and a softmax), are captured as the fused kernels that train and serve
+it take them (``"attention": "fxlens_sinks"``, `fxlens.analyzer.capture.hf_sinks`); decoders
 run with ``use_cache=False``, MoE experts keep transformers' default implementation, and the
 module is in eval mode. A causal language model's training step is given ``labels`` (the
 input tokens), so it is recorded with the model's own loss: transformers upcasts the logits to
@@ -48,6 +49,8 @@ from typing import Any
 
 import torch
 
+from fxlens.analyzer.capture.hf_sinks import SINK_ATTENTION
+from fxlens.analyzer.capture.hf_sinks import register as register_sink_attention
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.core.loaded import LoadedModel
 
@@ -265,6 +268,8 @@ def _build_config(
         )
     if getattr(config, "use_cache", None) is not None:
         config.use_cache = False
+    if preset.attention == SINK_ATTENTION:
+        register_sink_attention()
     config._attn_implementation = preset.attention
     return config
 
