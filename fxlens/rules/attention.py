@@ -45,9 +45,13 @@ Against FlopCounterMode (torch 2.13), ours = its GEMMs + the softmax terms, exce
 knowingly off: it counts 0 for the CPU flash kernel and its backward, the dense square for
 causal, and reads the raw kernels' (B, T, H, d) tensors as if they were (B, H, T, d).
 
+Sliding windows: the raw flash kernels' ``window_size_left`` w (causal) counts the w + 1 keys
+each query sees, as FlashAttention computes them; a banded mask handed to a kernel is counted
+as that kernel computes it, every score (the "pass is_causal" finding, `skippable`, prices the
+window a windowed kernel would skip).
+
 Known limitations: the additive mask/bias and the score scaling (1 FLOP per score each) and
-dropout are not counted; sliding windows (``window_size*``, or a banded mask) are not
-discounted (counted as their causal or dense square); variable-length (nested/``cum_seq``)
+dropout are not counted; variable-length (nested/``cum_seq``)
 batches count every sequence at the maximum length, as FlopCounterMode does (fake tensors do
 not know the offsets).
 """
@@ -108,7 +112,12 @@ def _attn(call: OpCall, seq_first: bool = False, mask_type: int | None = None) -
         mask_type, note = int(verdict.causal), verdict.note
     else:
         note = MASK_TYPE_NOTES.get(mask_type, f"custom_mask_type={mask_type}")
-    scores = t_q * t_k if mask_type == 0 else causal_scores(t_q, t_k, (mask_type - 1) * (t_k - t_q))
+    offset = (mask_type - 1) * (t_k - t_q)
+    scores = t_q * t_k if mask_type == 0 else causal_scores(t_q, t_k, offset)
+    left = call.arg("window_size_left")
+    if mask_type and isinstance(left, int) and 0 <= left < t_k:   # FlashAttention's window
+        scores -= causal_scores(t_q, t_k, offset - left - 1)
+        note += f"; sliding window: each query sees its last {left + 1} keys"
     bh = numel(q) // max(q[t] * q[-1], 1) * seqs
     return Attn(bh, t_q, q[-1], v[-1], scores, note)
 

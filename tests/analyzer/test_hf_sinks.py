@@ -12,10 +12,12 @@ from fxlens.analyzer.capture.hf_sinks import SINK_ATTENTION, register, sink_atte
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.api import AnalysisOptions
 from fxlens.pipeline import Context, run_context
+from fxlens.rules.conventions import SOFTMAX_FLOPS_PER_ELEMENT
 from tests.models.hf_build import instantiate, tokens
 
 B, T, HEADS, KV_HEADS, D = 2, 24, 4, 2, 16
 FUSED = "aten._scaled_dot_product_flash_attention_for_cpu"
+WINDOWED = "aten._flash_attention_forward"
 
 
 def _config() -> transformers.GptOssConfig:
@@ -50,18 +52,26 @@ def test_sink_attention_equals_the_eager_path(window: int | None) -> None:
 
 def test_a_gpt_oss_step_saves_no_score_matrix() -> None:
     """Recorded with the sink implementation, a GPT-OSS training step runs one fused attention
-    per layer and its backward, and saves nothing of T × T per head; eager saved the scores'
+    per layer and its backward, the sliding-window layer as FlashAttention's windowed kernel
+    counted on its band, and saves nothing of T × T per head; eager saved the scores'
     probabilities (B × H × T × T) in every layer."""
     register()
     model = instantiate(transformers.GptOssForCausalLM, _config(), attention=SINK_ATTENTION)
     ctx = Context(LoadedModel(model, {"input_ids": tokens(length=T)}, "gpt-oss", "gpt-oss"),
                   AnalysisOptions(train=True, fusion=False), lambda _: None)
-    run_context(ctx)
+    report = run_context(ctx)
     assert ctx.step is not None
     graph = ctx.step.graph
-    packets = [n.packet for n in graph.calls()]
-    assert packets.count(FUSED) == 2 and packets.count(FUSED + "_backward") == 2
+    calls = {n.packet: n for n in graph.calls() if "attention" in n.packet}
+    assert sorted(calls) == sorted([FUSED, FUSED + "_backward", WINDOWED,
+                                    "aten._flash_attention_backward"])
+    window, per_score = _config().sliding_window, 2 * (D + D) + SOFTMAX_FLOPS_PER_ELEMENT
+    assert calls[WINDOWED].args["window_size_left"] == window - 1
+    band = sum(min(i + 1, window) for i in range(T))           # 164 of the causal 300
+    flops = {n.id: n.flops for n in report.nodes}
+    assert flops[calls[WINDOWED].id] == B * HEADS * band * per_score
+    assert flops[calls[FUSED].id] == B * HEADS * T * (T + 1) // 2 * per_score
     square = [s for s in (graph.spec(r) for r in ctx.step.saved) if s is not None
               and len(s.shape) == 4 and s.shape[-2:] == (T, T) and s.shape[1] == HEADS]
     assert square == []
-    assert graph.params and any(p.name.endswith("sinks") for p in graph.params)
+    assert any(p.name.endswith("sinks") for p in graph.params)

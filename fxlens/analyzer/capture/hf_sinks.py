@@ -23,7 +23,10 @@ a model built by a user keeps the implementation it chose.
 NB: the log-sum-exp leaves the kernel without a gradient (as PyTorch's derivative for it
 declares), so the backward's sink term reaches the sink parameter and not the queries and keys:
 a few pointwise FLOPs per score row that the GPU kernels' backward computes in-kernel.
-Sliding windows passed as a banded mask are counted dense (`fxlens.rules.attention`).
+A sliding-window layer (the module's ``sliding_window``, GPT-OSS's every other layer) is
+recorded on fake tensors as FlashAttention's windowed kernel (``aten._flash_attention_forward``
+with ``window_size_left``), counted on its band (`fxlens.rules.attention`); on real tensors
+(a rerun a data-dependent model forces) CPU's kernel takes the banded mask, counted dense.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from fxlens.analyzer.capture.fused_attention import additive_mask
 
@@ -70,6 +74,10 @@ def sink_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
     """Attention with one sink logit per head (`sinks`, shape (H,)) as a fused kernel and its
     renormalisation; (B, H, T, d) in, (B, T, H, d) out as `transformers`' functions return."""
     causal = bool(is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    window = getattr(module, "sliding_window", None)
+    if causal and isinstance(window, int) and 0 < window < key.shape[2] and all(
+            is_fake(t) for t in (query, key, value)):
+        return _windowed(query, key, value, sinks, window, dropout, scale)
     causal = causal and mask is None and query.shape[2] > 1
     if mask is not None:
         mask = additive_mask(mask[:, :, :, : key.shape[2]], query.dtype)
@@ -77,3 +85,18 @@ def sink_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         query, key, value, dropout, causal, attn_mask=mask, scale=scale)
     kept = torch.sigmoid(lse - sinks.view(1, -1, 1).to(lse.dtype)).unsqueeze(-1)
     return (out * kept).to(query.dtype).transpose(1, 2).contiguous()
+
+
+def _windowed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+              sinks: torch.Tensor, window: int, dropout: float, scale: float | None
+              ) -> torch.Tensor:
+    """A sliding-window layer as FlashAttention runs it (``window_size_left``: each query sees
+    its last `window` keys), on (B, T, H, d): the work of the band, not of the square its
+    mask spans. Fake tensors only: the raw kernel is CUDA's."""
+    t = query.shape[2]
+    out, lse, *_ = aten._flash_attention_forward(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), None, None, t,
+        key.shape[2], dropout, True, False, scale=scale, window_size_left=window - 1,
+        window_size_right=0)
+    kept = torch.sigmoid(lse - sinks.view(1, -1, 1).to(lse.dtype)).transpose(1, 2)
+    return (out * kept.unsqueeze(-1)).to(query.dtype)
