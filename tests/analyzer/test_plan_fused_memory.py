@@ -60,3 +60,26 @@ def test_fused_kernels_save_gemm_inputs_not_pointwise_intermediates(both) -> Non
         twin = [u for u in eager.units if u.name == unit.name][0]
         assert saved(unit) <= saved(twin)
     assert 0 < sum(saved(u) for u in fused.units) < sum(saved(u) for u in eager.units)
+
+
+@pytest.mark.parametrize("name, width", [("qwen3_moe", "moe_intermediate_size"),
+                                         ("gpt_oss", "intermediate_size")])
+def test_the_experts_activation_is_one_part_holding_the_down_projections_input(
+        name: str, width: str) -> None:
+    """A MoE layer's activation (Qwen3's ``act_fn`` module and the product with the up
+    projection; GPT-OSS's inline clamped SwiGLU, no module) is the part
+    ``mlp.experts.act_fn``: fused, it saves the down projection's input, one row per routed
+    token (bf16), which Megatron's ``moe_act`` recompute drops; the experts keep the rest."""
+    from fxlens.analyzer.plan.recompute import recomputed_parts
+    from tests.models.hf_zoo import ZOO
+
+    module, inputs = ZOO[name]()
+    options = AnalysisOptions(train=True, plan=True, strategy="ddp", gpus=2, device="h100",
+                              precision="amp-bf16", fused=True)
+    ctx = Context(LoadedModel(module, inputs, name, name), options, lambda _: None)
+    facts = plan_facts(ctx, run_context(ctx), device("h100"))
+    block = [u for u in facts.units if u.name not in ("pre", "post")][-1]
+    activation = part(block, "mlp.experts.act_fn")
+    assert saved(activation) == block.routed_rows * getattr(module.config, width) * BF16
+    assert recomputed_parts(block, ["moe_act"]) == (activation,)
+    assert saved(part(block, "mlp.experts")) > 0

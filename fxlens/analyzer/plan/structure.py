@@ -47,6 +47,7 @@ from fxlens.analyzer.plan.workload import (
     ModulePart,
     Timed,
     UnitAttention,
+    expert_activation_parts,
     expert_count,
     expert_gemms,
     expert_weight_nodes,
@@ -213,8 +214,10 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
         split_params.add(vocab[1])
     units = []
     module_split = module_split_share(graph, split_nodes, times)
+    part_of = expert_activation_parts(graph, {row: nodes for split in splits.values()
+                                              for row, nodes in split.expert_activations.items()})
     saved_by = saved_by_module(step, registry, of_node, split_nodes,
-                               knowledge.weight_path_ops, fusion)
+                               knowledge.weight_path_ops, fusion, part_of)
     saved: defaultdict[str, tuple[int, int]] = defaultdict(lambda: (0, 0))
     saved_in: defaultdict[str, dict[str, tuple[int, int]]] = defaultdict(dict)
     for (unit_name, module), (split, whole) in saved_by.items():
@@ -263,8 +266,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             expert_work=expert_work(graph, members[name], expert_sized, all_times),
             matrices=gradient_matrices((param_shapes.get(p, ()), k) for p, k in kinds.items()),
             parts=module_parts(graph, name, members[name], split_nodes, times,
-                               saved_in[name],
-                               expert_part) if name in blocks else (),
+                               saved_in[name], expert_part, part_of) if name in blocks else (),
         ))
     kept = tuple(u for u in units if u.name in blocks or u.flops or u.states.total)
     per_layer = expert_count(graph, expert_params)

@@ -52,6 +52,8 @@ class TensorSplit:
     split_params: set[str] = field(default_factory=set)
     payloads: dict[int, int] = field(default_factory=dict)  # row node → its all-reduce's bytes
     expert_rows: set[int] = field(default_factory=set)      # rows that are routed experts'
+    # per expert row, the ops between it and its columns: the experts' activation
+    expert_activations: dict[int, set[int]] = field(default_factory=dict)
     gemms: dict[int, Gemm] = field(default_factory=dict)
 
 
@@ -113,7 +115,7 @@ def split_unit(graph: Graph, scope: set[int], terminal_column: bool,
     region: set[int] = set()
     for row in (g for g in gemms.values() if g.out_features == width):
         columns, seen = set(), set()
-        stack = [ref.node for ref in row.activations]
+        stack = [ref.node for ref in row.activations if _floating(graph, ref)]
         while stack:
             node_id = stack.pop()
             if node_id in seen or node_id not in scope:
@@ -131,6 +133,8 @@ def split_unit(graph: Graph, scope: set[int], terminal_column: bool,
             region |= seen - columns
             if graph.nodes[row.node].packet in knowledge.grouped_gemm_ops:
                 split.expert_rows.add(row.node)
+                if all(graph.nodes[c].packet in knowledge.grouped_gemm_ops for c in columns):
+                    split.expert_activations[row.node] = seen - columns
                 split.payloads[row.node] = _combined_bytes(graph, row, tokens)
             else:
                 split.payloads[row.node] = row.output_bytes

@@ -212,13 +212,14 @@ def unit_times(graph: Graph, members: Iterable[int], split_nodes: set[int],
 
 def saved_by_module(step: TrainingGraph, registry: CostRegistry, of_node: Mapping[int, str],
                     split_nodes: set[int], copy_ops: Collection[str],
-                    fusion: FusedOps | None = None
+                    fusion: FusedOps | None = None, part_of: Mapping[int, str] | None = None
                     ) -> dict[tuple[str, str], tuple[int, int]]:
     """Saved activation bytes per (unit, module of the op that made them): (on split
     features, replicated); each storage once. A tensor made by views and casts alone
     (`copy_ops`: autocast's bf16 copy of a norm's output, made inside the next Linear) belongs
     to the module that made what they copy. `fusion`: saved as fused kernels keep them
-    (`fused_saved`); None: the saved set as captured."""
+    (`fused_saved`); None: the saved set as captured. `part_of`: a part other than its module
+    for some nodes (`expert_activation_parts`)."""
     storages = plan_storages(step.graph, registry)
     out: defaultdict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
     saved = list(dict.fromkeys(
@@ -230,7 +231,7 @@ def saved_by_module(step: TrainingGraph, registry: CostRegistry, of_node: Mappin
         size = fp8_saved(step.graph, storages, saved, fusion.fp8_gemms)
     for sid in saved:
         node, _ = storages.origin[sid]
-        key = (of_node.get(node.id, "pre"), _made_in(step.graph, node, copy_ops))
+        key = (of_node.get(node.id, "pre"), _made_in(step.graph, node, copy_ops, part_of or {}))
         out[key][0 if node.id in split_nodes else 1] += size.get(sid, storages.size[sid])
     return {key: (split, whole) for key, (split, whole) in out.items()}
 
@@ -297,14 +298,30 @@ def fused_saved(graph: Graph, storages: Storages, saved: Sequence[int],
     return sorted(kept)
 
 
-def _made_in(graph: Graph, node: Node, copy_ops: Collection[str]) -> str:
-    """The module of the op `node` copies or views, through a chain of such ops."""
+def _made_in(graph: Graph, node: Node, copy_ops: Collection[str], part_of: Mapping[int, str]
+             ) -> str:
+    """The module (or part) of the op `node` copies or views, through a chain of such ops."""
     made = node
     for source in islice(copy_sources(graph, TensorRef(node.id), copy_ops), 1, None):
         if graph.nodes[source.node].kind is not NodeKind.CALL:
             break
         made = graph.nodes[source.node]
-    return made.module
+    return part_of.get(made.id, made.module)
+
+
+ACTIVATION_PART = "act_fn"
+
+
+def expert_activation_parts(graph: Graph, regions: Mapping[int, Collection[int]]
+                            ) -> dict[int, str]:
+    """The part each op of a MoE layer's activation belongs to: `regions` gives, per expert
+    row GEMM (the down-projection), the ops between it and its columns (the gate/up
+    projection: the SwiGLU, clamps, biases), as `tensor_split` walks them. They form the part
+    ``<experts module>.act_fn`` whether `transformers` wrote the activation as a module or
+    inline (GPT-OSS): what Megatron's ``moe_act`` recompute drops is their output, the
+    down-projection's input, and what it keeps is the up-projection's output."""
+    return {node_id: f"{graph.nodes[row].module}.{ACTIVATION_PART}"
+            for row, nodes in regions.items() for node_id in nodes}
 
 
 @dataclass(frozen=True)
@@ -328,15 +345,16 @@ class ModulePart:
 
 def module_parts(graph: Graph, unit: str, members: Iterable[int], split_nodes: set[int],
                  times: Mapping[int, float], saved: Mapping[str, tuple[int, int]],
-                 expert_part: Callable[[list[int]], tuple[tuple[ExpertGemm, ...], ExpertWork]]
-                 ) -> tuple[ModulePart, ...]:
+                 expert_part: Callable[[list[int]], tuple[tuple[ExpertGemm, ...], ExpertWork]],
+                 part_of: Mapping[int, str] | None = None) -> tuple[ModulePart, ...]:
     """One `ModulePart` per module of `unit`'s forward (`saved`: bytes per module path;
-    `expert_part`: the expert GEMMs and expert-sized work of some nodes)."""
+    `expert_part`: the expert GEMMs and expert-sized work of some nodes; `part_of`: a part
+    other than its module for some nodes, `expert_activation_parts`)."""
     by_module: defaultdict[str, list[int]] = defaultdict(list)
     for node_id in members:
         node = graph.nodes[node_id]
         if node.phase == "forward":
-            by_module[node.module].append(node_id)
+            by_module[(part_of or {}).get(node_id, node.module)].append(node_id)
     parts = []
     for module in sorted(by_module.keys() | saved.keys()):
         nodes = by_module.get(module, [])
