@@ -180,8 +180,9 @@ def main() -> None:
         rows.append(row)
     if args.merge and args.out.exists():
         fresh = {r["name"]: r for r in rows}
-        kept = json.loads(args.out.read_text())
-        rows = [fresh.pop(r["name"], r) for r in kept] + list(fresh.values())
+        kept = {r["name"]: r for r in json.loads(args.out.read_text())}
+        rows = [row for run in runs                      # in runs.json's order
+                if (row := fresh.get(run["name"], kept.get(run["name"]))) is not None]
     args.out.write_text(json.dumps(rows, indent=1) + "\n")
     print(table(rows))
 
