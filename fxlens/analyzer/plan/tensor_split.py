@@ -1,18 +1,19 @@
 """Megatron's tensor-parallel split of one unit of a forward graph, found from the graph's
 structure, not from class or parameter names (Shoeybi et al. 2019).
 
-Inside a unit, a GEMM against a weight whose output has the unit's width (the residual
-stream's last dimension) is *row-parallel* when walking back from its input along
+Inside a unit, a GEMM against a weight whose output has the unit's width (the residual stream's
+last dimension; the stream is what enters the unit and leaves it in kind, `residual_stream`,
+not a mask made once for every block) is *row-parallel* when walking back from its input along
 floating-point data, without crossing another weight GEMM, reaches weight GEMMs: those are
-*column-parallel*, and every op between them (attention, activation functions, per-head
-norms) runs on 1/t of the features. One all-reduce of the row GEMM's output per pair in the
-forward, one of the column GEMMs' input gradient in the backward; a MoE layer's experts (a
-grouped GEMM whose rows are the tokens' top-k routed copies) all-reduce once their rows are
-combined per token, so their payload is the tokens entering the unit × its width, not the
-routed rows (TensorRT-LLM, vLLM and Megatron reduce after the combine). A GEMM in ``post`` with no
-row partner (the LM head) is vocab-parallel with the loss after it; embedding tables are
-vocab-parallel too (one all-reduce of their output). Everything else (norms, routers,
-low-rank down-projections) is replicated.
+*column-parallel*, and every op between them (attention, activation functions, per-head norms)
+runs on 1/t of the features. One all-reduce of the row GEMM's output per pair in the forward,
+one of the column GEMMs' input gradient in the backward; a MoE layer's experts (a grouped GEMM
+whose rows are the tokens' top-k routed copies) all-reduce once their rows are combined per
+token, so their payload is the tokens entering the unit × its width, not the routed rows
+(TensorRT-LLM, vLLM and Megatron reduce after the combine). A GEMM in ``post`` with no row
+partner (the LM head) is vocab-parallel with the loss after it; embedding tables are
+vocab-parallel too (one all-reduce of their output). Everything else (norms, routers, low-rank
+down-projections) is replicated.
 
 Between a row and its columns, a GEMM whose weight is batched by head (absorbed MLA's W_UK
 and W_UV) splits with its heads and the walk goes on through it; an attention's single-head
@@ -109,9 +110,9 @@ def split_unit(graph: Graph, scope: set[int], terminal_column: bool,
     (`residual_stream`; `handed`: the shapes the unit hands to others, `handed_on`)."""
     gemms = weight_gemms(graph, sorted(scope), knowledge)
     split = TensorSplit(gemms=gemms)
-    entering = residual_stream(graph, scope, handed, {g.out_features for g in gemms.values()})
-    width = entering.shape[-1] if entering is not None else 0
-    tokens = entering.numel // width if entering is not None and width > 0 else 0
+    stream = residual_stream(graph, scope, handed, {g.out_features for g in gemms.values()})
+    width = stream.shape[-1] if stream is not None else 0
+    tokens = stream.numel // width if stream is not None and width > 0 else 0
     region: set[int] = set()
     for row in (g for g in gemms.values() if g.out_features == width):
         columns, seen = set(), set()
