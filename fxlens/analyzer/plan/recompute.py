@@ -11,7 +11,9 @@ children being parts of their own), and ``ckpt=`` takes '+'-joined kinds or modu
 - ``mlp``: the feed-forward (dense or MoE); ``moe``: the MoE layer (router, experts, shared
   experts); ``shared_experts``; ``mla_up_proj``: MLA's ``q_b_proj`` and ``kv_b_proj``;
 - ``norm`` (or ``layernorm``): every normalisation; ``act``: activation-function modules;
-  ``moe_act``: those inside a MoE layer;
+  ``moe_act``: those inside a MoE layer, where a layer's activation is one part,
+  ``<experts>.act_fn``: every op between the experts' up and down projections, written as a
+  module or inline (`fxlens.analyzer.plan.workload.expert_activation_parts`);
 - anything else: a glob over the module path inside the block (``self_attn.o_proj``,
   ``*norm``), its children included.
 
