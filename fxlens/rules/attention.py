@@ -51,9 +51,8 @@ as that kernel computes it, every score (the "pass is_causal" finding, `skippabl
 window a windowed kernel would skip).
 
 Known limitations: the additive mask/bias and the score scaling (1 FLOP per score each) and
-dropout are not counted; variable-length (nested/``cum_seq``)
-batches count every sequence at the maximum length, as FlopCounterMode does (fake tensors do
-not know the offsets).
+dropout are not counted; variable-length (nested/``cum_seq``) batches count every sequence at
+the maximum length, as FlopCounterMode does (fake tensors do not know the offsets).
 """
 
 from __future__ import annotations
@@ -101,6 +100,11 @@ def causal_scores(t_q: int, t_k: int, offset: int = 0) -> int:
     return prefix(max(start + t_q, 0)) - prefix(max(start, 0))
 
 
+def window_scores(t_q: int, t_k: int, offset: int, window: int) -> int:
+    """Scores when query i sees the `window` keys ending at key i + offset."""
+    return causal_scores(t_q, t_k, offset) - causal_scores(t_q, t_k, offset - window)
+
+
 def _attn(call: OpCall, seq_first: bool = False, mask_type: int | None = None) -> Attn:
     """Sizes from query/key/value, `(B, H, T, d)` or `(B, T, H, d)` when `seq_first`."""
     q, k, v = call.shape("query"), call.shape("key"), call.shape("value")
@@ -116,7 +120,7 @@ def _attn(call: OpCall, seq_first: bool = False, mask_type: int | None = None) -
     scores = t_q * t_k if mask_type == 0 else causal_scores(t_q, t_k, offset)
     left = call.arg("window_size_left")
     if mask_type and isinstance(left, int) and 0 <= left < t_k:   # FlashAttention's window
-        scores -= causal_scores(t_q, t_k, offset - left - 1)
+        scores = window_scores(t_q, t_k, offset, left + 1)
         note += f"; sliding window: each query sees its last {left + 1} keys"
     bh = numel(q) // max(q[t] * q[-1], 1) * seqs
     return Attn(bh, t_q, q[-1], v[-1], scores, note)
@@ -245,8 +249,7 @@ def skippable(call: OpCall) -> tuple[int, int, MaskVerdict]:
     dense = _attn(call)
     t_k = call.shape("key")[-2]
     offset = 0 if verdict.mask is MaskPattern.CAUSAL else t_k - dense.t_q
-    scores = causal_scores(dense.t_q, t_k, offset)
-    if verdict.mask is MaskPattern.WINDOW:   # keys (i + offset − w, i + offset]
-        scores -= causal_scores(dense.t_q, t_k, offset - verdict.window)
+    scores = (window_scores(dense.t_q, t_k, offset, verdict.window)
+              if verdict.mask is MaskPattern.WINDOW else causal_scores(dense.t_q, t_k, offset))
     flops = backward_flops if call.node.packet in BACKWARD_OPS else forward_flops
     return flops(dense) - flops(replace(dense, scores=scores)), flops(dense), verdict

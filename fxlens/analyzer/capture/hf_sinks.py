@@ -1,5 +1,5 @@
-"""`sdpa_with_sinks()`: `transformers`' SDPA attention taking attention sinks, as the fused
-kernels that train and serve GPT-OSS run them.
+"""`SINK_ATTENTION`: a `transformers` attention implementation that takes attention sinks as
+the fused kernels that train and serve GPT-OSS run them.
 
 GPT-OSS gives each head a learned sink: one more logit in every row of the softmax, whose
 probability is dropped (``s_aux``). `transformers` runs it only in its eager implementation
@@ -83,8 +83,7 @@ def sink_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tens
         mask = additive_mask(mask[:, :, :, : key.shape[2]], query.dtype)
     out, lse = aten._scaled_dot_product_flash_attention_for_cpu(
         query, key, value, dropout, causal, attn_mask=mask, scale=scale)
-    kept = torch.sigmoid(lse - sinks.view(1, -1, 1).to(lse.dtype)).unsqueeze(-1)
-    return (out * kept).to(query.dtype).transpose(1, 2).contiguous()
+    return (out * _kept(lse, sinks).unsqueeze(-1)).to(query.dtype).transpose(1, 2).contiguous()
 
 
 def _windowed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -98,5 +97,10 @@ def _windowed(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
         query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), None, None, t,
         key.shape[2], dropout, True, False, scale=scale, window_size_left=window - 1,
         window_size_right=0)
-    kept = torch.sigmoid(lse - sinks.view(1, -1, 1).to(lse.dtype)).transpose(1, 2)
-    return (out * kept.unsqueeze(-1)).to(query.dtype)
+    return (out * _kept(lse, sinks).transpose(1, 2).unsqueeze(-1)).to(query.dtype)
+
+
+def _kept(lse: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """Σ exp(s) / (Σ exp(s) + exp(sink)) per (B, H, T) row, from the kernel's log-sum-exp: the
+    share of each row's softmax the sink leaves to the keys."""
+    return torch.sigmoid(lse - sinks.view(1, -1, 1).to(lse.dtype))
