@@ -47,6 +47,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import weakref
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -329,28 +330,32 @@ class _Mark(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, stand_ins: StandIns, seen: dict[int, TensorRef | None],
                 inputs: bool, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ctx.stand_ins, ctx.seen = stand_ins, seen
+        ctx.stand_ins, ctx.seen = weakref.ref(stand_ins), seen   # weak: see `_StandIn`
         ctx.set_materialize_grads(False)
         stand_ins._recorder.unrecordable.add(ctx._sequence_nr())
         return tuple(t.view_as(t) if inputs else t.detach() for t in tensors)
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
-        recorder = ctx.stand_ins._recorder
+        recorder = ctx.stand_ins()._recorder
         for i, grad in enumerate(grads):
             ctx.seen[i] = recorder.peek(grad) if grad is not None else None
         return (None, None, None, *grads)
 
 
 class _StandIn(torch.autograd.Function):
-    """A member's forward run with autograd off; its backward is a placeholder."""
+    """A member's forward run with autograd off; its backward is a placeholder.
+
+    A context holds the stand-ins weakly: they hold the recording's tensors, whose autograd
+    nodes hold the contexts, a cycle through C++ that the garbage collector cannot see (it
+    kept every recorded step of a process alive, its graph, fake tensors and recorder)."""
 
     @staticmethod
     def forward(ctx: Any, stand_ins: StandIns, member: int, box: dict[str, Any],
                 forward: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
                 output_grads: tuple[bool, ...], *grad_tensors: torch.Tensor
                 ) -> tuple[torch.Tensor, ...]:
-        ctx.stand_ins, ctx.member = stand_ins, member
+        ctx.stand_ins, ctx.member = weakref.ref(stand_ins), member
         ctx.set_materialize_grads(False)
         stand_ins._recorder.unrecordable.add(ctx._sequence_nr())
         out = box["out"] = forward(*args, **kwargs)
@@ -363,7 +368,7 @@ class _StandIn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
-        return (None,) * 7 + tuple(ctx.stand_ins.placeholder(ctx.member, grads))
+        return (None,) * 7 + tuple(ctx.stand_ins().placeholder(ctx.member, grads))
 
 
 def _backward_hooks(module: torch.nn.Module) -> bool:

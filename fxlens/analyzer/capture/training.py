@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import traceback
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -176,9 +177,12 @@ def _record_once(
 ) -> _Recorded:
     recorder = Recorder.for_run(module, state, args, kwargs, registry.knows)
     saved: list[TensorRef] = []
+    # The hook is kept by the autograd nodes of the tensors the recorder keeps: held strongly,
+    # the recorder would close a cycle through C++ that no garbage collection frees.
+    recording = weakref.ref(recorder)
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        saved.append(recorder.ref(tensor))
+        saved.append(recording().ref(tensor))   # type: ignore[union-attr]  # alive: recording
         return tensor
 
     blocks = StandIns(module, recorder, saved, state) if stand_ins else None
