@@ -428,6 +428,7 @@ def test_a_closed_pipe_silences_its_console_and_the_run_goes_on() -> None:
         stream.write("buffered for the closed pipe\n")   # goes to the null device now
 
 
+@pytest.mark.slow
 def test_a_reader_closing_stdout_early_keeps_the_exit_code(tmp_path: Path,
                                                           base_report: Path) -> None:
     """``analyze model.py --fail-on … | head``: the gate still fails the job (exit 1, not

@@ -122,6 +122,7 @@ def _step_parts(ctx: Context, report: Report) -> tuple[list[BlockForward], dict[
     return blocks, flops
 
 
+@pytest.mark.slow
 def test_two_block_choice_equals_brute_force_over_every_subset() -> None:
     """tests/models/tiny_gpt.py (2 blocks; recompute priced in FLOPs): for each budget of the
     curve, the least recompute over all 2^k save/recompute subsets whose simulated step peak
@@ -152,7 +153,8 @@ def test_two_block_choice_equals_brute_force_over_every_subset() -> None:
         assert section.peak_after_bytes <= point.budget_bytes
 
 
-@pytest.mark.parametrize("name", ["tiny_gpt", "llama", "t5"])
+@pytest.mark.parametrize("name", ["tiny_gpt", "llama",
+                                  pytest.param("t5", marks=pytest.mark.slow)])
 def test_the_separable_form_is_the_simulated_peak(name: str) -> None:
     """Saving an op only lengthens its own storages' lives: the rewritten step's peak equals
     base + Σ saved at its worst point, for any policy."""
@@ -172,7 +174,8 @@ def test_the_separable_form_is_the_simulated_peak(name: str) -> None:
         assert problem.peak(chosen) == simulated
 
 
-@pytest.mark.parametrize("name", ["tiny_gpt", "llama", "gpt2"])
+@pytest.mark.parametrize("name", ["tiny_gpt", pytest.param("llama", marks=pytest.mark.slow),
+                                  "gpt2"])
 def test_the_peak_falls_as_the_budget_tightens(name: str) -> None:
     """The curve's 10 budgets, from no checkpointing down to every op recomputed: each peak
     fits its budget, and a tighter budget never gets a higher peak or less recompute; the

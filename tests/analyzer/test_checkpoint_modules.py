@@ -48,7 +48,7 @@ def test_a_blocks_children_are_its_outermost_modules_that_run_a_forward() -> Non
     assert children(types, "m.h.0") == ["m.h.0.attn", "m.h.0.layer.0", "m.h.0.layer.1"]
 
 
-@pytest.mark.parametrize("name", ["tiny_gpt", "llama", "t5"])
+@pytest.mark.parametrize("name", ["tiny_gpt", "llama", pytest.param("t5", marks=pytest.mark.slow)])
 def test_the_peak_falls_as_the_budget_tightens_by_module(name: str) -> None:
     """T5 has four groups of alike blocks (the first of encoder and decoder carry the
     position bias): decided per child name, the same children in every block."""

@@ -65,8 +65,8 @@ PUBLISHED_PARAMS = {
 }
 
 # SDPA calls per forward: one per attention module (encoder-decoders add cross-attention).
-# Qwen3-Next: one softmax-attention layer in four (the others gated DeltaNet); GPT-OSS runs
-# transformers' eager attention (its sinks have no SDPA path): none.
+# Qwen3-Next: one softmax-attention layer in four (the others gated DeltaNet); GPT-OSS's
+# attention with sinks is captured as FlashAttention's kernel (`capture/hf_sinks.py`): none.
 SDPA_CALLS = {"t5-small": 3 * 6, "whisper-tiny": 3 * 4, "qwen3-next-80b-a3b": 1,
               "gpt-oss-120b": 0}
 
@@ -226,8 +226,16 @@ def test_errors_share_one_base() -> None:
     assert all(issubclass(e, FxlensError) for e in (LoadError, CaptureError, ReportError))
 
 
-# Presets whose full depth takes long to capture: a few layers show the same structure.
+# Presets whose full depth takes long to capture (over ~30 identical layers): a few layers
+# show the same structure.
 SHALLOW = {"llama-3.1-405b": {"num_hidden_layers": "4"},
+           "gpt2-xl": {"n_layer": "4"},
+           "llama-2-13b": {"num_hidden_layers": "4"},
+           "llama-2-70b": {"num_hidden_layers": "4"},
+           "llama-3-70b": {"num_hidden_layers": "4"},
+           "llama-3.1-70b": {"num_hidden_layers": "4"},
+           "qwen2.5-72b": {"num_hidden_layers": "4"},
+           "qwen3-235b-a22b": {"num_hidden_layers": "4"},
            "deepseek-v3": {"num_hidden_layers": "5"},
            "qwen3-30b-a3b": {"num_hidden_layers": "4"},
            "gemma-3-1b": {"num_hidden_layers": "6"},   # five sliding layers, one global

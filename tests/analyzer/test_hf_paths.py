@@ -37,7 +37,8 @@ def test_model_files_answer_as_eager_while_captured_and_are_restored() -> None:
     assert asked() == originals
 
 
-@pytest.mark.parametrize("method", ["export", "make_fx", "record"])
+@pytest.mark.parametrize("method", [pytest.param("export", marks=pytest.mark.slow),
+                                    pytest.param("make_fx", marks=pytest.mark.slow), "record"])
 def test_gated_deltanet_is_captured_as_its_eager_run_solves(method: str) -> None:
     """Eager solves each chunk's unit lower-triangular system (2 solves per DeltaNet layer);
     under export transformers would invert it by forward substitution and two more batched

@@ -109,6 +109,7 @@ def test_a_model_built_at_one_batch_is_offered_no_batch(tmp_path: Path) -> None:
     assert not fit.fits and not fit.fixes and "--batch" not in _verdict(report)
 
 
+@pytest.mark.slow
 def test_decode_that_fits_is_told_apart_from_the_prefill(tmp_path: Path) -> None:
     given = {"sizes": {"batch": 8, "seq_len": 64}, "kv_cache": True}
     _, whole = _fit(GPT, _on(tmp_path, given, 2**50))

@@ -315,6 +315,7 @@ def _layers(count: int) -> Graph:
     return b.graph(outputs=(h,), module_types=types)
 
 
+@pytest.mark.slow
 def test_a_ten_thousand_node_graph_has_a_full_timeline() -> None:
     """Its speed is measured in bench/liveness.py, not here (no timed tests)."""
     graph = _layers(1000)            # 10 000 call nodes

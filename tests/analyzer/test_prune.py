@@ -57,6 +57,7 @@ def test_concat_slices_keep_their_offsets_and_depthwise_ties_in_to_out() -> None
     assert a.importance_basis == b.importance_basis == "|γ| of the batch norm"
 
 
+@pytest.mark.slow
 def test_a_model_without_prunable_group_says_why() -> None:
     _, _, result = planned(lstm.build)
     assert result.section.groups == () and result.section.plan is None

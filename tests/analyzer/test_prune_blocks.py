@@ -142,7 +142,13 @@ def test_a_block_s_calibrated_damage_is_the_output_change_without_it_and_ranks_f
     assert blocks["layers.2"].importance_min == 0.0      # it adds nothing
     plan = result.section.plan
     assert plan is not None and plan.met and plan.damage == 0.0
-    assert plan.units_removed == 1 and blocks["layers.2"].removed == 1
+    assert blocks["layers.2"].removed == 1
+    # Beside the block, only what costs nothing: layers.1's neuron 20 is dead on every
+    # calibration batch, its measured damage 0 or rounding noise by the matmuls' reduction
+    # order (the CPU, its threads); at 0 the plan may take it too.
+    others = [g for g in result.section.groups if g.removed and g.name != "layers.2"]
+    assert all(g.kind == "neurons" and g.importance_min == 0.0 for g in others), others
+    assert plan.units_removed == 1 + sum(g.removed for g in others)
     assert result.module is not None and run(result.module, inputs) == [(6, 5)]
     assert type(result.module.layers[2]).__name__ == "Skipped"
 
@@ -230,6 +236,7 @@ def test_a_saved_decoder_without_its_first_layer_decodes_with_a_cache_as_without
     torch.testing.assert_close(cached, whole, atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.slow
 def test_an_encoder_decoder_loses_a_decoder_layer_from_the_decoder_s_config_only() -> None:
     from tests.models import hf_zoo
 

@@ -74,6 +74,7 @@ def test_each_group_and_the_plan_save_what_the_recaptured_pruned_module_shows(
             None if before is None else before - (_kv(one, inputs) or 0))
 
 
+@pytest.mark.slow
 def test_a_kv_group_saves_its_heads_cache_per_token() -> None:
     module, _, result = _pruned(MODELS["llama"], target=None)
     config = module.config

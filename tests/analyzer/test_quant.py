@@ -370,7 +370,7 @@ def test_a_parameter_no_layer_type_holds_is_a_candidate() -> None:
     assert row["data_free_fisher"]["int8_per_tensor"] > 0
 
 
-@pytest.mark.parametrize("calibrated", [False, True])
+@pytest.mark.parametrize("calibrated", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_the_plan_is_sized_by_the_score_that_ranks_and_agrees_with_the_verdicts(
         calibrated: bool) -> None:
     """Without a budget every layer ends at a format its own verdict calls ok (or bf16), and

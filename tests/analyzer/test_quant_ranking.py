@@ -42,6 +42,7 @@ def one_thread() -> Iterator[None]:
     torch.set_num_threads(threads)
 
 
+@pytest.mark.slow
 def test_calibrated_ranking_finds_the_worst_layer_of_a_deep_mlp() -> None:
     rows = [row for seed in (0, 1, 2) for row in _rows(rm.deep_mlp(seed, depth=8, epochs=12))]
     for row in rows:
@@ -56,6 +57,7 @@ def test_calibrated_ranking_finds_the_worst_layer_of_a_deep_mlp() -> None:
     assert statistics.median(r.rho["data-free"] for r in rows) >= 0.6, rows
 
 
+@pytest.mark.slow
 def test_planted_outlier_channels_do_not_fool_the_calibrated_ranking() -> None:
     """Function-preserving rescaling leaves the model alone and changes what each format does
     to it; the ranking must follow the real damage, per format."""
@@ -108,7 +110,7 @@ def test_fisher_damage_predicts_the_measured_kl() -> None:
     assert 0.3 <= statistics.median(ratios) <= 3.0, ratios
 
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_a_few_samples_dominating_the_calibration_are_warned(seed: int) -> None:
     """Calibrated on inputs the model is over-confident on (its training images, brightened):
     most rows carry no damage, so the ranking rests on the few that do."""
@@ -122,6 +124,7 @@ def test_a_few_samples_dominating_the_calibration_are_warned(seed: int) -> None:
     assert "of 60 calibration rows" in note
 
 
+@pytest.mark.slow
 def test_memorised_calibration_is_warned() -> None:
     case = rm.deep_mlp(0, depth=8, epochs=12)
     with torch.no_grad():
@@ -132,6 +135,7 @@ def test_memorised_calibration_is_warned() -> None:
     assert any("KL is below" in n for n in section["notes"])
 
 
+@pytest.mark.slow
 def test_fisher_damage_predicts_the_measured_output_error_of_a_regression() -> None:
     """A regression's Fisher reads the noise power over the signal power of all examples, the
     output SQNR calibration measures (not a mean relative error per example, which the outputs

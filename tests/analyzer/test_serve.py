@@ -4,6 +4,7 @@ by the closed form, the curve, the formats (`fxlens.analyzer.serve`, `fxlens.ser
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from itertools import pairwise
@@ -26,7 +27,10 @@ SMALL = {"num_hidden_layers": "3", "hidden_size": "256", "intermediate_size": "5
          "max_position_embeddings": "4096"}
 
 
+@functools.cache
 def _serve(**options: object) -> tuple[Serve, torch.nn.Module]:
+    """The small Llama served with `options`; each pipeline runs once per process (tests only
+    read the section and the module)."""
     loaded = load_preset("llama-3-8b", SMALL, batch=1, seq_len=32)
     settings = {"serve": True, "device": "h100", "input_len": 512, "output_len": 64,
                 "fusion": False, **options}
@@ -79,6 +83,7 @@ def test_max_batch_is_free_memory_over_the_blocks_of_a_request() -> None:
     assert held.context_bytes == 2**30
 
 
+@pytest.mark.slow
 def test_decode_at_batch_one_reads_the_weights_and_the_cache_once() -> None:
     serve, module = _serve(serve_batches=(1,))
     embedding = module.get_input_embeddings().weight
@@ -90,6 +95,7 @@ def test_decode_at_batch_one_reads_the_weights_and_the_cache_once() -> None:
     assert serve.kv_bytes_per_token == 3 * 2 * 2 * 64 * 2   # layers · K,V · kv heads · d · bf16
 
 
+@pytest.mark.slow
 def test_throughput_rises_with_the_batch_then_saturates() -> None:
     """Memory-bound at small batches (a doubling almost doubles the rate), compute-bound at
     large ones (the rate levels off): each doubling gains less than the one before."""
@@ -378,6 +384,7 @@ def test_a_model_serve_cannot_serve_is_refused_before_the_capture(
         run_pipeline(loaded, AnalysisOptions(serve=True, device="h100"))
 
 
+@pytest.mark.slow
 def test_a_tensor_parallel_moe_layer_all_reduces_its_tokens_not_their_routed_rows() -> None:
     """Under --tp a MoE layer's experts are all-reduced once their top-k rows are combined:
     the payload is batch × hidden, as attention's, not top-k times it."""
@@ -402,6 +409,7 @@ def test_a_tensor_parallel_moe_layer_all_reduces_its_tokens_not_their_routed_row
     assert len(payloads) == 4 and all(p == 16 * 256 * 2 for p in payloads), (modules, payloads)
 
 
+@pytest.mark.slow
 def test_a_tensor_parallel_moe_says_its_experts_split_as_expert_parallelism_would() -> None:
     """`--tp 2` on a MoE model: the note says the experts split 2 ways, which costs each GPU
     what expert parallelism over the two would (the page a user compares with runs --ep)."""

@@ -92,6 +92,7 @@ def test_an_mla_decode_reads_the_weights_and_the_latent_cache_once() -> None:
     assert two.max_batch < 2 * serve.max_batch
 
 
+@pytest.mark.slow
 def test_tensor_parallel_splits_the_absorbed_heads_and_replicates_the_latent() -> None:
     """The decode graph's heads split (q_b_proj, W_UK, attention, W_UV, o_proj); the query's
     and the latent's down-projections stay whole on every GPU."""
@@ -135,7 +136,7 @@ def test_the_first_dense_layers_are_captured_once_and_counted_k_times() -> None:
     assert layers_standing_for(dense) == (1, 3)
 
 
-@pytest.mark.parametrize("family", ["DeepseekV2", "MiniCPM3"])
+@pytest.mark.parametrize("family", ["DeepseekV2", pytest.param("MiniCPM3", marks=pytest.mark.slow)])
 def test_other_mla_families_decode_against_their_latent(family: str) -> None:
     """DeepSeek-V2 (complex rotary, no query LoRA) and MiniCPM3 (dense) share the latent cache
     and ``expand_kv``: their decode attention reads the one-head latent too."""

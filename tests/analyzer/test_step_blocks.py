@@ -152,6 +152,7 @@ class Heads(nn.Module):
         return sum(block(x, band, full) for block in self.blocks)
 
 
+@pytest.mark.slow
 def test_blocks_whose_inputs_need_no_grad_are_recorded_in_full(caplog):
     ours, full, copied = _both(Heads(), _inputs(), caplog)
     assert copied == 0

@@ -158,6 +158,7 @@ def test_script_module_name_does_not_run(browser: Any, evil_report: Report,
     browser.save_screenshot(str(OUTPUT / "report_evil_names.png"))
 
 
+@pytest.mark.slow
 def test_every_section_renders_without_overlapping_tables(browser: Any, tmp_path: Path) -> None:
     """A training + KV cache + quantization + roofline + plan report: each section is on the
     page, visible, and no two tables' boxes intersect at 1400 px."""

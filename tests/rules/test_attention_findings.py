@@ -60,6 +60,7 @@ def per_score(d_qk: int, d_v: int) -> int:
     return 2 * d_qk + 2 * d_v + SOFTMAX
 
 
+@pytest.mark.slow
 @settings(max_examples=120, deadline=None)
 @given(b=st.integers(1, 2), kv_heads=st.integers(1, 3), groups=st.integers(1, 3),
        t_q=st.integers(1, 12), extra=st.integers(0, 6), d_qk=st.sampled_from([4, 8, 12]),
@@ -67,6 +68,22 @@ def per_score(d_qk: int, d_v: int) -> int:
 def test_explicit_masks_count_dense_and_is_causal_the_triangle(
         b: int, kv_heads: int, groups: int, t_q: int, extra: int, d_qk: int, d_v: int,
         kind: str) -> None:
+    check_masked_call(b, kv_heads, groups, t_q, extra, d_qk, d_v, kind)
+
+
+@pytest.mark.parametrize("kind", MASKS)
+@pytest.mark.parametrize(("b", "kv_heads", "groups", "t_q", "extra", "d_qk", "d_v"),
+                         [(1, 1, 1, 1, 0, 4, 4),       # one query, one key
+                          (2, 2, 3, 7, 5, 12, 6),      # GQA, more keys than queries, d_v ≠ d_qk
+                          (1, 3, 1, 12, 0, 8, 8)])     # square, heads without groups
+def test_each_mask_kind_on_fixed_calls(b: int, kv_heads: int, groups: int, t_q: int,
+                                       extra: int, d_qk: int, d_v: int, kind: str) -> None:
+    """The property's cases the fast loop runs (the random sweep above is slow)."""
+    check_masked_call(b, kv_heads, groups, t_q, extra, d_qk, d_v, kind)
+
+
+def check_masked_call(b: int, kv_heads: int, groups: int, t_q: int, extra: int, d_qk: int,
+                      d_v: int, kind: str) -> None:
     t_k = t_q + (0 if kind == "is_causal" else extra)   # is_causal is top-left: T_q == T_k
     heads = kv_heads * groups
     q = torch.randn(b, heads, t_q, d_qk)

@@ -142,6 +142,7 @@ class FlexModel(torch.nn.Module):
         return x
 
 
+@pytest.mark.slow
 def test_a_model_of_flex_blocks_is_analysed_forward_and_training_step() -> None:
     """Forward (torch.export) and the training step (recorded at dispatch level): each
     layer's FlexAttention over its computed blocks, the backward at SDPA's backward per
@@ -166,7 +167,8 @@ def test_a_model_of_flex_blocks_is_analysed_forward_and_training_step() -> None:
     assert backward == [scores * (2 * (3 * 16 + 2 * 16) + 7) + 2 * 2 * 4 * 300 * 16] * 3
 
 
-@pytest.mark.parametrize("method", ["export", "make_fx", "record"])
+@pytest.mark.parametrize("method", [pytest.param("export", marks=pytest.mark.slow), "make_fx",
+                                    "record"])
 def test_every_capture_method_records_flex_attention_alike(method: str) -> None:
     registry = load_rules()
     graph = capture(FlexModel(), (torch.randn(2, 300, 64),), registry, methods=(method,))

@@ -117,6 +117,7 @@ def well_conditioned(n: int, seed: int) -> torch.Tensor:
     return noise + n * torch.eye(n, dtype=torch.float64)
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None)
 @given(n=st.integers(1, 7), k=st.integers(1, 4), batch=st.integers(1, 3), unit=st.booleans(),
        left=st.booleans(), seed=st.integers(0, 99))

@@ -223,6 +223,7 @@ class Recorder(TorchDispatchMode):
         return sum(cost_of(t, *a, **k).flops for t, a, k in self.calls if t == target)
 
 
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None)
 @given(bidirectional=st.booleans(), batch_first=st.booleans(), layers=st.integers(1, 3),
        bias=st.booleans())
