@@ -6,6 +6,7 @@ recomputed or hand their outputs to more than the next block are recorded as usu
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -272,3 +273,24 @@ def test_every_zoo_architecture_records_its_full_step(name, caplog):
     capture_training(module, inputs, load_rules(), stand_ins=False)
     ours, full, _ = _both(module, inputs, caplog)
     _assert_identical(ours, full)
+
+
+@pytest.mark.parametrize("stand_ins", [True, False])
+def test_a_recorded_step_is_freed_once_dropped(stand_ins: bool) -> None:
+    """Nothing of a recording outlives it: its hooks and autograd contexts hold the recorder
+    weakly (held strongly, a cycle through autograd's C++ kept every step a process recorded)."""
+    import gc
+
+    from fxlens.analyzer.capture.load import load
+    from fxlens.analyzer.core.graph import Node
+
+    def nodes() -> int:
+        gc.collect()
+        return sum(type(o) is Node for o in gc.get_objects())
+
+    loaded = load(str(Path(__file__).parents[1] / "models" / "tiny_gpt.py"))
+    before = nodes()
+    step = capture_training(loaded.module, loaded.inputs, load_rules(), stand_ins=stand_ins)
+    assert len(step.graph.nodes) > 100
+    del step
+    assert nodes() == before
