@@ -7,17 +7,15 @@
 - Under xdist each worker computes on its share of the cores (`_share_the_cores`): torch's
   default of one thread per core in every worker oversubscribes the machine, and the real
   runs some tests make (quantization, calibration, measured steps) slow down severalfold.
-- The garbage collector walks every live object at each full collection: what the imports
-  made is frozen out of its walks once collected (`pytest_collection_finish`), and the
-  `functools` caches a test module keeps (reports, captures) are cleared when its last test
-  ends (`pytest_runtest_teardown`). Kept for the whole run, they had grown a worker's heap to
+- The garbage collector walks every live object at each full collection: the `functools`
+  caches a test module keeps (reports, captures) are cleared when its last test ends
+  (`pytest_runtest_teardown`). Kept for the whole run, they had grown a worker's heap to
   1.8 M objects, and the full collections of one test of many small tensor ops to 62 s of
-  its 70.
+  its 70. (No `gc.freeze` here: `fxlens.analyzer.heap` owns it; test_heap.py checks that.)
 """
 
 from __future__ import annotations
 
-import gc
 import os
 from pathlib import Path
 
@@ -63,11 +61,6 @@ def _share_the_cores(workers: int) -> None:
     threads = max(1, len(os.sched_getaffinity(0)) // workers)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
-
-
-def pytest_collection_finish(session: pytest.Session) -> None:
-    gc.collect()
-    gc.freeze()
 
 
 @pytest.hookimpl(trylast=True)
