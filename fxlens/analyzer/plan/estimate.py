@@ -28,8 +28,9 @@ GEMMs are re-sized for the GPU (`fxlens.analyzer.plan.workload.ExpertGemm`): 1/(
 routed work, the weights of its 1/(ep·etp) of the experts; other ops sized like expert weights
 (their casts, gradient copies) run on its 1/(ep·etp). A 1F1B pipeline takes ``(m + (p − 1)/v)``
 micro-batch times, the bubble being ``(p − 1)/v`` of them. Gradient and ZeRO traffic overlaps
-the compute it can run beside — the last micro-batch's backward for DDP and ZeRO-1/2, every
-micro-batch's compute for ZeRO-3 — and only the excess is exposed. The optimizer step scales
+the compute it can run beside — the gradient reduce the last backwards of each model chunk and
+ZeRO-1/2's weight gather the next step's first forwards, every micro-batch's compute for
+ZeRO-3 (`fxlens.analyzer.plan.overlap`) — and only the excess is exposed. The optimizer step scales
 with the state a GPU holds. Transfers: `fxlens.analyzer.plan.transfers`.
 Compute beside a hidden transfer runs on the SMs the transfer leaves it
 (`fxlens.analyzer.plan.transfers.sm_slowdown_s`: the expert all-to-alls and ring sends per
@@ -54,6 +55,7 @@ from fxlens.analyzer.plan.compression import (
     powersgd_flops,
     quantized_bytes,
 )
+from fxlens.analyzer.plan.overlap import exposed_s, halves_s
 from fxlens.analyzer.plan.recompute import recomputed_parts
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
@@ -127,7 +129,20 @@ class _Stage:
     data_parallel: list[Collective]
     boundary_bytes: int             # activation sent to the next stage per micro-batch
     compression_s: float = 0.0      # PowerSGD's factorisation, on the data-parallel path
-    uncompressed_s: float = 0.0     # the data-parallel transfers without compression
+    uncompressed: tuple[Collective, ...] = ()   # the data-parallel transfers uncompressed
+
+    @property
+    def forward_s(self) -> float:
+        """Every micro-batch's forward (recompute runs with the backward)."""
+        return self.compute_s - self.backward_s - self.recompute_s
+
+    def data_parallel_exposed_s(self, s: Strategy, compressed: bool = True) -> float:
+        """The data-parallel seconds the stage's compute does not hide
+        (`fxlens.analyzer.plan.overlap`); uncompressed: as without compression."""
+        reduce, gather = (halves_s(s, self.data_parallel, self.compression_s) if compressed
+                          else halves_s(s, self.uncompressed))
+        return exposed_s(s, reduce, gather, self.forward_s,
+                         self.backward_s + self.recompute_s)
 
     @property
     def data_parallel_s(self) -> float:
@@ -153,8 +168,7 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
     bubble = (s.pp - 1) / s.v * per_micro
     busiest = max(evaluated, key=lambda e: e.data_parallel_s)
     dp_s = busiest.data_parallel_s
-    window = busiest.compute_s if s.zero == 3 else busiest.backward_s / s.micro_batches
-    exposed = max(0.0, dp_s - window)
+    exposed = busiest.data_parallel_exposed_s(s)
     dp_slowdown = sm_slowdown_s(busiest.data_parallel, exposed, device, total_s=dp_s)
     optimizer = _optimizer_s(facts, s, worst.memory)
     step = s.micro_batches * per_micro + bubble + exposed + dp_slowdown + optimizer
@@ -177,8 +191,9 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
         mfu=model_flops / (step * s.gpus * facts.peak_flops)
         if step > 0 and facts.peak_flops > 0 else 0.0,
         context_parallel_s=max(e.ring_exposed_s for e in evaluated),
-        uncompressed_data_parallel_s=busiest.uncompressed_s if s.compresses else None,
-        uncompressed_exposed_s=(max(0.0, busiest.uncompressed_s - window)
+        uncompressed_data_parallel_s=(sum(c.time_s for c in busiest.uncompressed)
+                                      if s.compresses else None),
+        uncompressed_exposed_s=(busiest.data_parallel_exposed_s(s, compressed=False)
                                 if s.compresses else None),
     )
     collectives = tuple(worst.tensor_parallel + worst.context_parallel + worst.expert_parallel
@@ -303,7 +318,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         data_parallel=gradients,
         compression_s=(powersgd_flops(mine, s.powersgd) / facts.peak_flops
                        if s.powersgd and facts.peak_flops > 0 else 0.0),
-        uncompressed_s=sum(c.time_s for c in uncompressed),
+        uncompressed=tuple(uncompressed),
         boundary_bytes=round(nxt.input_bytes / seq_div / c) if nxt is not None else 0,
     )
 

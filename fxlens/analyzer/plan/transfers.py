@@ -291,8 +291,10 @@ def data_parallel(s: Strategy, device: Links, dense: StateBytes, expert: StateBy
                 grads = quantized_bytes(grads, element_bytes, 8)
             out.append(collective("reduce-scatter", f"{label}gradients (ZeRO-{s.zero}{tag})",
                                   group, grads, 1, device, True))
+            # the updated weights are the trainable ones in their working dtype: the
+            # gradients' size (an fp8 run's cached fp8 copies are cast again, not gathered)
             out.append(collective("all-gather", f"{label}updated weights (ZeRO-{s.zero})",
-                                  group, weights, 1, device, True))
+                                  group, state.grad_bytes, 1, device, True))
         else:
             out += _zero3(s, device, label, group, inner, grads, weights, element_bytes)
     return out
