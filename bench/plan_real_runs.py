@@ -16,7 +16,7 @@ express yet are listed with the reason.
 
     python bench/plan_real_runs.py [--only NAME …] [--out bench/plan_runs/results.json]
 
-About 15 minutes on 2 cores (each row twice).
+About 50 minutes on 2 cores (each row twice).
 
 Writes the results JSON and prints the Markdown table `bench/README.md` holds.
 """
