@@ -28,10 +28,10 @@ GEMMs are re-sized for the GPU (`fxlens.analyzer.plan.workload.ExpertGemm`): 1/(
 routed work, the weights of its 1/(ep·etp) of the experts; other ops sized like expert weights
 (their casts, gradient copies) run on its 1/(ep·etp). A 1F1B pipeline takes ``(m + (p − 1)/v)``
 micro-batch times, the bubble being ``(p − 1)/v`` of them. Gradient and ZeRO traffic overlaps
-the compute it can run beside — the gradient reduce the last backwards of each model chunk and
-ZeRO-1/2's weight gather the next step's first forwards, every micro-batch's compute for
-ZeRO-3 (`fxlens.analyzer.plan.overlap`) — and only the excess is exposed. The optimizer step scales
-with the state a GPU holds. Transfers: `fxlens.analyzer.plan.transfers`.
+the compute it can run beside — the gradient reduce the backwards after each model chunk's
+last one, ZeRO-1/2's weight gather the next step's first forwards, ZeRO-3 every micro-batch's
+compute (`fxlens.analyzer.plan.overlap`) — and only the excess is exposed. The optimizer step
+scales with the state a GPU holds. Transfers: `fxlens.analyzer.plan.transfers`.
 Compute beside a hidden transfer runs on the SMs the transfer leaves it
 (`fxlens.analyzer.plan.transfers.sm_slowdown_s`: the expert all-to-alls and ring sends per
 stage, the gradient/ZeRO traffic per step).
