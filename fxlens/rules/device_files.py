@@ -197,6 +197,7 @@ def device_spec(name: str, devices_file: str | None = None, profile: str | None 
 
 
 GPU_NAMES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("gb200", ("gb200",)), ("gb300", ("gb300",)), ("b200", ("b200",)), ("b300", ("b300",)),
     ("h200", ("h200",)), ("h100-pcie", ("h100", "pcie")), ("h100", ("h100",)),
     ("a100-40gb", ("a100", "40gb")), ("a100-80gb", ("a100",)), ("l4", ("l4",)),
     ("a10g", ("a10",)), ("t4", ("t4",)), ("rtx4090", ("4090",)), ("mi300x", ("mi300",)),

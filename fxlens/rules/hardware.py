@@ -20,7 +20,8 @@ libraries take more outside PyTorch's allocator (`context_bytes`). Reported tota
 sourced: H100 SXM 79.11 GiB (vllm-project/vllm#27508, "NVIDIA H100 80GB HBM3"); H200 139.80
 GiB (measured here: bench/gpu/runs/h200-2026-11-27-final-profile.json); A100 80 GB 79.15 GiB
 (meta-pytorch/torchrec#3580: "total= 81050mb"); A100 40 GB 39.50 GiB (TianheWu/CoSeR#10);
-RTX 4090 23.68 GiB (zai-org/CogVideo#36); T4 14.56 GiB with ECC on (Zheng-Chong/CatVTON#133).
+RTX 4090 23.68 GiB (zai-org/CogVideo#36); T4 14.56 GiB with ECC on (Zheng-Chong/CatVTON#133);
+B200 178.35 GiB (the CUDA device query in pytorch/ao#4002).
 Others keep the datasheet figure (unsourced: `analyze calibrate` records the real one).
 `CONTEXT_BYTES` = 1 GiB: nvidia-smi's per-process use less PyTorch's reserved memory was
 903 and 997 MiB on the two A100 ranks of meta-pytorch/torchrec#3580 (CUDA context, cuBLAS
@@ -91,6 +92,25 @@ Megakernel for Llama-1B", 2025-05-27, hazyresearch.stanford.edu/blog/2025-05-27-
 where vLLM and SGLang reached at most half of the H100's bandwidth at batch 1 for that and
 other reasons); 1.3 µs for the Hopper entries, 0 (unmeasured) for the others.
 
+Blackwell (``b200``, ``gb200``, ``b300``, ``gb300``): peaks and memory from NVIDIA's
+datasheets as the module's convention reads them — the HGX B200 column of the Blackwell
+datasheet's individual GPU specifications (1,000 W: BF16 4.5, FP8 9 PFLOPS with sparsity;
+180 GB at 7.7 TB/s; the figures PyTorch's inductor copied in pytorch/pytorch#193471, and the
+7.7 TB/s the memory bus that the driver reports gives, pytorch/ao#4002), the GB200 NVL72
+datasheet's rack figures over its 72 GPUs (1,200 W parts: BF16 360 PFLOPS with sparsity, so
+2.5 dense per GPU; 13.4 TB and 576 TB/s of HBM3e, so 186 GB at 8 TB/s), and the Blackwell
+Ultra datasheets' per-GPU dense figures (HGX B300 270 GB, GB300 279 GB; INT8 cut to
+0.15–0.165 POPS dense). SMs: 148 on a B200 (pytorch/ao#4002's device query), 152 on a GB200's
+GPU (as PyTorch reports it), 160 on Blackwell Ultra (NVIDIA technical blog "Inside NVIDIA
+Blackwell Ultra", 2025). Kernel shares: attention forward 0.55 — the FlashAttention-4 paper
+(Zadouri et al. 2026, arXiv:2603.05451) reaches 1,613 TFLOP/s, 0.71 of the B200's BF16 peak,
+"up to 1.3×" cuDNN 9.13, which Transformer Engine calls: 0.55 for cuDNN; backward 0.45 as on
+Hopper, unmeasured here — the same paper finds Blackwell's backward bound by shared-memory
+traffic, whose bandwidth per SM did not grow from Hopper while the tensor cores doubled, so
+its share of the peak is not above Hopper's. GEMMs (grouped, misaligned, fp8) keep
+`compute_efficiency` until measured: `analyze calibrate` on a Blackwell machine replaces
+them.
+
 Links (for plans and serving across GPUs): bandwidth per GPU inside and across nodes and the
 fixed latency of a collective call, from `fxlens.rules.links` (datasheets, NCCL's and RCCL's
 cost models).
@@ -131,6 +151,7 @@ KERNEL_CLASSES = (MISALIGNED_GEMM, ATTENTION_FORWARD, ATTENTION_BACKWARD, GROUPE
 HOPPER_KERNELS: Mapping[str, float] = {MISALIGNED_GEMM: 0.1, ATTENTION_FORWARD: 0.55,
                                        ATTENTION_BACKWARD: 0.45, GROUPED_GEMM: 0.5}
 HOPPER_DTYPES: Mapping[str, float] = {"fp8": 0.65}
+BLACKWELL_KERNELS: Mapping[str, float] = {ATTENTION_FORWARD: 0.55, ATTENTION_BACKWARD: 0.45}
 HOPPER_GRAPH_LAUNCH_S = 1.3e-6
 CONTEXT_BYTES = GIB
 
@@ -273,6 +294,22 @@ DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
          "NVIDIA H200 Tensor Core GPU Datasheet (H200 SXM, 141 GB HBM3e; dense = sparse / 2)",
          net.DGX_H100, HOPPER_KERNELS, reported_gib=139.80, dtypes=HOPPER_DTYPES,
          multiprocessors=132, graph_launch_s=HOPPER_GRAPH_LAUNCH_S),
+    # Blackwell (see the module docstring for each figure's source). INT8 on Blackwell Ultra
+    # (B300, GB300) runs at a small fraction of its FP8 rate.
+    _gpu("b200", 180, (75, 1125, 2250, 2250, 4500, 4500), 7.7,
+         "NVIDIA Blackwell datasheet, individual GPU specifications (HGX B200, 1,000 W, 180 GB "
+         "HBM3e, 7.7 TB/s; dense = sparse / 2)", net.DGX_B200, BLACKWELL_KERNELS,
+         reported_gib=178.35, multiprocessors=148),
+    _gpu("gb200", 186, (80, 1250, 2500, 2500, 5000, 5000), 8.0,
+         "NVIDIA GB200 NVL72 datasheet (per GPU: the rack's figures / 72; 13.4 TB HBM3e, "
+         "576 TB/s; dense = sparse / 2)", net.GB200_NVL72, BLACKWELL_KERNELS,
+         multiprocessors=152),
+    _gpu("b300", 270, (75, 1100, 2250, 2250, 4500, 150), 7.7,
+         "NVIDIA Blackwell Ultra datasheet, individual GPU specifications (HGX B300, 270 GB "
+         "HBM3e; dense figures)", net.DGX_B300, BLACKWELL_KERNELS, multiprocessors=160),
+    _gpu("gb300", 279, (80, 1250, 2500, 2500, 5000, 165), 8.0,
+         "NVIDIA GB300 NVL72 datasheet (per GPU: 279 GB HBM3e, 8 TB/s; dense figures)",
+         net.GB300_NVL72, BLACKWELL_KERNELS, multiprocessors=160),
     # Ampere: no FP8. A100 SXM bandwidth: 1,555 GB/s (40 GB), 2,039 GB/s (80 GB).
     _gpu("a100-40gb", 40, (19.5, 156, 312, 312, 0, 624), 1.555,
          "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 40 GB HBM2; dense figures)",
@@ -308,7 +345,8 @@ DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
 )}
 
 ALIASES: Mapping[str, str] = {"h100-sxm": "h100", "h200-sxm": "h200", "a100": "a100-80gb",
-                              "a10": "a10g", "4090": "rtx4090"}
+                              "a10": "a10g", "4090": "rtx4090", "gb200-nvl72": "gb200",
+                              "gb300-nvl72": "gb300"}
 
 
 def host_cpu() -> DeviceSpec:

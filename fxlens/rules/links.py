@@ -133,6 +133,20 @@ CLOUD_G4DN = Links(4, 16, 50 / 8 / 4, "PCIe Gen3 x16; 4 GPUs sharing 50 Gb/s (AW
                    "g4dn.12xlarge)" + _NCCL, **_PCIE)
 WORKSTATION = Links(4, 32, 10 / 8, "PCIe Gen4 x16, no NVLink; 10 Gb Ethernet between "
                     "machines" + _NCCL, **_PCIE)
+# Blackwell: NVLink 5 moves 1.8 TB/s bidirectional per GPU. HGX/DGX B200: 8 GPUs per NVLink
+# domain, one 400 Gb/s ConnectX-7 per GPU; B300: ConnectX-8 at 800 Gb/s. GB200/GB300 NVL72:
+# the NVLink switch system joins all 72 GPUs of a rack in one domain (a "node" here is that
+# domain), ConnectX-7 (GB200) or ConnectX-8 (GB300) per GPU to the rest of the cluster.
+DGX_B200 = Links(8, 900, 50, "NVLink 5: 1.8 TB/s bidirectional per GPU (HGX B200 "
+                 "datasheet); DGX B200: one 400 Gb/s ConnectX-7 per GPU" + _NCCL, **_DGX_SMS)
+DGX_B300 = Links(8, 900, 100, "NVLink 5: 1.8 TB/s bidirectional per GPU (HGX B300 "
+                 "datasheet); one 800 Gb/s ConnectX-8 per GPU" + _NCCL, **_DGX_SMS)
+GB200_NVL72 = Links(72, 900, 50, "NVLink 5 switch system: 72 GPUs in one NVLink domain, "
+                    "1.8 TB/s bidirectional per GPU (GB200 NVL72 datasheet: 130 TB/s); one "
+                    "400 Gb/s ConnectX-7 per GPU between racks" + _NCCL, **_DGX_SMS)
+GB300_NVL72 = Links(72, 900, 100, "NVLink 5 switch system: 72 GPUs in one NVLink domain, "
+                    "1.8 TB/s bidirectional per GPU (GB300 NVL72 datasheet: 130 TB/s); one "
+                    "800 Gb/s ConnectX-8 per GPU between racks" + _NCCL, **_DGX_SMS)
 MI300X_PLATFORM = Links(8, 448, 50, "Infinity Fabric: 7 links × 128 GB/s bidirectional per GPU "
                         "(MI300X data sheet); one 400 Gb/s NIC per GPU; collective latency "
                         "from RCCL's cost model", RCCL_BASE_US, XGMI_HOP_US, RCCL_NET_HOP_US,

@@ -237,6 +237,33 @@ def test_groups_leave_the_node_when_they_must(gpt: tuple[Report, ModelFacts]) ->
         all_reduce_s(strided.bytes, 2, nic * LINK_EFFICIENCY, BASE_S + 2 * NET_HOP_S))
 
 
+@pytest.mark.parametrize(("size", "stride", "gpus_per_node", "per_node"), [
+    (8, 1, 8, 8), (16, 1, 8, 8), (2, 8, 8, 1), (12, 1, 8, 6), (64, 1, 72, 64), (128, 1, 72, 64),
+    (16, 8, 72, 8), (7, 1, 8, 7), (14, 1, 8, 7)])
+def test_a_group_spread_over_nodes_holds_the_same_share_in_each(
+        size: int, stride: int, gpus_per_node: int, per_node: int) -> None:
+    from fxlens.analyzer.plan.transfers import Group
+
+    assert Group(size, stride).per_node(gpus_per_node) == per_node
+
+
+def test_an_nvl72_rack_is_one_nvlink_domain(gpt: tuple[Report, ModelFacts]) -> None:
+    """GB200 NVL72: 64 data-parallel GPUs reduce over NVLink; 128 span two racks with 64
+    in each, their rings over 64 NICs per rack (capped at NVLink's rate), 2 steps per rack
+    across."""
+    _, facts = gpt
+    gb200 = device("gb200")
+    inside = estimate(facts, parse("ddp", 64, 1), gb200).collectives[0]
+    across = estimate(facts, parse("ddp", 128, 1), gb200).collectives[0]
+    nvlink, nic = gb200.intra_node_bytes_per_s, gb200.inter_node_bytes_per_s
+    moved = 2 * psi(facts)
+    assert not inside.across_nodes and inside.time_s == pytest.approx(
+        BASE_S + 2 * 63 * NVLINK_HOP_S + 2 * 63 / 64 * moved / (nvlink * LINK_EFFICIENCY))
+    assert across.across_nodes and across.time_s == pytest.approx(
+        BASE_S + (2 * 127 - 4) * NVLINK_HOP_S + 4 * NET_HOP_S
+        + 2 * 127 / 128 * moved / (min(nvlink, 64 * nic) * LINK_EFFICIENCY))
+
+
 def test_tensor_parallel_all_reduces_twice_per_pair(gpt: tuple[Report, ModelFacts]) -> None:
     _, facts = gpt
     (reduce,) = layout(facts, "tp=2", 2, m=2).collectives

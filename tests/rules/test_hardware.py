@@ -13,6 +13,7 @@ from fxlens.rules.device_files import (
     load_devices,
     load_profile,
     profile_dir,
+    registry_name,
     spec_from_json,
 )
 from fxlens.rules.hardware import (
@@ -25,8 +26,8 @@ from fxlens.rules.hardware import (
     host_cpu,
 )
 
-REQUIRED = ("h100", "h100-pcie", "h200", "a100-40gb", "a100-80gb", "l4", "a10g", "t4",
-            "rtx4090", "mi300x", "cpu")
+REQUIRED = ("h100", "h100-pcie", "h200", "b200", "gb200", "b300", "gb300", "a100-40gb",
+            "a100-80gb", "l4", "a10g", "t4", "rtx4090", "mi300x", "cpu")
 T = 1e12
 
 
@@ -57,6 +58,41 @@ def test_gpu_peaks_are_dense_datasheet_figures() -> None:
     # fp16/bf16 tensor paths are faster than fp32 on every accelerator that has them
     for spec in DEVICES.values():
         assert spec.peak("bf16")[0] >= spec.peak_flops["fp32"]
+
+
+def test_blackwell_figures_are_the_datasheets_per_gpu_and_dense() -> None:
+    """HGX B200: BF16 4.5 and FP8 9 PFLOPS with sparsity per GPU; GB200 NVL72: the rack's
+    360 (BF16) and 720 (FP8) PFLOPS with sparsity, 13.4 TB and 576 TB/s over 72 GPUs."""
+    b200, gb200 = DEVICES["b200"], DEVICES["gb200"]
+    assert b200.peak_flops["bf16"] == 4500 / 2 * T and b200.peak_flops["fp8"] == 9000 / 2 * T
+    assert gb200.peak_flops["bf16"] == pytest.approx(360e3 / 72 / 2 * T)
+    assert gb200.peak_flops["fp8"] == pytest.approx(720e3 / 72 / 2 * T)
+    assert gb200.memory_bytes == round(13.4e3 / 72) * 2**30
+    assert gb200.bandwidth_bytes_per_s == pytest.approx(576 / 72 * T)
+    assert b200.bandwidth_bytes_per_s == 7.7 * T
+    # the NVL72 rack is one NVLink domain; a DGX/HGX B200 node is 8 GPUs
+    assert (gb200.gpus_per_node, b200.gpus_per_node) == (72, 8)
+    assert gb200.link_bytes_per_s(True) == b200.link_bytes_per_s(True) == 0.8 * 900e9
+    assert DEVICES["gb300"].link_bytes_per_s(False) == 2 * gb200.link_bytes_per_s(False)
+    # Blackwell Ultra cut INT8 to a sliver of its FP8 rate
+    assert DEVICES["b300"].peak_flops["int8"] < DEVICES["b300"].peak_flops["fp8"] / 10
+
+
+def test_blackwell_attention_runs_at_its_sourced_share_and_other_kernels_at_the_factor(
+) -> None:
+    b200 = DEVICES["b200"]
+    assert b200.achievable_flops("bf16", "attention-forward") == pytest.approx(0.55 * 2250 * T)
+    assert b200.achievable_flops("bf16", "attention-backward") == pytest.approx(0.45 * 2250 * T)
+    for unmeasured in ("gemm-grouped", "gemm-misaligned"):
+        assert b200.achievable_flops("bf16", unmeasured) == b200.achievable_flops("bf16")
+    assert b200.achievable_flops("fp8") == pytest.approx(GEMM_EFFICIENCY * 4500 * T)
+
+
+@pytest.mark.parametrize(("driver_name", "entry"), [
+    ("NVIDIA B200", "b200"), ("NVIDIA GB200", "gb200"), ("NVIDIA B300 SXM6 AC", "b300"),
+    ("NVIDIA GB300", "gb300"), ("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100")])
+def test_the_driver_names_find_their_entry(driver_name: str, entry: str) -> None:
+    assert registry_name(driver_name) == entry
 
 
 def test_missing_paths_fall_back_and_say_so() -> None:
@@ -108,7 +144,7 @@ def test_user_file_overrides_and_adds_devices(tmp_path: Path) -> None:
 # what PyTorch reports as the total (its out-of-memory message's "total capacity"), sourced in
 # fxlens/rules/hardware.py; the CUDA context's GiB comes off it
 REPORTED_GIB = {"h100": 79.11, "h200": 139.80, "a100-80gb": 79.15, "a100-40gb": 39.50,
-                "rtx4090": 23.68, "t4": 14.56}
+                "rtx4090": 23.68, "t4": 14.56, "b200": 178.35}
 
 
 @pytest.mark.parametrize("name", REQUIRED)

@@ -169,7 +169,8 @@ def test_enums_parse_cli_names_and_every_member_has_a_policy() -> None:
 
 @pytest.mark.parametrize(("name", "gib"), [
     ("h100", 80), ("h200", 141), ("a100-40gb", 40), ("a100-80gb", 80), ("l4", 24),
-    ("a10g", 24), ("t4", 16), ("rtx4090", 24), ("mi300x", 192),
+    ("a10g", 24), ("t4", 16), ("rtx4090", 24), ("mi300x", 192), ("b200", 180), ("gb200", 186),
+    ("b300", 270), ("gb300", 279),
 ])
 def test_device_memory_is_the_datasheet_figure_in_gib(name: str, gib: int) -> None:
     spec = device(name)

@@ -226,9 +226,7 @@ def _shard_groups(s: Strategy, device: Links) -> tuple[Group, Group]:
     expert = Group(s.expert_dp, s.ep * s.expert_tp)
     if not s.hybrid:
         return dense, expert
-    return (Group(min(dense.size, max(1, device.gpus_per_node // dense.stride)), dense.stride),
-            Group(min(expert.size, max(1, device.gpus_per_node // expert.stride)),
-                  expert.stride))
+    return dense.node_share(device.gpus_per_node), expert.node_share(device.gpus_per_node)
 
 
 def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit], index: int,
@@ -343,7 +341,7 @@ def _compression_buffers(s: Strategy, facts: ModelFacts, units: Sequence[Unit],
     if s.powersgd:
         return held.grad_bytes + powersgd_bytes(mine, held.grad_bytes, element, s.powersgd)
     if s.zeropp:
-        node = min(shard.size, max(1, device.gpus_per_node // shard.stride))
+        node = shard.per_node(device.gpus_per_node)
         weights = sum(_unit_state(u, s.tp, experts_on_gpu).weights_bytes for u in units)
         return weights / node + quantized_bytes(gathered, element, 8)
     return 0.0

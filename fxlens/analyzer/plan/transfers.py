@@ -91,6 +91,20 @@ class Group:
     def within_node(self, gpus_per_node: int) -> bool:
         return self.size * self.stride <= gpus_per_node
 
+    def per_node(self, gpus_per_node: int) -> int:
+        """The group's GPUs in each node it spans: a group laid out evenly over nodes holds
+        the same number of its GPUs in each, the largest divisor of its size that a node's
+        `gpus_per_node // stride` slots hold (64 of a 128-GPU group in each 72-GPU NVLink
+        domain of GB200 NVL72 racks, as such jobs leave the rest of a rack idle)."""
+        room = max(1, gpus_per_node // max(self.stride, 1))
+        if self.size <= room:
+            return self.size
+        return max(d for d in range(1, room + 1) if self.size % d == 0)
+
+    def node_share(self, gpus_per_node: int) -> Group:
+        """The part of the group inside one node."""
+        return Group(self.per_node(gpus_per_node), self.stride)
+
 
 def ring_steps(kind: str, n: int) -> int:
     """Steps of one call over n GPUs: 2(n − 1) for an all-reduce, n − 1 for a reduce-scatter,
@@ -134,7 +148,7 @@ def latency_s(kind: str, group: Group, device: Links) -> float:
 
 def _members(group: Group, device: Links) -> int:
     """GPUs of the group sharing a node."""
-    return max(1, min(group.size, device.gpus_per_node // max(group.stride, 1)))
+    return group.per_node(device.gpus_per_node)
 
 
 def collective(kind: str, cause: str, group: Group, payload: float, calls: int,
@@ -313,7 +327,7 @@ def _zero3(s: Strategy, device: Links, label: str, group: Group, inner: Group, g
     inside the node, int4 gradients); hybrid: the shards all-reduced across nodes."""
     m = s.micro_batches
     if s.zeropp:
-        node = Group(min(inner.size, max(1, device.gpus_per_node // inner.stride)), inner.stride)
+        node = inner.node_share(device.gpus_per_node)
         out = [collective("all-gather", f"{label}weights, forward (ZeRO++ int8)", inner,
                           quantized_bytes(weights, element_bytes, 8), m, device, True),
                collective("all-gather", f"{label}weights, backward (ZeRO++ node copy)", node,
