@@ -79,7 +79,7 @@ def test_strategy_text_parses(text: str, gpus: int | None, expected: Strategy) -
     ("zero1,hybrid", 2, "unknown strategy 'hybrid'"),
     ("tp=two", 2, "whole number"),
     ("pp=0", 2, "≥ 1"),
-    ("dp=4,ep=2,dispatch=nccl", None, "dispatchers are alltoall and deepep"),
+    ("dp=4,ep=2,dispatch=nccl", None, "dispatchers are alltoall, deepep and hybridep"),
     ("dp=4,a2a-overlap", None, "need ep > 1"),
     ("dp=4,routing=blocks", None, "need ep > 1"),
     ("dp=4,ep=2,routing=topk", None, "routings are balanced and blocks"),

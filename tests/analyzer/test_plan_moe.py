@@ -177,6 +177,25 @@ def test_hidden_deepep_transfers_slow_the_compute_beside_them_by_their_sms() -> 
     assert sm_slowdown_s(nccl, 0.25 * nccl_s, dgx) == pytest.approx(nccl_s * 0.75 * 16 / 132)
 
 
+def test_hybridep_sends_deepeps_rows_on_its_own_sms() -> None:
+    """Megatron-core's HybridEP backend routes the rows DeepEP does (once per node holding an
+    expert, then over NVLink), holding `moe_hybridep_num_sms` = 16 SMs to DeepEP's 20."""
+    tokens, k, hidden = 1024, 8, 4096
+    units = moe_units(1, tokens, k, hidden)
+    runs = {name: expert_parallel(Strategy(dp=32, ep=32, dispatch=name, a2a_overlap=True),
+                                  FakeLinks(), units, tokens, ExpertRouting(128))
+            for name in ("deepep", "hybridep")}
+    (deepep,), (hybridep,) = runs["deepep"], runs["hybridep"]
+    assert hybridep.cause == "expert routing (HybridEP)"
+    assert (hybridep.bytes, hybridep.time_s) == (deepep.bytes, deepep.time_s)
+    h100 = FakeLinks(multiprocessors=132)
+    quarter = 0.25 * deepep.time_s
+    assert sm_slowdown_s(runs["hybridep"], quarter, h100) == pytest.approx(
+        deepep.time_s * 0.75 * 16 / 132)
+    assert sm_slowdown_s(runs["deepep"], quarter, h100) == pytest.approx(
+        deepep.time_s * 0.75 * 20 / 132)
+
+
 def test_hidden_gradient_transfers_slow_the_compute_by_the_sms_nccl_holds(
         gpt: tuple[object, ModelFacts]) -> None:
     _, facts = gpt

@@ -22,7 +22,8 @@ when pp = 1).
 
 Expert routing: ``dispatch=alltoall`` sends each token once per chosen expert (Megatron-core's
 ``alltoall`` dispatcher); ``dispatch=deepep`` once per destination node across nodes and once
-per GPU inside one (DeepEP, Megatron-core's ``flex``); left out, ``deepep`` when the expert
+per GPU inside one (DeepEP, Megatron-core's ``flex``; ``dispatch=hybridep``: the same
+rows by its HybridEP backend, on fewer SMs); left out, ``deepep`` when the expert
 group spans nodes and ``alltoall`` inside one node, as published recipes choose.
 ``a2a-overlap`` hides each micro-batch's all-to-all behind another micro-batch's compute
 (Megatron-core's ``overlap_moe_expert_parallel_comm``, 1F1B forward/backward merging).
@@ -55,7 +56,7 @@ NAMED: dict[str, dict[str, int | bool | str]] = {
     "zeropp": {"zeropp": True},
 }
 GRADIENT_FORMATS = ("int8", "fp8")
-DISPATCHERS = ("alltoall", "deepep")
+DISPATCHERS = ("alltoall", "deepep", "hybridep")
 DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "v", "powersgd")
 MAX_DEGREE = 1 << 20
 
@@ -77,7 +78,7 @@ class Strategy:
     offload: bool = False
     v: int = 1
     micro_batches: int = 1
-    dispatch: str | None = None     # "alltoall" or "deepep"; None: deepep across nodes
+    dispatch: str | None = None     # `DISPATCHERS`; None: deepep across nodes
     a2a_overlap: bool = False       # expert all-to-all hidden behind another micro-batch
     routing: str | None = None      # "balanced" or "blocks"; None: balanced
     gradq: str | None = None        # gradient collectives in "int8" or "fp8"
@@ -161,7 +162,7 @@ class Strategy:
             found.append("compression shrinks data-parallel transfers: it needs dp·cp > 1")
         if self.dispatch is not None and self.dispatch not in DISPATCHERS:
             found.append(f"dispatch={self.dispatch}: dispatchers are "
-                         f"{' and '.join(DISPATCHERS)}")
+                         f"{', '.join(DISPATCHERS[:-1])} and {DISPATCHERS[-1]}")
         if self.routing is not None and self.routing not in ROUTINGS:
             found.append(f"routing={self.routing}: routings are {' and '.join(ROUTINGS)}")
         if (self.a2a_overlap or self.dispatch is not None or self.routing is not None) \

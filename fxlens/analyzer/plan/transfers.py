@@ -30,6 +30,10 @@ layers the same GPUs of a stage as etp innermost, then ep, then expert dp.
   128) at ep = 32 over four nodes.
   DeepEP's kernels run on `DEEPEP_SMS` = 20 multiprocessors (Megatron-core's
   ``moe_deepep_num_sms`` default; the DeepSeek-V3 report's 20 of 132 SMs for its all-to-alls).
+  HybridEP (``dispatch=hybridep``, Megatron-core's other ``flex`` backend, which NVIDIA's
+  Blackwell recipes use) sends the same rows the same way — once per NVLink domain holding an
+  expert, then over NVLink — on `HYBRIDEP_SMS` = 16 (``moe_hybridep_num_sms``'s default: "in
+  pure NVL scenarios, 16 SMs can generally achieve good bandwidth").
 - Data parallel over the GPUs holding the same weights (dp · cp for the dense part, the expert
   data-parallel group for experts): DDP all-reduces the gradients once per step; ZeRO-1/2
   reduce-scatter them and all-gather the updated weights; ZeRO-3 gathers the weights in the
@@ -41,8 +45,8 @@ layers the same GPUs of a stage as etp innermost, then ep, then expert dp.
 
 A transfer hidden behind compute still holds SMs: NCCL runs a collective on the device's
 `collective_sms` (16 on a DGX: one CTA per channel, never shared with compute kernels,
-NVIDIA/nccl#689), DeepEP on `DEEPEP_SMS`, so the compute beside it runs on the rest
-(`sm_slowdown_s`); its memory traffic competing with the compute's is not modelled.
+NVIDIA/nccl#689), DeepEP and HybridEP on their `ROUTING_SMS`, so the compute beside it
+runs on the rest (`sm_slowdown_s`); its memory traffic competing with the compute's is not modelled.
 """
 
 from __future__ import annotations
@@ -60,6 +64,10 @@ from fxlens.analyzer.plan.structure import Unit
 
 DEEPEP_CAUSE = "expert routing (DeepEP)"
 DEEPEP_SMS = 20
+HYBRIDEP_CAUSE = "expert routing (HybridEP)"
+HYBRIDEP_SMS = 16
+# the SMs a routing library's kernels hold, by the cause its transfers carry
+ROUTING_SMS = {DEEPEP_CAUSE: DEEPEP_SMS, HYBRIDEP_CAUSE: HYBRIDEP_SMS}
 
 
 class Links(Protocol):
@@ -243,8 +251,8 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
     if dispatch == "alltoall" or chosen < 1 or routing.experts < s.ep:
         return [collective("all-to-all", "expert routing", group, payload,
                            passes * s.micro_batches, device, s.a2a_overlap)]
-    # DeepEP: each token once to every node holding one of its experts (over this GPU's NIC),
-    # then once to every GPU holding one (NVLink; the forwarding inside the node included)
+    # DeepEP, HybridEP: each token once to every node holding one of its experts (over this
+    # GPU's NIC), then once to every GPU holding one (NVLink; the forwarding inside included)
     members = _members(group, device)
     nodes = group.size // members
     token_bytes = payload / chosen
@@ -254,7 +262,8 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
     each = latency_s("all-to-all", group, device) + max(
         across / device.link_bytes_per_s(False) if nodes > 1 else 0.0,
         per_gpu * (group.size - 1) / group.size / device.link_bytes_per_s(True))
-    return [Collective(kind="all-to-all", cause=DEEPEP_CAUSE, group=group.size,
+    cause = HYBRIDEP_CAUSE if dispatch == "hybridep" else DEEPEP_CAUSE
+    return [Collective(kind="all-to-all", cause=cause, group=group.size,
                        across_nodes=not inside, bytes=round(per_gpu),
                        calls=passes * s.micro_batches, time_s=each * passes * s.micro_batches,
                        overlapped=s.a2a_overlap)]
@@ -263,7 +272,7 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
 def sm_slowdown_s(collectives: Sequence[Collective], exposed_s: float, device: Links,
                   total_s: float | None = None) -> float:
     """Seconds the compute beside hidden transfers loses: a transfer's kernels hold their SMs
-    while they run (DeepEP's `DEEPEP_SMS`, an NCCL collective the device's
+    while they run (a routing library's `ROUTING_SMS`, an NCCL collective the device's
     `collective_sms`), so compute overlapping t seconds of them finishes ``t · SMs held / SMs``
     later (0 where a count is unknown). `exposed_s` of the transfers' `total_s` (their own
     seconds unless given) are not hidden."""
@@ -271,8 +280,7 @@ def sm_slowdown_s(collectives: Sequence[Collective], exposed_s: float, device: L
     hidden_share = 1 - exposed_s / total if total > 0 else 0.0
     if device.multiprocessors <= 0 or hidden_share <= 0:
         return 0.0
-    held = sum(c.time_s * (DEEPEP_SMS if c.cause == DEEPEP_CAUSE else device.collective_sms)
-               for c in collectives)
+    held = sum(c.time_s * ROUTING_SMS.get(c.cause, device.collective_sms) for c in collectives)
     return held * hidden_share / device.multiprocessors
 
 
