@@ -98,7 +98,7 @@ def predict(run: dict[str, Any]) -> dict[str, Any]:
     the global batch) over that rate on every GPU."""
     strategy, why = strategy_of(run)
     tflops = run["measured"].get("model_tflops_per_gpu")
-    row: dict[str, Any] = {"name": run["name"], "gpus": run["gpus"],
+    row: dict[str, Any] = {"name": run["name"], "gpus": run["gpus"], "device": run["device"],
                            "measured_step_s": run["measured"].get("step_s"),
                            "measured_tflops": tflops,
                            "strategy": strategy, "source": run["source"]["url"]}
@@ -136,7 +136,7 @@ def table(rows: list[dict[str, Any]]) -> str:
              "--fused step (error) | --fused fits (peak/GPU) |",
              "|---|---:|---|---:|---:|---|---:|---|"]
     for r in rows:
-        head = f"| [{r['name']}]({r['source']}) | {r['gpus']} | "
+        head = f"| [{r['name']}]({r['source']}) | {r['gpus']} {r['device'].upper()} | "
         if "skipped" in r:
             lines.append(head + f"{r['strategy'] or '—'} | {r['measured_step_s'] or '—'} | — "
                          f"| not run: {r['skipped']} | — | — |")
@@ -151,14 +151,20 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(head + f"`{r['strategy']}` | {r['measured_step_s']:.2f} s{derived} | "
                      + " | ".join(cells) + " |")
     for mode in MODES:
-        ran = [r[mode] for r in rows if mode in r and "skipped" not in r]
-        errors = [abs(m["error"]) for m in ran]
-        fits = sum(m["fits"] for m in ran)
-        if errors:
-            lines.append(f"\n{mode}: median absolute error {statistics.median(errors):.0%} over "
-                         f"{len(errors)} runs; {fits} of {len(errors)} fit in an H100's usable "
-                         f"memory (all ran on 80 GB H100s).")
+        for family, devices in FAMILIES:
+            ran = [r[mode] for r in rows if mode in r and "skipped" not in r
+                   and (devices is None or r["device"] in devices)]
+            errors = [abs(m["error"]) for m in ran]
+            fits = sum(m["fits"] for m in ran)
+            if errors:
+                lines.append(f"\n{mode}, {family}: median absolute error "
+                             f"{statistics.median(errors):.0%} over {len(errors)} runs; {fits} "
+                             f"of {len(errors)} fit in their GPU's usable memory (all ran).")
     return "\n".join(lines)
+
+
+# the summary lines' groups of rows: all, then by GPU generation
+FAMILIES = (("all", None), ("Hopper", ("h100",)), ("Blackwell", ("b200", "gb200", "b300", "gb300")))
 
 
 def main() -> None:
@@ -183,6 +189,9 @@ def main() -> None:
         kept = {r["name"]: r for r in json.loads(args.out.read_text())}
         rows = [row for run in runs                      # in runs.json's order
                 if (row := fresh.get(run["name"], kept.get(run["name"]))) is not None]
+    device = {run["name"]: run["device"] for run in runs}
+    for row in rows:
+        row.setdefault("device", device[row["name"]])   # results written before rows had it
     args.out.write_text(json.dumps(rows, indent=1) + "\n")
     print(table(rows))
 
