@@ -32,10 +32,17 @@ def test_each_layout_is_a_strategy_on_its_gpus(run: dict) -> None:
 
 
 def test_the_table_shows_both_modes_and_their_medians() -> None:
-    row = {"name": "r", "gpus": 8, "measured_step_s": 10.0, "strategy": "dp=8", "source": "u"}
+    row = {"name": "r", "gpus": 8, "device": "h100", "measured_step_s": 10.0,
+           "strategy": "dp=8", "source": "u"}
     row["eager"] = {"predicted_step_s": 11.0, "error": 0.1, "fits": False, "peak_gib": 90.0}
     row["fused"] = {"predicted_step_s": 9.0, "error": -0.1, "fits": True, "peak_gib": 60.0}
-    table = plan_real_runs.table([row, {**row, "name": "s", "skipped": "why"}])
-    assert "| 11.00 s (+10%) | no (90.0 GiB) | 9.00 s (-10%) | yes (60.0 GiB) |" in table
-    assert "eager: median absolute error 10% over 1 runs; 0 of 1 fit" in table
+    blackwell = {**row, "name": "b", "device": "gb200",
+                 "fused": {**row["fused"], "error": -0.3}}
+    table = plan_real_runs.table([row, blackwell, {**row, "name": "s", "skipped": "why"}])
+    assert "| [r](u) | 8 H100 | `dp=8` | 10.00 s | 11.00 s (+10%) | no (90.0 GiB) | 9.00 s " \
+           "(-10%) | yes (60.0 GiB) |" in table
+    assert "eager, all: median absolute error 10% over 2 runs; 0 of 2 fit" in table
+    assert "fused, all: median absolute error 20% over 2 runs; 2 of 2 fit" in table
+    assert "fused, Hopper: median absolute error 10% over 1 runs" in table
+    assert "fused, Blackwell: median absolute error 30% over 1 runs" in table
     assert "not run: why" in table
