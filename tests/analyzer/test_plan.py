@@ -512,3 +512,32 @@ def test_interleaved_1f1b_keeps_megatrons_warm_up_in_flight(pp: int, v: int, m: 
     a stage's layers; plain 1F1B min(m, p − i) micro-batches."""
     strategy = Strategy(dp=1, pp=pp, v=v, micro_batches=m)
     assert in_flight(strategy, stage) == pytest.approx(chunks / v if v > 1 else chunks)
+
+
+def _unwarmed(facts: ModelFacts) -> ModelFacts:
+    """`facts` as new objects, nothing remembered on them yet."""
+    from dataclasses import replace
+
+    return replace(facts, units=tuple(replace(u, parts=tuple(replace(p) for p in u.parts))
+                                      for u in facts.units))
+
+
+def test_a_layouts_estimate_does_not_depend_on_those_estimated_before(
+        gpt: tuple[Report, ModelFacts]) -> None:
+    """Units and the model remember what a layout derives from them, per the degrees it
+    reads: a search's earlier layouts (here the same ones without sequence parallel, or with
+    other tp, cp or recompute) must not leak into a later one's figures."""
+    from fxlens.analyzer.plan.auto_recompute import frontier
+
+    _, facts = gpt
+    target = parse("dp=2,tp=2,pp=2,sp,ckpt=act", 8, 4)
+    alone = estimate(_unwarmed(facts), target, H100)
+    alone_frontier = frontier(_unwarmed(facts), target)
+    warmed = _unwarmed(facts)
+    for text in ("tp=4", "dp=2,tp=2,pp=2,ckpt=act", "dp=2,tp=2,pp=2,ckpt=norm", "dp=8",
+                 "dp=2,tp=2,cp=2", "dp=4,tp=2,sp"):
+        before = parse(text, 8, 4)
+        estimate(warmed, before, H100)
+        frontier(warmed, before)
+    assert estimate(warmed, target, H100) == alone
+    assert frontier(warmed, target) == alone_frontier

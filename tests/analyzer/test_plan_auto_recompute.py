@@ -11,11 +11,12 @@ import pytest
 
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.plan.auto_recompute import estimate_auto, frontier
-from fxlens.analyzer.plan.estimate import estimate, is_block, phase_s, saved_on_gpu
+from fxlens.analyzer.plan.estimate import estimate
 from fxlens.analyzer.plan.recompute import recomputed
 from fxlens.analyzer.plan.search import PlanRequest, candidates, plan_section
 from fxlens.analyzer.plan.strategy import Strategy, parse
 from fxlens.analyzer.plan.structure import ModelFacts
+from fxlens.analyzer.plan.unit_share import is_block, phase_s, saved_on_gpu
 from tests.analyzer.test_plan import H100
 
 Facts = tuple[Report, ModelFacts]

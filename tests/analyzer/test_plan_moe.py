@@ -10,11 +10,12 @@ import math
 
 import pytest
 
-from fxlens.analyzer.plan.estimate import _expert_exposed_s, _experts_s, estimate
+from fxlens.analyzer.plan.estimate import _expert_exposed_s, estimate
 from fxlens.analyzer.plan.routing import ExpertRouting, distinct_holders, routing_groups
 from fxlens.analyzer.plan.strategy import Strategy, parse
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
 from fxlens.analyzer.plan.transfers import DEEPEP_SMS, expert_parallel, sm_slowdown_s
+from fxlens.analyzer.plan.unit_share import experts_s
 from fxlens.analyzer.plan.workload import ExpertGemm, ExpertWork
 from tests.analyzer.conftest import FakeLinks
 from tests.analyzer.test_plan import H100, hf_facts, layout
@@ -212,9 +213,9 @@ def test_hidden_gradient_transfers_slow_the_compute_by_the_sms_nccl_holds(
 def test_expert_weight_sized_ops_run_on_the_experts_a_gpu_holds() -> None:
     unit = Unit(name="b0", expert_work=ExpertWork(forward_s=0.5, backward_s=16.0),
                 expert_gemms=(ExpertGemm("backward", 1.0, 4.0, 0.5),))
-    one = _experts_s(Strategy(dp=1), unit, "backward")
+    one = experts_s(Strategy(dp=1), unit, "backward")
     assert one == pytest.approx(16.0 + 4.5)
-    on_rank = _experts_s(Strategy(dp=64, ep=64), unit, "backward")
+    on_rank = experts_s(Strategy(dp=64, ep=64), unit, "backward")
     assert on_rank == pytest.approx(16.0 / 64 + max(1.0, 4.0 / 64 + 0.5))
 
 

@@ -26,11 +26,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from fxlens.analyzer.core.sections import PlanLayout
-from fxlens.analyzer.plan.estimate import estimate, is_block, phase_s, saved_on_gpu
-from fxlens.analyzer.plan.recompute import KINDS, recomputed
+from fxlens.analyzer.plan.estimate import estimate
+from fxlens.analyzer.plan.recompute import KINDS, recomputed_parts
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts
 from fxlens.analyzer.plan.transfers import Links
+from fxlens.analyzer.plan.unit_share import is_block, phase_s, saved_on_gpu
 
 FRONTIER_LIMIT = 4_000      # points kept per node; past it the frontier is thinned
 CORE_ATTENTION = "\0core_attn"   # a child no module path can be named
@@ -77,13 +78,15 @@ def estimate_auto(facts: ModelFacts, strategy: Strategy, device: Links,
     if plain.fits:
         return plain
     options = [c for c in frontier(facts, base) if c.patterns]
-    first = _first_fitting(options, lambda c: run(replace(base, recompute=c.patterns)))
-    if first is not None:
-        return first
+    # the options free more and more: when the one freeing the most does not fit, none does
+    most = run(replace(base, recompute=options[-1].patterns)) if options else None
+    if most is not None and most.fits:
+        first = _first_fitting(options, lambda c: run(replace(base, recompute=c.patterns)))
+        if first is not None:
+            return first
     full = run(replace(base, checkpoint=True))
-    if full.fits or not options:
+    if full.fits or most is None:
         return full if full.memory.peak_bytes <= plain.memory.peak_bytes else plain
-    most = run(replace(base, recompute=options[-1].patterns))
     return min((plain, most, full), key=lambda layout: layout.memory.peak_bytes)
 
 
@@ -103,9 +106,13 @@ def _first_fitting(options: Sequence[Choice], run: Callable[[Choice], PlanLayout
 
 def frontier(facts: ModelFacts, s: Strategy) -> list[Choice]:
     """Every choice of module paths no other choice beats on both seconds and freed bytes,
-    cheapest first."""
-    root, plain = _tree(facts, s)
-    return _frontier(root, "", plain)
+    cheapest first (remembered per the degrees it reads)."""
+    key = ("frontier", s.tp, s.sp, s.cp, s.ep, s.expert_tp)
+    memo = facts.per_layout
+    if key not in memo:
+        root, plain = _tree(facts, s)
+        memo[key] = _frontier(root, "", plain)
+    return list(memo[key])  # type: ignore[call-overload]
 
 
 def _tree(facts: ModelFacts, s: Strategy) -> tuple[_Node, frozenset[str]]:
@@ -155,8 +162,7 @@ def _find(root: _Node, path: str) -> _Node:
 def _kind_is_path(facts: ModelFacts, kind: str) -> bool:
     """Whether module kind `kind` (``mlp``) recomputes, in every block, exactly the module at
     the path of that name and its children."""
-    return all(recomputed(u.name, u.parts, (kind,)) ==
-               recomputed(u.name, u.parts, (_as_pattern(kind),))
+    return all(recomputed_parts(u, (kind,)) == recomputed_parts(u, (_as_pattern(kind),))
                for u in facts.units if is_block(u))
 
 

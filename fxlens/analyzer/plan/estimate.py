@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from fxlens.analyzer.core.sections import Collective, PlanLayout, PlanMemory, PlanRun, PlanTime
-from fxlens.analyzer.memory.training_state import STATE_FIELDS, StateBytes
+from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.compression import (
     Matrix,
     on_gpu,
@@ -56,7 +56,6 @@ from fxlens.analyzer.plan.compression import (
     quantized_bytes,
 )
 from fxlens.analyzer.plan.overlap import exposed_s, halves_s
-from fxlens.analyzer.plan.recompute import recomputed_parts
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
 from fxlens.analyzer.plan.transfers import (
@@ -69,7 +68,15 @@ from fxlens.analyzer.plan.transfers import (
     sm_slowdown_s,
     tensor_parallel,
 )
-from fxlens.analyzer.plan.workload import ModulePart
+from fxlens.analyzer.plan.unit_share import (
+    is_block,
+    phase_s,
+    recomputed_share,
+    saved_on_gpu,
+    scaled,
+    unit_state,
+    unit_states,
+)
 
 DDP_BUCKET_BYTES = 25 * 2**20     # torch DDP's default bucket_cap_mb
 DDP_BUCKETS_IN_FLIGHT = 2
@@ -103,15 +110,6 @@ def in_flight(s: Strategy, stage: int) -> float:
         return min(s.micro_batches, s.pp - stage)
     chunks = 2 * (s.pp - stage - 1) + (s.v - 1) * s.pp + 1
     return min(chunks, s.micro_batches * s.v) / s.v
-
-
-def _scaled(state: StateBytes, **divisors: float) -> StateBytes:
-    return StateBytes(**{name: math.ceil(getattr(state, name) / divisors.get(name, 1))
-                         for name in STATE_FIELDS})
-
-
-def is_block(unit: Unit | ModulePart) -> bool:
-    return unit.name not in ("pre", "post")
 
 
 @dataclass(frozen=True)
@@ -237,8 +235,8 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     dense = StateBytes()
     expert = StateBytes()
     for u in units:
-        dense = dense.plus(_scaled(u.states_split, **_all(t))).plus(u.states_whole)
-        expert = expert.plus(_scaled(u.states_expert, **_all(experts_on_gpu)))
+        dense_u, expert_u = unit_states(u, t, experts_on_gpu)
+        dense, expert = dense.plus(dense_u), expert.plus(expert_u)
     shard, expert_shard = _shard_groups(s, device)
     held = _zero(dense, s.zero, shard.size).plus(_zero(expert, s.zero, expert_shard.size))
     # the optimizer's temporaries follow the state this GPU updates (none: on the host)
@@ -249,8 +247,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         host = held.master_bytes + held.optimizer_bytes
         held = StateBytes(held.weights_bytes, 0, held.grad_bytes, 0, held.buffer_bytes)
     held_micro_batches = in_flight(s, index)
-    selected = {u.name: recomputed_parts(u, s.recompute)
-                for u in units if s.recompute and is_block(u)}
+    blocks = [u for u in units if s.recompute and is_block(u)]
     if s.checkpoint:
         kept = sum(u.input_bytes / seq_div if is_block(u) else saved_on_gpu(u, t, seq_div)
                    for u in units) / c
@@ -258,8 +255,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
                         default=0.0) / c
         activations = kept * held_micro_batches + recompute
     else:
-        freed = [sum(saved_on_gpu(part, t, seq_div) for part in parts)
-                 for parts in selected.values()]
+        freed = [recomputed_share(s, u)[1] for u in blocks]
         kept = sum(saved_on_gpu(u, t, seq_div) for u in units) - sum(freed)
         # one block's recomputed set lives again while that block's backward runs
         activations = (kept * held_micro_batches + max(freed, default=0.0)) / c
@@ -270,12 +266,13 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     grads_at_peak = facts.gradients_at_peak_bytes * held.grad_bytes / full_grads
     gathered = 0
     if s.zero == 3 and shard.size > 1:
-        unsharded = [_unit_state(u, t, experts_on_gpu) for u in units]
+        unsharded = [unit_state(u, t, experts_on_gpu) for u in units]
         weights = sorted((u.weights_bytes for u in unsharded), reverse=True)
         gathered = (sum(weights[:ZERO3_UNITS_GATHERED])
                     + max((u.grad_bytes for u in unsharded), default=0))
     buckets = DDP_BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES if s.zero < 3 and s.dp * c > 1 else 0
-    mine = on_gpu([m for u in units for m in u.matrices], t, experts_on_gpu)
+    mine = (on_gpu([m for u in units for m in u.matrices], t, experts_on_gpu) if s.powersgd
+            else [])    # only PowerSGD reads the matrices
     buckets += round(_compression_buffers(s, facts, units, held, gathered, shard, device, mine))
     persistent = held.weights_bytes + held.master_bytes + held.optimizer_bytes + held.buffer_bytes
     working = max(activations + transient + grads_at_peak, held.grad_bytes + temporaries)
@@ -293,8 +290,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     if s.checkpoint:
         recompute_s = sum(phase_s(s, u, "forward") for u in units if is_block(u))
     else:
-        recompute_s = sum(phase_s(s, part, "forward")
-                          for parts in selected.values() for part in parts)
+        recompute_s = sum(recomputed_share(s, u)[0] for u in blocks)
     ring, ring_exposed = ring_attention(s, device, units)
     experts = expert_parallel(s, device, units, facts.tokens, facts.routing)
     gradients = data_parallel(s, device, dense, expert, shard, expert_shard,
@@ -335,14 +331,14 @@ def _compression_buffers(s: Strategy, facts: ModelFacts, units: Sequence[Unit],
     element = facts.grad_element_bytes
     experts_on_gpu = s.ep * s.expert_tp
     if s.gradq:
-        largest = max((_unit_state(u, s.tp, experts_on_gpu).grad_bytes for u in units),
+        largest = max((unit_state(u, s.tp, experts_on_gpu).grad_bytes for u in units),
                       default=0)
         return quantized_bytes(largest, element, 8)
     if s.powersgd:
         return held.grad_bytes + powersgd_bytes(mine, held.grad_bytes, element, s.powersgd)
     if s.zeropp:
         node = shard.per_node(device.gpus_per_node)
-        weights = sum(_unit_state(u, s.tp, experts_on_gpu).weights_bytes for u in units)
+        weights = sum(unit_state(u, s.tp, experts_on_gpu).weights_bytes for u in units)
         return weights / node + quantized_bytes(gathered, element, 8)
     return 0.0
 
@@ -365,44 +361,9 @@ def _expert_exposed_s(s: Strategy, all_to_all_s: float, forward_s: float,
     return steady * (1 - alone) + all_to_all_s * alone
 
 
-def phase_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
-    """One micro-batch of the unit's `phase` ("forward" or "backward") on one GPU."""
-    split, whole = ((u.forward_split_s, u.forward_whole_s) if phase == "forward"
-                    else (u.backward_split_s, u.backward_whole_s))
-    whole /= s.tp if s.sp and is_block(u) else 1
-    return (split / s.tp + whole) / s.cp + _experts_s(s, u, phase)
-
-
-def _experts_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
-    """The unit's expert GEMMs on one GPU: 1/(t·cp) of the routed rows' work, the weights of
-    1/(ep·etp) of the experts, token rows (t·cp ranks' worth gathered by etp, half of each
-    GEMM's token operands split by it); its other expert-weight-sized ops on 1/(ep·etp)."""
-    etp, ranks = s.expert_tp, s.tp * s.cp
-    held = 1 / (s.ep * etp)
-    other = u.expert_work.forward_s if phase == "forward" else u.expert_work.backward_s
-    return other * held + sum(g.on_rank(1 / ranks, held, (etp + 1) / (2 * ranks))
-                              for g in u.expert_gemms if g.phase == phase)
-
-
-def saved_on_gpu(unit: Unit | ModulePart, t: int, seq_div: int) -> float:
-    """One micro-batch's saved activations of `unit` on one GPU before cp: the split part
-    over t, the rest over t only with sequence parallel (`seq_div`)."""
-    return unit.saved_split_bytes / t + unit.saved_whole_bytes / seq_div
-
-
-def _unit_state(unit: Unit, t: int, experts_on_gpu: int) -> StateBytes:
-    """One unit's state on one GPU before ZeRO: split over t, experts over ep·etp."""
-    return (_scaled(unit.states_split, **_all(t)).plus(unit.states_whole)
-            .plus(_scaled(unit.states_expert, **_all(experts_on_gpu))))
-
-
-def _all(divisor: float) -> dict[str, float]:
-    return dict.fromkeys(STATE_FIELDS, divisor)
-
-
 def _zero(state: StateBytes, stage: int, n: int) -> StateBytes:
     """`state` of one GPU under ZeRO `stage` over `n` data-parallel GPUs."""
-    return _scaled(state, weights_bytes=n if stage >= 3 else 1,
+    return scaled(state, weights_bytes=n if stage >= 3 else 1,
                    grad_bytes=n if stage >= 2 else 1,
                    master_bytes=n if stage >= 1 else 1, optimizer_bytes=n if stage >= 1 else 1)
 

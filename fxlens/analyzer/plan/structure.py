@@ -102,6 +102,13 @@ class Unit:
         return self.states_split.plus(self.states_whole).plus(self.states_expert)
 
     @cached_property
+    def per_layout(self) -> dict[tuple[object, ...], object]:
+        """What a layout's estimate derives from this unit alone, by what of the layout it
+        reads (`fxlens.analyzer.plan.estimate.phase_s`, `unit_states`): a search asks again
+        per layout."""
+        return {}
+
+    @cached_property
     def recomputed_by(self) -> dict[tuple[str, ...], tuple[ModulePart, ...]]:
         """The parts each set of ``ckpt=`` patterns recomputes, as
         `fxlens.analyzer.plan.recompute.recomputed_parts` finds them once per unit (a search
@@ -131,6 +138,13 @@ class ModelFacts:
     @property
     def routing(self) -> ExpertRouting:
         return ExpertRouting(self.experts, *self.routing_groups)
+
+    @cached_property
+    def per_layout(self) -> dict[tuple[object, ...], object]:
+        """What a layout's estimate derives from the model alone, by what of the layout it
+        reads (`fxlens.analyzer.plan.auto_recompute.frontier`): a search asks again per
+        layout."""
+        return {}
 
     @cached_property
     def states(self) -> StateBytes:

@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from itertools import islice
 from typing import Protocol
 
@@ -341,6 +342,12 @@ class ModulePart:
     expert_work: ExpertWork = ExpertWork()
     types: tuple[str, ...] = ()            # type names, lower case, of each path segment below
                                            # the unit down to this module
+
+    @cached_property
+    def per_layout(self) -> dict[tuple[object, ...], object]:
+        """What a layout's estimate derives from this part alone, by what of the layout it
+        reads (`fxlens.analyzer.plan.estimate.phase_s`): a search asks again per layout."""
+        return {}
 
 
 def module_parts(graph: Graph, unit: str, members: Iterable[int], split_nodes: set[int],
