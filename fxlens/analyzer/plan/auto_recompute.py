@@ -31,6 +31,7 @@ from fxlens.analyzer.plan.recompute import KINDS, recomputed_parts
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts
 from fxlens.analyzer.plan.transfers import Links
+from fxlens.analyzer.plan.types import remembered
 from fxlens.analyzer.plan.unit_share import is_block, phase_s, saved_on_gpu
 
 FRONTIER_LIMIT = 4_000      # points kept per node; past it the frontier is thinned
@@ -107,12 +108,11 @@ def _first_fitting(options: Sequence[Choice], run: Callable[[Choice], PlanLayout
 def frontier(facts: ModelFacts, s: Strategy) -> list[Choice]:
     """Every choice of module paths no other choice beats on both seconds and freed bytes,
     cheapest first (remembered per the degrees it reads)."""
-    key = ("frontier", s.tp, s.sp, s.cp, s.ep, s.expert_tp)
-    memo = facts.per_layout
-    if key not in memo:
+    def work() -> list[Choice]:
         root, plain = _tree(facts, s)
-        memo[key] = _frontier(root, "", plain)
-    return list(memo[key])  # type: ignore[call-overload]
+        return _frontier(root, "", plain)
+    return list(remembered(facts.answers, ("frontier", s.tp, s.sp, s.cp, s.ep, s.expert_tp),
+                           work))
 
 
 def _tree(facts: ModelFacts, s: Strategy) -> tuple[_Node, frozenset[str]]:

@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
 from typing import TYPE_CHECKING
 
+from fxlens.analyzer.plan.types import remembered
 from fxlens.analyzer.plan.workload import ModulePart
 
 if TYPE_CHECKING:
@@ -97,10 +98,8 @@ def recomputed(block: str, parts: Sequence[ModulePart], patterns: Sequence[str]
 def recomputed_parts(unit: Unit, patterns: Sequence[str]) -> tuple[ModulePart, ...]:
     """`recomputed` for a block unit, remembered on the unit per set of patterns."""
     key = tuple(patterns)
-    memo = unit.recomputed_by
-    if key not in memo:
-        memo[key] = tuple(recomputed(unit.name, unit.parts, key))
-    return memo[key]
+    return remembered(unit.answers, ("parts", key),
+                      lambda: tuple(recomputed(unit.name, unit.parts, key)))
 
 
 def _matches(pattern: str, inside: str, segments: Sequence[str], types: Sequence[str]) -> bool:

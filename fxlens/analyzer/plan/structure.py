@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
@@ -102,17 +103,9 @@ class Unit:
         return self.states_split.plus(self.states_whole).plus(self.states_expert)
 
     @cached_property
-    def per_layout(self) -> dict[tuple[object, ...], object]:
-        """What a layout's estimate derives from this unit alone, by what of the layout it
-        reads (`fxlens.analyzer.plan.estimate.phase_s`, `unit_states`): a search asks again
-        per layout."""
-        return {}
-
-    @cached_property
-    def recomputed_by(self) -> dict[tuple[str, ...], tuple[ModulePart, ...]]:
-        """The parts each set of ``ckpt=`` patterns recomputes, as
-        `fxlens.analyzer.plan.recompute.recomputed_parts` finds them once per unit (a search
-        asks every layout's units the same question)."""
+    def answers(self) -> dict[Hashable, Any]:
+        """What the planner derives from this unit alone, by question (the layout's degrees
+        it reads, a set of ``ckpt=`` patterns): `fxlens.analyzer.plan.types.remembered`."""
         return {}
 
 
@@ -140,10 +133,9 @@ class ModelFacts:
         return ExpertRouting(self.experts, *self.routing_groups)
 
     @cached_property
-    def per_layout(self) -> dict[tuple[object, ...], object]:
-        """What a layout's estimate derives from the model alone, by what of the layout it
-        reads (`fxlens.analyzer.plan.auto_recompute.frontier`): a search asks again per
-        layout."""
+    def answers(self) -> dict[Hashable, Any]:
+        """What the planner derives from this model alone, by question (the layout's degrees
+        it reads, a set of ``ckpt=`` patterns): `fxlens.analyzer.plan.types.remembered`."""
         return {}
 
     @cached_property

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -14,3 +18,13 @@ class ParallelKnowledge:
     weight_path_ops: frozenset[str]   # ops a weight may pass through on its way to a GEMM
     embedding_ops: frozenset[str]
     attention_ops: frozenset[str]     # attention kernels, forward and backward
+
+
+def remembered(answers: dict[Hashable, Any], question: Hashable, work: Callable[[], T]) -> T:
+    """`work()`'s answer to `question`, computed once per `answers` (the `answers` dict a
+    unit, module part or the model keeps: a search asks thousands of layouts the same few
+    questions of each)."""
+    if question not in answers:
+        answers[question] = work()
+    answer: T = answers[question]
+    return answer

@@ -3,7 +3,7 @@ blocks) or of one module part under a layout: its state split over tp and ep·et
 activations over tp (and sp), its forward and backward seconds over tp·cp with its expert
 GEMMs sized per GPU, and what a selective recompute of it costs and frees.
 
-Each answer is remembered on the unit per the degrees it reads (`Unit.per_layout`): a search
+Each answer is remembered on the unit per the degrees it reads (`Unit.answers`): a search
 over thousands of layouts asks the same few questions of every unit again and again.
 """
 
@@ -15,6 +15,7 @@ from fxlens.analyzer.memory.training_state import STATE_FIELDS, StateBytes
 from fxlens.analyzer.plan.recompute import recomputed_parts
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import Unit
+from fxlens.analyzer.plan.types import remembered
 from fxlens.analyzer.plan.workload import ModulePart
 
 
@@ -25,11 +26,8 @@ def is_block(unit: Unit | ModulePart) -> bool:
 def phase_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
     """One micro-batch of the unit's `phase` ("forward" or "backward") on one GPU
     (remembered on the unit per the degrees it reads)."""
-    key = (phase, s.tp, s.sp, s.cp, s.ep, s.expert_tp)
-    memo = u.per_layout
-    if key not in memo:
-        memo[key] = _phase_s(s, u, phase)
-    return memo[key]  # type: ignore[return-value]
+    return remembered(u.answers, (phase, s.tp, s.sp, s.cp, s.ep, s.expert_tp),
+                      lambda: _phase_s(s, u, phase))
 
 
 def _phase_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
@@ -53,14 +51,13 @@ def experts_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
 def recomputed_share(s: Strategy, u: Unit) -> tuple[float, float]:
     """One micro-batch's forward seconds and saved bytes on one GPU (before cp) of the parts
     of block `u` that ``ckpt=`` patterns recompute (remembered on the unit)."""
-    key = ("recomputed", s.recompute, s.tp, s.sp, s.cp, s.ep, s.expert_tp)
-    memo = u.per_layout
-    if key not in memo:
+    def work() -> tuple[float, float]:
         parts = recomputed_parts(u, s.recompute)
         seq_div = s.tp if s.sp else 1
-        memo[key] = (sum(phase_s(s, part, "forward") for part in parts),
-                     sum(saved_on_gpu(part, s.tp, seq_div) for part in parts))
-    return memo[key]  # type: ignore[return-value]
+        return (sum(phase_s(s, part, "forward") for part in parts),
+                sum(saved_on_gpu(part, s.tp, seq_div) for part in parts))
+    return remembered(u.answers, ("recomputed", s.recompute, s.tp, s.sp, s.cp, s.ep,
+                                  s.expert_tp), work)
 
 
 def saved_on_gpu(unit: Unit | ModulePart, t: int, seq_div: int) -> float:
@@ -71,12 +68,9 @@ def saved_on_gpu(unit: Unit | ModulePart, t: int, seq_div: int) -> float:
 
 def unit_states(unit: Unit, t: int, experts_on_gpu: int) -> tuple[StateBytes, StateBytes]:
     """One unit's dense and expert state on one GPU before ZeRO (remembered on the unit)."""
-    key = ("states", t, experts_on_gpu)
-    memo = unit.per_layout
-    if key not in memo:
-        memo[key] = (scaled(unit.states_split, **every_field(t)).plus(unit.states_whole),
-                     scaled(unit.states_expert, **every_field(experts_on_gpu)))
-    return memo[key]  # type: ignore[return-value]
+    return remembered(unit.answers, ("states", t, experts_on_gpu), lambda: (
+        scaled(unit.states_split, **every_field(t)).plus(unit.states_whole),
+        scaled(unit.states_expert, **every_field(experts_on_gpu))))
 
 
 def unit_state(unit: Unit, t: int, experts_on_gpu: int) -> StateBytes:

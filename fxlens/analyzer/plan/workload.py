@@ -34,11 +34,11 @@ stay with the unit's split work (sized by the captured micro-batch).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from itertools import islice
-from typing import Protocol
+from typing import Any, Protocol
 
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
@@ -344,9 +344,9 @@ class ModulePart:
                                            # the unit down to this module
 
     @cached_property
-    def per_layout(self) -> dict[tuple[object, ...], object]:
-        """What a layout's estimate derives from this part alone, by what of the layout it
-        reads (`fxlens.analyzer.plan.estimate.phase_s`): a search asks again per layout."""
+    def answers(self) -> dict[Hashable, Any]:
+        """What the planner derives from this module part alone, by question (the layout's degrees
+        it reads, a set of ``ckpt=`` patterns): `fxlens.analyzer.plan.types.remembered`."""
         return {}
 
 
