@@ -41,6 +41,12 @@ EAGER_HOLDS_MORE = (
     "yet named tensor by tensor); the simulated eager peak agrees within tolerance"
 )
 
+SSD_REFERENCE = (
+    "the SSD op's real-tensor run is transformers' reference scan: its per-chunk scores, decay "
+    "masks and float32 states, which the fused kernel the graph counts keeps on chip, are "
+    "live inside one op"
+)
+
 
 @dataclass(frozen=True)
 class Divergence:
@@ -94,16 +100,16 @@ KNOWN_DIVERGENCES: dict[str, Divergence] = {
            ("olmo_hybrid", "the DeltaNet scan's names", 0.77),
            ("kimi_linear", "the DeltaNet scan's names, MLA latents", 0.92),
            ("minimax", "the lightning-attention scan's names", 0.74),
-           ("mamba2", "the SSD scan's names", 0.59),
-           ("falcon_h1", "the SSD scan's names", 0.60),
-           ("bamba", "the SSD scan's names", 0.59),
-           ("granite_moe_hybrid", "the SSD scan's names, MoE routing", 0.59),
-           ("nemotron_h", "the SSD scan's names", 0.60),
-           ("zamba2", "the SSD scan's names", 0.64),
            ("lfm2", "names in forward", 0.87),
            ("gpt_oss", "the sink-extended scores, MoE routing", 0.50),
            ("llama4", "names in forward, MoE routing", 0.88),
            ("gemma3n", "the AltUp and per-layer inputs' names", 0.58))},
+    # Mamba-2's chunked scan is one op in the graph, as mamba_ssm's kernel (its per-chunk
+    # score and decay matrices on chip, fxlens.analyzer.capture.hf_ssd); on real CPU tensors
+    # that op runs transformers' reference scan, whose matrices live while the op runs
+    **{f"hf-{name}": Divergence(SSD_REFERENCE, bound) for name, bound
+       in (("mamba2", 0.29), ("falcon_h1", 0.37), ("bamba", 0.29), ("granite_moe_hybrid", 0.29),
+           ("nemotron_h", 0.30), ("zamba2", 0.44))},
     "diffusers-dit": Divergence(EAGER_HOLDS_MORE.format(what="the adaLN modulation chunks"),
                                 0.89),
 }
@@ -202,17 +208,26 @@ def test_every_known_divergence_names_a_zoo_model() -> None:
 # --- the eager figure: simulated on fake tensors, against the real run ---------------------------
 
 ZOO = {**OWN_ZOO, **OTHERS}
+# SSD_REFERENCE: the lowest simulated / measured eager peak (torch 2.13, CPU) minus ~3 %
+SSD_SIMULATED = {f"hf-{name}": bound for name, bound in (
+    ("mamba2", 0.39), ("falcon_h1", 0.49), ("bamba", 0.36), ("granite_moe_hybrid", 0.36),
+    ("nemotron_h", 0.37), ("zamba2", 0.45))}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_simulated_eager_peak_within_5_percent_of_a_real_run(name: str) -> None:
-    """No known divergences here: the eager simulation keeps Python's own references."""
+    """The eager simulation keeps Python's own references; it diverges only where the real
+    run is not the run we model (`SSD_SIMULATED`)."""
     module, inputs = ZOO[name]()
     module.eval()
     simulated = simulate_eager_memory(module, inputs).peak_bytes
     measured = measure_memory(module, inputs).peak_bytes
-    assert simulated == pytest.approx(measured, rel=TOLERANCE)
+    if name not in SSD_SIMULATED:
+        assert simulated == pytest.approx(measured, rel=TOLERANCE)
+        return
+    ratio = simulated / measured
+    assert SSD_SIMULATED[name] <= ratio < 1 - TOLERANCE, f"{name}: {ratio:.3f}: update the table"
 
 
 def test_simulation_needs_no_weights() -> None:

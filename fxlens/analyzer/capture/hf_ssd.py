@@ -1,0 +1,181 @@
+"""`fused_ssd_scans()`: `transformers`' Mamba-2 chunked scan (SSD) captured as the fused kernel
+that a GPU run calls.
+
+Every Mamba-2 mixer in `transformers` (Mamba-2, Nemotron-H, Bamba, Granite-MoE-hybrid, Zamba2,
+Falcon-H1) calls its file's ``mamba2_chunk_scan``: `mamba_ssm`'s ``mamba_chunk_scan_combined``
+where that package is installed (every GPU training setup: `transformers` warns that the
+fallback is "much slower"), else a reference in plain PyTorch that materialises what the kernel
+keeps on chip: per chunk of Q tokens the Q × Q decay mask and scores of every head
+(``segment_sum``, ``G``, ``M``), B and C repeated per head, and the states in float32, all saved
+for the backward. At Nemotron-3 Nano's 8,192 tokens each of those (B and C repeated to 64
+heads, the decay mask, the scores and their masked product) is 256 MiB per Mamba layer and
+sequence, where the kernel saves its inputs, output and a 2 MiB cumulative decay.
+
+While a model is captured (`fxlens.analyzer.capture.as_eager.libraries_as_eager`), each loaded
+``transformers.models.*.modeling_*`` file's ``mamba2_chunk_scan`` runs as one op,
+``fxlens_ssd::chunk_scan`` (out, dA_cumsum), with its backward ``fxlens_ssd::chunk_scan_backward``,
+saving what `mamba_ssm`'s ``MambaChunkScanCombinedFn`` saves: the output, x, dt, the
+cumulative decay (B × H × chunks × Q, float32), A, B, C, D and dt_bias. Their costs are
+`fxlens.rules.ssd`'s. A call the kernel path would not take in training (a cache's initial or
+final state, packed sequences, no D or dt_bias) keeps the reference. On real tensors (a rerun a
+data-dependent model forces) the ops compute the reference's values and its gradients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import sys
+from collections.abc import Callable, Iterator
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from fxlens.analyzer.capture.hf_paths import model_modules
+from fxlens.analyzer.capture.replaced import module_attributes
+
+SCAN = "mamba2_chunk_scan"             # the function name every Mamba-2 model file uses
+REFERENCE_MODULE = "transformers.models.mamba2.modeling_mamba2"
+_REFERENCES: dict[str, Callable[..., Any]] = {}
+
+
+def _reference() -> Callable[..., Any]:
+    """`transformers`' plain-PyTorch chunked scan (the Mamba-2 file's; the others copy it)."""
+    if "scan" not in _REFERENCES:
+        module = sys.modules.get(REFERENCE_MODULE) or __import__(REFERENCE_MODULE,
+                                                                 fromlist=[SCAN])
+        function = getattr(module, SCAN)
+        _REFERENCES["scan"] = getattr(function, "__wrapped__", function)
+    return _REFERENCES["scan"]
+
+
+def _chunks(length: int, chunk_size: int) -> int:
+    return math.ceil(length / chunk_size)
+
+
+def _cumulative_decay(dt: torch.Tensor, A: torch.Tensor, dt_bias: torch.Tensor,
+                      chunk_size: int, softplus: bool, dt_min: float, dt_max: float
+                      ) -> torch.Tensor:
+    """dA_cumsum (B, H, chunks, Q) in float32, as the kernel's first pass computes it."""
+    dt = dt.float() + dt_bias.float()
+    dt = torch.nn.functional.softplus(dt) if softplus else dt
+    dt = dt.clamp(min=dt_min, max=dt_max)
+    batch, length, heads = dt.shape
+    pad = _chunks(length, chunk_size) * chunk_size - length
+    dA = torch.nn.functional.pad(dt * A.float(), (0, 0, 0, pad))
+    return dA.view(batch, -1, chunk_size, heads).permute(0, 3, 1, 2).cumsum(-1)
+
+
+def _scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+          C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int,
+          dt_softplus: bool, dt_min: float, dt_max: float) -> torch.Tensor:
+    out = _reference()(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
+                       dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max))
+    return out.to(x.dtype)
+
+
+@torch.library.custom_op("fxlens_ssd::chunk_scan", mutates_args=())
+def chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+               C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int,
+               dt_softplus: bool, dt_min: float, dt_max: float
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """SSD over x (B, T, H, P) with dt (B, T, H), A (H,), B and C (B, T, G, N), D and dt_bias
+    (H,): the output (B, T, H, P) in x's dtype and the cumulative decay the backward reads."""
+    with torch.no_grad():
+        out = _scan(x, dt, A, B, C, D, dt_bias, chunk_size, dt_softplus, dt_min, dt_max)
+        return out, _cumulative_decay(dt, A, dt_bias, chunk_size, dt_softplus, dt_min, dt_max)
+
+
+@chunk_scan.register_fake
+def _chunk_scan_fake(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                     C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int,
+                     dt_softplus: bool, dt_min: float, dt_max: float
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    batch, length, heads, _ = x.shape
+    decay = x.new_empty((batch, heads, _chunks(length, chunk_size), chunk_size),
+                        dtype=torch.float32)
+    return torch.empty_like(x), decay
+
+
+@torch.library.custom_op("fxlens_ssd::chunk_scan_backward", mutates_args=())
+def chunk_scan_backward(grad: torch.Tensor, out: torch.Tensor, x: torch.Tensor,
+                        dt: torch.Tensor, dA_cumsum: torch.Tensor, A: torch.Tensor,
+                        B: torch.Tensor, C: torch.Tensor, D: torch.Tensor,
+                        dt_bias: torch.Tensor, chunk_size: int, dt_softplus: bool,
+                        dt_min: float, dt_max: float) -> list[torch.Tensor]:
+    """The gradients of x, dt, A, B, C, D and dt_bias (each in its input's dtype)."""
+    inputs = (x, dt, A, B, C, D, dt_bias)
+
+    def scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+             C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
+        return _scan(x, dt, A, B, C, D, dt_bias, chunk_size, dt_softplus, dt_min, dt_max)
+
+    with torch.enable_grad():
+        pullback = torch.func.vjp(scan, *inputs)[1]
+        grads = pullback(grad.to(x.dtype))
+    return [g.to(t.dtype) for g, t in zip(grads, inputs, strict=True)]
+
+
+@chunk_scan_backward.register_fake
+def _chunk_scan_backward_fake(grad: torch.Tensor, out: torch.Tensor, x: torch.Tensor,
+                              dt: torch.Tensor, dA_cumsum: torch.Tensor, A: torch.Tensor,
+                              B: torch.Tensor, C: torch.Tensor, D: torch.Tensor,
+                              dt_bias: torch.Tensor, chunk_size: int, dt_softplus: bool,
+                              dt_min: float, dt_max: float) -> list[torch.Tensor]:
+    return [torch.empty_like(t) for t in (x, dt, A, B, C, D, dt_bias)]
+
+
+_SAVED = ("out", "x", "dt", "dA_cumsum", "A", "B", "C", "D", "dt_bias")
+_SETTINGS = ("chunk_size", "dt_softplus", "dt_min", "dt_max")
+
+
+def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]
+                   ) -> None:
+    x, dt, A, B, C, D, dt_bias, *settings = inputs
+    ctx.save_for_backward(output[0], x, dt, output[1], A, B, C, D, dt_bias)
+    ctx.settings = settings
+
+
+def _backward(ctx: Any, grad: torch.Tensor, _grad_decay: torch.Tensor | None
+              ) -> tuple[Any, ...]:
+    saved = ctx.saved_tensors
+    grads = chunk_scan_backward(grad, *saved, *ctx.settings)
+    return (*grads, None, None, None, None)
+
+
+chunk_scan.register_autograd(_backward, setup_context=_setup_context)
+
+
+def fused_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+               C: torch.Tensor, chunk_size: int, D: torch.Tensor | None = None,
+               dt_bias: torch.Tensor | None = None, initial_states: torch.Tensor | None = None,
+               dt_softplus: bool = False, dt_limit: tuple[float, float] = (0.0, math.inf),
+               return_final_states: bool = False, **kwargs: Any) -> Any:
+    """``mamba2_chunk_scan`` as the kernel runs it (see the module docstring)."""
+    packed = kwargs.get("seq_idx") is not None or kwargs.get("cu_seqlens") is not None
+    if (D is None or dt_bias is None or D.dim() != 1 or initial_states is not None
+            or return_final_states or packed):
+        return _reference()(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
+                            initial_states=initial_states, dt_softplus=dt_softplus,
+                            dt_limit=dt_limit, return_final_states=return_final_states)
+    out, _ = chunk_scan(x, dt, A, B, C, D, dt_bias, chunk_size, dt_softplus,
+                        float(dt_limit[0]), float(dt_limit[1]))
+    return out
+
+
+def _scans(module: ModuleType) -> dict[str, Any] | None:
+    original = getattr(module, SCAN, None)
+    if not callable(original):
+        return None
+    if original is not fused_scan:     # the first file replaced hands its reference on
+        _REFERENCES.setdefault("scan", getattr(original, "__wrapped__", original))
+    return {SCAN: fused_scan}
+
+
+@contextlib.contextmanager
+def fused_ssd_scans() -> Iterator[None]:
+    with contextlib.ExitStack() as stack:
+        for name in model_modules():
+            stack.enter_context(module_attributes(name, _scans))
+        yield
