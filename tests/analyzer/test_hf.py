@@ -62,13 +62,19 @@ PUBLISHED_PARAMS = {
     # Qwen3-Next adds its MTP layer); GPT-OSS's model card gives 116.83 B
     "qwen3-next-80b-a3b": 79_674_391_296,
     "gpt-oss-120b": 116_829_156_672,
+    # derived by hand from their config.json: Kimi K2 (DeepSeek-V3's layout, 384 experts, 64
+    # heads, one dense layer; the model card's "1T total"), Nemotron-3 Nano (23 Mamba-2, 23
+    # MoE and 6 attention layers; the model card's 31.6 B)
+    "kimi-k2": 1_026_408_209_408,
+    "nemotron-3-nano-30b-a3b": 31_577_937_344,
 }
 
 # SDPA calls per forward: one per attention module (encoder-decoders add cross-attention).
 # Qwen3-Next: one softmax-attention layer in four (the others gated DeltaNet); GPT-OSS's
 # attention with sinks is captured as FlashAttention's kernel (`capture/hf_sinks.py`): none.
+# Nemotron-3 Nano: 6 attention layers of 52 (23 Mamba-2, 23 MoE).
 SDPA_CALLS = {"t5-small": 3 * 6, "whisper-tiny": 3 * 4, "qwen3-next-80b-a3b": 1,
-              "gpt-oss-120b": 0}
+              "gpt-oss-120b": 0, "nemotron-3-nano-30b-a3b": 6}
 
 
 def n_params(module: torch.nn.Module) -> int:
@@ -237,6 +243,7 @@ SHALLOW = {"llama-3.1-405b": {"num_hidden_layers": "4"},
            "qwen2.5-72b": {"num_hidden_layers": "4"},
            "qwen3-235b-a22b": {"num_hidden_layers": "4"},
            "deepseek-v3": {"num_hidden_layers": "5"},
+           "kimi-k2": {"num_hidden_layers": "5"},
            "qwen3-30b-a3b": {"num_hidden_layers": "4"},
            "gemma-3-1b": {"num_hidden_layers": "6"},   # five sliding layers, one global
            "qwen3-next-80b-a3b": {"num_hidden_layers": "4"},   # three DeltaNet, one attention
