@@ -102,10 +102,10 @@ STEP_DIVERGENCES = {
            "matmul, neg, tril) run back to back at the step's peak", 0.88)
     for name in ("hf-qwen3_5", "hf-olmo_hybrid")
 } | {
-    # Mamba-2's scan is one op as mamba_ssm's kernel (fxlens.analyzer.capture.hf_ssd); its
-    # backward's real CPU run differentiates transformers' reference scan, whose per-chunk
-    # matrices live inside that op (the hybrids' attention and MLP layers hide it, 0.98)
-    "hf-mamba2": ("the SSD backward's real run is the reference scan's vjp", 0.68),
+    # Mamba-2's scan is one op as mamba_ssm's kernel (fxlens.analyzer.capture.hf_ssd); the
+    # real CPU step runs transformers' reference scan, saving its per-chunk matrices for the
+    # backward (in the hybrids their attention and MLP layers set the peak: 0.98)
+    "hf-mamba2": ("the real CPU step saves the reference scan's per-chunk matrices", 0.68),
 }
 
 

@@ -41,6 +41,15 @@ def test_the_fused_scan_computes_the_references_values_and_gradients() -> None:
         torch.testing.assert_close(got, want)
 
 
+def test_a_prefill_takes_the_ops_final_state_equal_to_the_references() -> None:
+    x, dt, A, B, C, D, dt_bias = (t.detach() for t in inputs(1))
+    kwargs = dict(D=D, dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
+    (out, final), (want_out, want_final) = (
+        f(x, dt, A, B, C, chunk, **kwargs) for f in (hf_ssd.fused_scan, hf_ssd._reference()))
+    torch.testing.assert_close(out, want_out)
+    torch.testing.assert_close(final, want_final)
+
+
 def test_a_call_with_a_cache_state_keeps_the_reference() -> None:
     x, dt, A, B, C, D, dt_bias = (t.detach() for t in inputs())
     start = torch.zeros(b, heads, head_dim, state)
@@ -75,7 +84,8 @@ def test_the_forward_costs_four_matmul_passes_and_the_states_through_memory() ->
                    0.0, math.inf)
     assert cost.flops == FLOPS_PER_MAC * forward_macs() + pointwise()
     inputs_read = sum(t.nbytes for t in (x, dt, A, B, C, D, dt_bias))
-    outputs = x.nbytes + b * heads * chunks * chunk * 4          # out, dA_cumsum (float32)
+    # out, dA_cumsum and the final state (float32)
+    outputs = x.nbytes + b * heads * chunks * chunk * 4 + b * heads * head_dim * state * 4
     assert cost.bytes_read == inputs_read + 2 * state_bytes()
     assert cost.bytes_written == outputs + 2 * state_bytes()
 

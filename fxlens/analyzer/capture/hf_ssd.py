@@ -13,12 +13,15 @@ sequence, where the kernel saves its inputs, output and a 2 MiB cumulative decay
 
 While a model is captured (`fxlens.analyzer.capture.as_eager.libraries_as_eager`), each loaded
 ``transformers.models.*.modeling_*`` file's ``mamba2_chunk_scan`` runs as one op,
-``fxlens_ssd::chunk_scan`` (out, dA_cumsum), with its backward ``fxlens_ssd::chunk_scan_backward``,
+``fxlens_ssd::chunk_scan`` (out, dA_cumsum, final state), with its backward
+``fxlens_ssd::chunk_scan_backward``,
 saving what `mamba_ssm`'s ``MambaChunkScanCombinedFn`` saves: the output, x, dt, the
 cumulative decay (B × H × chunks × Q, float32), A, B, C, D and dt_bias. Their costs are
-`fxlens.rules.ssd`'s. A call the kernel path would not take in training (a cache's initial or
-final state, packed sequences, no D or dt_bias) keeps the reference. On real tensors (a rerun a
-data-dependent model forces) the ops compute the reference's values and its gradients.
+`fxlens.rules.ssd`'s. A call the kernel path does not cover (a cache's state to start
+from, packed sequences, no D or dt_bias) keeps the reference; a prefill that fills a cache
+takes the op's final state. On real tensors (a rerun a data-dependent model forces, a memory
+measurement) the forward computes the reference's values a chunk at a time, holding what the
+kernel holds, and the backward the reference's gradients.
 """
 
 from __future__ import annotations
@@ -75,27 +78,66 @@ def _scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
     return out.to(x.dtype)
 
 
+def _scan_by_chunks(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
+                    C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int,
+                    dt_softplus: bool, dt_min: float, dt_max: float
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference's values and final state one chunk at a time, carrying the state from
+    chunk to chunk as the kernel does: nothing the size of the sequence is made but the
+    output, so a real run holds what the kernel holds (no gradients: the op's forward)."""
+    dt = dt + dt_bias.to(dt.dtype)
+    dt = (torch.nn.functional.softplus(dt) if dt_softplus else dt).clamp(dt_min, dt_max)
+    batch, length, heads, head_dim = x.shape
+    per_group = heads // B.shape[2]
+    state = x.new_zeros((batch, heads, head_dim, B.shape[3]), dtype=torch.float32)
+    out = torch.empty_like(x)
+    for start in range(0, length, chunk_size):
+        rows = slice(start, min(start + chunk_size, length))
+        step = dt[:, rows].float()                                       # (b, q, h)
+        xs = x[:, rows].float()
+        xd = xs * step[..., None]
+        Bs = B[:, rows].float().repeat_interleave(per_group, dim=2)     # (b, q, h, n)
+        Cs = C[:, rows].float().repeat_interleave(per_group, dim=2)
+        decay = torch.cumsum(step * A.float(), dim=1)                    # (b, q, h)
+        gaps = decay[:, :, None, :] - decay[:, None, :, :]               # (b, l, s, h)
+        keep = torch.ones(gaps.shape[1:3], dtype=torch.bool, device=x.device).tril()
+        mask = torch.exp(gaps.masked_fill(~keep[None, :, :, None], -math.inf))
+        scores = torch.einsum("blhn,bshn->blsh", Cs, Bs) * mask
+        y = torch.einsum("blsh,bshp->blhp", scores, xd)
+        y += torch.einsum("blhn,bhpn->blhp", Cs, state) * torch.exp(decay)[..., None]
+        y += D.float()[:, None] * xs
+        out[:, rows] = y.to(x.dtype)
+        to_end = torch.exp(decay[:, -1:] - decay)                        # (b, q, h)
+        state = state * torch.exp(decay[:, -1])[..., None, None] + torch.einsum(
+            "bshn,bshp->bhpn", Bs * to_end[..., None], xd)
+    return out, state
+
+
 @torch.library.custom_op("fxlens_ssd::chunk_scan", mutates_args=())
 def chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int,
                dt_softplus: bool, dt_min: float, dt_max: float
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """SSD over x (B, T, H, P) with dt (B, T, H), A (H,), B and C (B, T, G, N), D and dt_bias
-    (H,): the output (B, T, H, P) in x's dtype and the cumulative decay the backward reads."""
+    (H,) from a zero state: the output (B, T, H, P) in x's dtype, the cumulative decay the
+    backward reads and the final state (B, H, P, N) in float32, what a cache keeps."""
     with torch.no_grad():
-        out = _scan(x, dt, A, B, C, D, dt_bias, chunk_size, dt_softplus, dt_min, dt_max)
-        return out, _cumulative_decay(dt, A, dt_bias, chunk_size, dt_softplus, dt_min, dt_max)
+        out, final = _scan_by_chunks(x, dt, A, B, C, D, dt_bias, chunk_size, dt_softplus,
+                                     dt_min, dt_max)
+        decay = _cumulative_decay(dt, A, dt_bias, chunk_size, dt_softplus, dt_min, dt_max)
+        return out, decay, final
 
 
 @chunk_scan.register_fake
 def _chunk_scan_fake(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                      C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int,
                      dt_softplus: bool, dt_min: float, dt_max: float
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    batch, length, heads, _ = x.shape
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    batch, length, heads, head_dim = x.shape
     decay = x.new_empty((batch, heads, _chunks(length, chunk_size), chunk_size),
                         dtype=torch.float32)
-    return torch.empty_like(x), decay
+    final = x.new_empty((batch, heads, head_dim, B.shape[3]), dtype=torch.float32)
+    return torch.empty_like(x), decay, final
 
 
 @torch.library.custom_op("fxlens_ssd::chunk_scan_backward", mutates_args=())
@@ -137,8 +179,9 @@ def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor
     ctx.settings = settings
 
 
-def _backward(ctx: Any, grad: torch.Tensor, _grad_decay: torch.Tensor | None
-              ) -> tuple[Any, ...]:
+def _backward(ctx: Any, grad: torch.Tensor, _grad_decay: torch.Tensor | None,
+              _grad_final: torch.Tensor | None) -> tuple[Any, ...]:
+    # NB: the final state is a cache's (inference); no gradient flows back through it
     saved = ctx.saved_tensors
     grads = chunk_scan_backward(grad, *saved, *ctx.settings)
     return (*grads, None, None, None, None)
@@ -154,14 +197,13 @@ def fused_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tens
                return_final_states: bool = False, **kwargs: Any) -> Any:
     """``mamba2_chunk_scan`` as the kernel runs it (see the module docstring)."""
     packed = kwargs.get("seq_idx") is not None or kwargs.get("cu_seqlens") is not None
-    if (D is None or dt_bias is None or D.dim() != 1 or initial_states is not None
-            or return_final_states or packed):
+    if D is None or dt_bias is None or D.dim() != 1 or initial_states is not None or packed:
         return _reference()(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
                             initial_states=initial_states, dt_softplus=dt_softplus,
                             dt_limit=dt_limit, return_final_states=return_final_states)
-    out, _ = chunk_scan(x, dt, A, B, C, D, dt_bias, chunk_size, dt_softplus,
-                        float(dt_limit[0]), float(dt_limit[1]))
-    return out
+    out, _, final = chunk_scan(x, dt, A, B, C, D, dt_bias, chunk_size, dt_softplus,
+                               float(dt_limit[0]), float(dt_limit[1]))
+    return (out, final) if return_final_states else out
 
 
 def _scans(module: ModuleType) -> dict[str, Any] | None:
