@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from types import ModuleType
 from typing import Any
 
@@ -51,8 +51,15 @@ def model_modules() -> list[str]:
 
 
 @contextlib.contextmanager
-def eager_code_paths() -> Iterator[None]:
+def in_model_modules(replacements: Callable[[ModuleType], Mapping[str, Any] | None]
+                     ) -> Iterator[None]:
+    """For the duration, the attributes `replacements(module)` names in every loaded
+    transformers model file hold its values (`module_attributes`)."""
     with contextlib.ExitStack() as stack:
         for name in model_modules():
-            stack.enter_context(module_attributes(name, _answers))
+            stack.enter_context(module_attributes(name, replacements))
         yield
+
+
+def eager_code_paths() -> contextlib.AbstractContextManager[None]:
+    return in_model_modules(_answers)

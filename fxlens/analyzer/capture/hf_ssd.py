@@ -29,14 +29,13 @@ from __future__ import annotations
 import contextlib
 import math
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch
 
-from fxlens.analyzer.capture.hf_paths import model_modules
-from fxlens.analyzer.capture.replaced import module_attributes
+from fxlens.analyzer.capture.hf_paths import in_model_modules
 
 SCAN = "mamba2_chunk_scan"             # the function name every Mamba-2 model file uses
 REFERENCE_MODULE = "transformers.models.mamba2.modeling_mamba2"
@@ -215,9 +214,5 @@ def _scans(module: ModuleType) -> dict[str, Any] | None:
     return {SCAN: fused_scan}
 
 
-@contextlib.contextmanager
-def fused_ssd_scans() -> Iterator[None]:
-    with contextlib.ExitStack() as stack:
-        for name in model_modules():
-            stack.enter_context(module_attributes(name, _scans))
-        yield
+def fused_ssd_scans() -> contextlib.AbstractContextManager[None]:
+    return in_model_modules(_scans)
