@@ -16,7 +16,7 @@ express yet are listed with the reason.
 
     python bench/plan_real_runs.py [--only NAME …] [--out bench/plan_runs/results.json]
 
-About 50 minutes on 2 cores (each row twice).
+About 2.5 hours on 2 cores for all rows (each row twice); ``--only … --merge`` runs a few.
 
 Writes the results JSON and prints the Markdown table `bench/README.md` holds.
 """
