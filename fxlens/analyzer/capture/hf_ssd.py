@@ -14,21 +14,20 @@ sequence, where the kernel saves its inputs, output and a 2 MiB cumulative decay
 While a model is captured (`fxlens.analyzer.capture.as_eager.libraries_as_eager`), each loaded
 ``transformers.models.*.modeling_*`` file's ``mamba2_chunk_scan`` runs as one op,
 ``fxlens_ssd::chunk_scan`` (out, dA_cumsum, final state), with its backward
-``fxlens_ssd::chunk_scan_backward``,
-saving what `mamba_ssm`'s ``MambaChunkScanCombinedFn`` saves: the output, x, dt, the
-cumulative decay (B × H × chunks × Q, float32), A, B, C, D and dt_bias. Their costs are
-`fxlens.rules.ssd`'s. A call the kernel path does not cover (a cache's state to start
-from, packed sequences, no D or dt_bias) keeps the reference; a prefill that fills a cache
-takes the op's final state. On real tensors (a rerun a data-dependent model forces, a memory
-measurement) the forward computes the reference's values a chunk at a time, holding what the
-kernel holds, and the backward the reference's gradients.
+``fxlens_ssd::chunk_scan_backward``, saving what `mamba_ssm`'s ``MambaChunkScanCombinedFn``
+saves: the output, x, dt, the cumulative decay (B × H × chunks × Q, float32), A, B, C, D and
+dt_bias. Their costs are `fxlens.rules.ssd`'s. A call the kernel path does not cover (a
+cache's state to start from, packed sequences, no D or dt_bias) keeps the reference; a
+prefill that fills a cache takes the op's final state. On real tensors (a rerun a
+data-dependent model forces) the forward computes the reference's values a chunk at a time,
+holding what the kernel holds, and the backward the reference's gradients.
 """
 
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
-import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -45,9 +44,7 @@ _REFERENCES: dict[str, Callable[..., Any]] = {}
 def _reference() -> Callable[..., Any]:
     """`transformers`' plain-PyTorch chunked scan (the Mamba-2 file's; the others copy it)."""
     if "scan" not in _REFERENCES:
-        module = sys.modules.get(REFERENCE_MODULE) or __import__(REFERENCE_MODULE,
-                                                                 fromlist=[SCAN])
-        function = getattr(module, SCAN)
+        function = getattr(importlib.import_module(REFERENCE_MODULE), SCAN)
         _REFERENCES["scan"] = getattr(function, "__wrapped__", function)
     return _REFERENCES["scan"]
 
@@ -165,10 +162,6 @@ def _chunk_scan_backward_fake(grad: torch.Tensor, out: torch.Tensor, x: torch.Te
                               dt_bias: torch.Tensor, chunk_size: int, dt_softplus: bool,
                               dt_min: float, dt_max: float) -> list[torch.Tensor]:
     return [torch.empty_like(t) for t in (x, dt, A, B, C, D, dt_bias)]
-
-
-_SAVED = ("out", "x", "dt", "dA_cumsum", "A", "B", "C", "D", "dt_bias")
-_SETTINGS = ("chunk_size", "dt_softplus", "dt_min", "dt_max")
 
 
 def _setup_context(ctx: Any, inputs: tuple[Any, ...], output: tuple[torch.Tensor, ...]
