@@ -1,6 +1,6 @@
 """Mamba-2's chunked scan as one op: its values and gradients are the reference's, its costs
-the closed forms of `fxlens.rules.ssd`, and a captured Mamba-2 model saves the kernel's tensors
-instead of the reference's per-chunk matrices."""
+the closed forms of `fxlens.rules.ssd`, and a captured Mamba-2 model runs each layer's scan as
+that op (the CPU memory checks in tests/analyzer/test_measure.py show what it no longer saves)."""
 
 from __future__ import annotations
 
