@@ -218,12 +218,10 @@ def sdpa_math(call: OpCall) -> Cost:
     the score matrix goes through memory."""
     a = _attn(call, mask_type=0)
     score_bytes = call.outputs[1].nbytes  # (…, T_q, T_k) probabilities, q's dtype
-    default_read = sum(t.storage_bytes for t in call.inputs)
-    default_written = sum(t.nbytes for t in call.outputs)
     return Cost(
         flops=forward_flops(a),
-        bytes_read=default_read + 2 * score_bytes,
-        bytes_written=default_written + score_bytes,
+        bytes_read=call.default_bytes_read + 2 * score_bytes,
+        bytes_written=call.default_bytes_written + score_bytes,
         note="dense: the unfused math path computes every score, masked or not",
     )
 

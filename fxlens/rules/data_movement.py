@@ -133,8 +133,7 @@ def copy_into(call: OpCall) -> Cost:
 )
 def view_copy(call: OpCall) -> Cost:
     """A view materialised: read what the output holds, at most the source's storage."""
-    source = sum(spec.storage_bytes for spec in call.inputs)
-    return Cost(bytes_read=min(source, sum(o.nbytes for o in call.outputs)))
+    return Cost(bytes_read=min(call.default_bytes_read, call.default_bytes_written))
 
 
 # ---- creation -----------------------------------------------------------------------------

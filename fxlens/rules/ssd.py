@@ -78,20 +78,14 @@ class Scan:
         return elements * FLOAT32_BYTES
 
 
-def _default_bytes(call: OpCall) -> tuple[int, int]:
-    read = sum(t.storage_bytes for t in call.inputs)
-    written = sum(t.nbytes for t in call.outputs)
-    return read, written
-
-
 @cost_rule("fxlens_ssd.chunk_scan")
 def chunk_scan(call: OpCall) -> Cost:
     """SSD forward: the four matmul passes, the decay mask, the states through memory."""
     scan = Scan.of(call)
-    read, written = _default_bytes(call)
     states = STATE_PASSES * scan.state_bytes
     return Cost(flops=FLOPS_PER_MAC * scan.matmul_macs + scan.pointwise_flops,
-                bytes_read=read + states // 2, bytes_written=written + states // 2,
+                bytes_read=call.default_bytes_read + states // 2,
+                bytes_written=call.default_bytes_written + states // 2,
                 note="Mamba-2 chunked scan as mamba_ssm's fused kernels")
 
 
@@ -99,8 +93,8 @@ def chunk_scan(call: OpCall) -> Cost:
 def chunk_scan_backward(call: OpCall) -> Cost:
     """SSD backward: twice the forward's matmuls, its pointwise work again, states twice."""
     scan = Scan.of(call)
-    read, written = _default_bytes(call)
     states = 2 * STATE_PASSES * scan.state_bytes
     flops = BACKWARD_MATMUL_FACTOR * FLOPS_PER_MAC * scan.matmul_macs + scan.pointwise_flops
-    return Cost(flops=flops, bytes_read=read + states // 2, bytes_written=written + states // 2,
+    return Cost(flops=flops, bytes_read=call.default_bytes_read + states // 2,
+                bytes_written=call.default_bytes_written + states // 2,
                 note="Mamba-2 chunked scan backward as mamba_ssm's fused kernels")

@@ -111,6 +111,16 @@ class OpCall:
         return [o for o in self.node.outputs if o is not None]
 
     @property
+    def default_bytes_read(self) -> int:
+        """The engine's default read for the call: every distinct input's storage once."""
+        return sum(spec.storage_bytes for spec in self.inputs)
+
+    @property
+    def default_bytes_written(self) -> int:
+        """The engine's default write for the call: every output once."""
+        return sum(spec.nbytes for spec in self.outputs)
+
+    @property
     def out(self) -> TensorSpec:
         outputs = self.outputs
         if not outputs:

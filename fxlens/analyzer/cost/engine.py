@@ -63,12 +63,8 @@ def cost_node(node: Node, graph: Graph, registry: CostRegistry, strict: bool = F
             raise RuleError(f"cost rule failed on {where}: {error}") from error
         log.warning("cost rule failed on %s: %s", where, error)
         return NodeCost("failed", 0, 0, 0, f"{type(error).__name__}: {error}")
-    read = cost.bytes_read
-    if read is None:
-        read = sum(spec.storage_bytes for spec in call.inputs)
-    written = cost.bytes_written
-    if written is None:
-        written = sum(spec.nbytes for spec in call.outputs)
+    read = call.default_bytes_read if cost.bytes_read is None else cost.bytes_read
+    written = call.default_bytes_written if cost.bytes_written is None else cost.bytes_written
     return NodeCost("costed", int(cost.flops), int(read), int(written), note=cost.note,
                     kernel=cost.kernel)
 
