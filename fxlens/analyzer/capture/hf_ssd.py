@@ -53,19 +53,6 @@ def _chunks(length: int, chunk_size: int) -> int:
     return math.ceil(length / chunk_size)
 
 
-def _cumulative_decay(dt: torch.Tensor, A: torch.Tensor, dt_bias: torch.Tensor,
-                      chunk_size: int, softplus: bool, dt_min: float, dt_max: float
-                      ) -> torch.Tensor:
-    """dA_cumsum (B, H, chunks, Q) in float32, as the kernel's first pass computes it."""
-    dt = dt.float() + dt_bias.float()
-    dt = torch.nn.functional.softplus(dt) if softplus else dt
-    dt = dt.clamp(min=dt_min, max=dt_max)
-    batch, length, heads = dt.shape
-    pad = _chunks(length, chunk_size) * chunk_size - length
-    dA = torch.nn.functional.pad(dt * A.float(), (0, 0, 0, pad))
-    return dA.view(batch, -1, chunk_size, heads).permute(0, 3, 1, 2).cumsum(-1)
-
-
 def _scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
           C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int,
           dt_softplus: bool, dt_min: float, dt_max: float) -> torch.Tensor:
@@ -77,16 +64,20 @@ def _scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
 def _scan_by_chunks(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
                     C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int,
                     dt_softplus: bool, dt_min: float, dt_max: float
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The reference's values and final state one chunk at a time, carrying the state from
-    chunk to chunk as the kernel does: nothing the size of the sequence is made but the
-    output, so a real run holds what the kernel holds (no gradients: the op's forward)."""
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The reference's values, the cumulative decay per chunk (B, H, chunks, Q; a padded
+    tail keeps the chunk's last value, as the kernel's zero-padded steps do) and the final
+    state, one chunk at a time, carrying the state from chunk to chunk as the kernel does:
+    nothing the size of the sequence is made but the outputs, so a real run holds what the
+    kernel holds (no gradients: the op's forward)."""
     dt = dt + dt_bias.to(dt.dtype)
     dt = (torch.nn.functional.softplus(dt) if dt_softplus else dt).clamp(dt_min, dt_max)
     batch, length, heads, head_dim = x.shape
     per_group = heads // B.shape[2]
     state = x.new_zeros((batch, heads, head_dim, B.shape[3]), dtype=torch.float32)
     out = torch.empty_like(x)
+    cumulative = x.new_empty((batch, heads, _chunks(length, chunk_size), chunk_size),
+                             dtype=torch.float32)
     for start in range(0, length, chunk_size):
         rows = slice(start, min(start + chunk_size, length))
         step = dt[:, rows].float()                                       # (b, q, h)
@@ -95,6 +86,8 @@ def _scan_by_chunks(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch
         Bs = B[:, rows].float().repeat_interleave(per_group, dim=2)     # (b, q, h, n)
         Cs = C[:, rows].float().repeat_interleave(per_group, dim=2)
         decay = torch.cumsum(step * A.float(), dim=1)                    # (b, q, h)
+        cumulative[:, :, start // chunk_size] = decay[:, -1:].permute(0, 2, 1)
+        cumulative[:, :, start // chunk_size, :decay.shape[1]] = decay.permute(0, 2, 1)
         gaps = decay[:, :, None, :] - decay[:, None, :, :]               # (b, l, s, h)
         keep = torch.ones(gaps.shape[1:3], dtype=torch.bool, device=x.device).tril()
         mask = torch.exp(gaps.masked_fill(~keep[None, :, :, None], -math.inf))
@@ -106,7 +99,7 @@ def _scan_by_chunks(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch
         to_end = torch.exp(decay[:, -1:] - decay)                        # (b, q, h)
         state = state * torch.exp(decay[:, -1])[..., None, None] + torch.einsum(
             "bshn,bshp->bhpn", Bs * to_end[..., None], xd)
-    return out, state
+    return out, cumulative, state
 
 
 @torch.library.custom_op("fxlens_ssd::chunk_scan", mutates_args=())
@@ -118,10 +111,8 @@ def chunk_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tens
     (H,) from a zero state: the output (B, T, H, P) in x's dtype, the cumulative decay the
     backward reads and the final state (B, H, P, N) in float32, what a cache keeps."""
     with torch.no_grad():
-        out, final = _scan_by_chunks(x, dt, A, B, C, D, dt_bias, chunk_size, dt_softplus,
-                                     dt_min, dt_max)
-        decay = _cumulative_decay(dt, A, dt_bias, chunk_size, dt_softplus, dt_min, dt_max)
-        return out, decay, final
+        return _scan_by_chunks(x, dt, A, B, C, D, dt_bias, chunk_size, dt_softplus, dt_min,
+                               dt_max)
 
 
 @chunk_scan.register_fake
