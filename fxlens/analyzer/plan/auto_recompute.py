@@ -32,7 +32,7 @@ from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts
 from fxlens.analyzer.plan.transfers import Links
 from fxlens.analyzer.plan.types import remembered
-from fxlens.analyzer.plan.unit_share import is_block, phase_s, saved_on_gpu
+from fxlens.analyzer.plan.unit_share import degrees, is_block, phase_s, saved_on_gpu
 
 FRONTIER_LIMIT = 4_000      # points kept per node; past it the frontier is thinned
 CORE_ATTENTION = "\0core_attn"   # a child no module path can be named
@@ -111,8 +111,7 @@ def frontier(facts: ModelFacts, s: Strategy) -> list[Choice]:
     def work() -> list[Choice]:
         root, plain = _tree(facts, s)
         return _frontier(root, "", plain)
-    return list(remembered(facts.answers, ("frontier", s.tp, s.sp, s.cp, s.ep, s.expert_tp),
-                           work))
+    return list(remembered(facts.answers, ("frontier", *degrees(s)), work))
 
 
 def _tree(facts: ModelFacts, s: Strategy) -> tuple[_Node, frozenset[str]]:

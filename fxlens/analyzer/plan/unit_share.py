@@ -19,6 +19,12 @@ from fxlens.analyzer.plan.types import remembered
 from fxlens.analyzer.plan.workload import ModulePart
 
 
+def degrees(s: Strategy) -> tuple[int, bool, int, int, int]:
+    """The degrees of a layout that what one GPU runs and holds of a unit depends on: the key
+    every answer remembered on a unit or the model is filed under, beside its question."""
+    return s.tp, s.sp, s.cp, s.ep, s.expert_tp
+
+
 def is_block(unit: Unit | ModulePart) -> bool:
     return unit.name not in ("pre", "post")
 
@@ -26,8 +32,7 @@ def is_block(unit: Unit | ModulePart) -> bool:
 def phase_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
     """One micro-batch of the unit's `phase` ("forward" or "backward") on one GPU
     (remembered on the unit per the degrees it reads)."""
-    return remembered(u.answers, (phase, s.tp, s.sp, s.cp, s.ep, s.expert_tp),
-                      lambda: _phase_s(s, u, phase))
+    return remembered(u.answers, (phase, *degrees(s)), lambda: _phase_s(s, u, phase))
 
 
 def _phase_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
@@ -56,8 +61,7 @@ def recomputed_share(s: Strategy, u: Unit) -> tuple[float, float]:
         seq_div = s.tp if s.sp else 1
         return (sum(phase_s(s, part, "forward") for part in parts),
                 sum(saved_on_gpu(part, s.tp, seq_div) for part in parts))
-    return remembered(u.answers, ("recomputed", s.recompute, s.tp, s.sp, s.cp, s.ep,
-                                  s.expert_tp), work)
+    return remembered(u.answers, ("recomputed", s.recompute, *degrees(s)), work)
 
 
 def saved_on_gpu(unit: Unit | ModulePart, t: int, seq_div: int) -> float:
