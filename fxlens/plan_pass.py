@@ -77,7 +77,7 @@ class PlanPass:
 
 def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
     """The training step as units a layout partitions (`fxlens.analyzer.plan.structure`)."""
-    from fxlens.analyzer.plan.fp8 import scaling_s
+    from fxlens.analyzer.plan.fp8 import fp8_gemms, scaling_s
     from fxlens.analyzer.plan.routing import routing_groups
     from fxlens.analyzer.plan.structure import WholeStep, read_facts
     from fxlens.analyzer.plan.tensor_split import weight_param
@@ -95,9 +95,10 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
     # --fused: each predicted kernel timed once, at its first op (the others cost nothing)
     timed = fused_report(report, ctx.fusion.plan) if options.fused and ctx.fusion else report
     weight_gemms: frozenset[int] = frozenset()   # fp8 GEMMs that read a weight
-    if precision is Precision.FP8:   # GEMMs at the fp8 peak plus their operands' scaling
+    grouped: dict[int, float] = {}               # fp8 scaling seconds of grouped GEMMs
+    if precision is Precision.FP8:   # the blocks' GEMMs at the fp8 peak, plus their scaling
         gemms = PARALLEL.gemm_ops | PARALLEL.grouped_gemm_ops
-        fp8 = [n.id for n in graph.calls() if n.packet in gemms]
+        fp8 = fp8_gemms(graph, gemms)
         weight_gemms = frozenset(
             i for i in fp8 if any(weight_param(graph, r, PARALLEL) is not None
                                   for r in graph.nodes[i].input_refs()))
@@ -105,6 +106,9 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
         scaling = scaling_s(graph, weight_gemms,
                             lambda r: weight_param(graph, r, PARALLEL) is not None,
                             spec.achievable_bandwidth)
+        # a grouped GEMM's share is re-sized per GPU with its routed rows (`ExpertGemm`)
+        grouped = {i: scaling.pop(i) for i in list(scaling)
+                   if graph.nodes[i].packet in PARALLEL.grouped_gemm_ops}
         times = [dataclasses.replace(t, time_s=t.time_s + scaling[t.id],
                                      memory_s=t.memory_s + scaling[t.id])
                  if t.id in scaling else t for t in times]
@@ -133,7 +137,7 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
             fp8_gemms=weight_gemms)
     config = getattr(ctx.loaded.module, "config", None)
     return read_facts(ctx.step, report, ctx.registry, state_of,
-                      by_id, PARALLEL, whole, fusion, routing_groups(config))
+                      by_id, PARALLEL, whole, fusion, routing_groups(config), grouped)
 
 
 def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFacts
@@ -162,9 +166,16 @@ def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFac
         "micro-batches of activations (interleaved, v > 1: Megatron's warm-up chunks)",
         "ranks laid out tp innermost, then cp, dp, pp outermost; experts over a stage's GPUs "
         "as etp, ep, expert dp",
-    ) + ((_routing_assumption(facts),) if facts.experts else ()) + (
+    ) + ((FP8_ASSUMPTION,) if options.precision == Precision.FP8.value else ()) + (
+        (_routing_assumption(facts),) if facts.experts else ()) + (
         ("--tokens: the inputs hold no (batch, sequence) token tensor, so no run is "
          "estimated",) if options.tokens and not facts.tokens else ())
+
+
+FP8_ASSUMPTION = ("fp8: the repeated blocks' GEMMs at the fp8 peak, each weight GEMM's "
+                  "activation operand (forward) and output gradient (backward) quantized "
+                  "in a pass of its own; GEMMs outside the blocks (the LM head) in bf16, as "
+                  "Megatron-core and torchtitan run them")
 
 
 def _routing_assumption(facts: ModelFacts) -> str:

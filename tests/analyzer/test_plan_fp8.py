@@ -1,7 +1,8 @@
-"""fp8 training's scaling in the plan: every GEMM that reads a weight first quantizes its
-other operand (the forward's activation, the backward's output gradient), 6 bytes per element
-under current scaling; so for a model of Linears the plan's seconds grow by
-6 · tokens · Σ(in + out features) bytes over the device's bandwidth."""
+"""fp8 training's scaling in the plan: every GEMM of the repeated blocks that reads a weight
+first quantizes its other operand (the forward's activation, the backward's output gradient),
+6 bytes per element under current scaling; so for a model of Linears the plan's seconds grow
+by 6 · tokens · Σ(in + out features) bytes over the device's bandwidth, summed over the
+blocks' Linears (the LM head stays bf16, as Megatron-core and torchtitan run it)."""
 
 from __future__ import annotations
 
@@ -17,13 +18,24 @@ from fxlens.rules.hardware import device
 pytestmark = pytest.mark.slow
 
 
-def step_seconds(module: torch.nn.Module, inputs: dict) -> float:
+def step_seconds(module: torch.nn.Module, inputs: dict, precision: str = "fp8") -> float:
     options = AnalysisOptions(train=True, plan=True, strategy="ddp", gpus=2, device="h100",
-                              precision="fp8")
+                              precision=precision)
     ctx = Context(LoadedModel(module, inputs, "llama", "llama"), options, lambda _: None)
     facts = plan_facts(ctx, run_context(ctx), device("h100"))
     return sum(u.forward_split_s + u.forward_whole_s + u.backward_split_s + u.backward_whole_s
                for u in facts.units)
+
+
+def post_seconds(module: torch.nn.Module, inputs: dict, precision: str) -> float:
+    """The seconds of what runs after the blocks (the final norm, the LM head, the loss)."""
+    options = AnalysisOptions(train=True, plan=True, strategy="ddp", gpus=2, device="h100",
+                              precision=precision)
+    ctx = Context(LoadedModel(module, inputs, "llama", "llama"), options, lambda _: None)
+    post = next(u for u in plan_facts(ctx, run_context(ctx), device("h100")).units
+                if u.name == "post")
+    return post.forward_split_s + post.forward_whole_s + post.backward_split_s \
+        + post.backward_whole_s
 
 
 def test_each_weight_gemm_pays_for_quantizing_its_other_operand(
@@ -35,8 +47,8 @@ def test_each_weight_gemm_pays_for_quantizing_its_other_operand(
     monkeypatch.setattr(fp8, "SCALING_BYTES_PER_ELEMENT", 0)
     without = step_seconds(module, inputs)
     tokens = inputs["input_ids"].numel()
-    features = sum(m.in_features + m.out_features for m in module.modules()
-                   if isinstance(m, torch.nn.Linear))
+    features = sum(m.in_features + m.out_features for name, m in module.named_modules()
+                   if isinstance(m, torch.nn.Linear) and name.startswith("model.layers."))
     expected = 6 * tokens * features / device("h100").achievable_bandwidth
     assert with_scaling - without == pytest.approx(expected, rel=1e-6)
 
@@ -66,3 +78,36 @@ def test_a_gemm_only_input_is_saved_as_its_fp8_copy() -> None:
     bf16 = saved_bytes("amp-bf16", tokens)
     assert bf16 == tokens * (256 + 256) * 2
     assert bf16 - saved_bytes("fp8", tokens) == tokens * 256
+
+
+def test_the_lm_head_stays_bf16() -> None:
+    """What runs after the blocks takes the same time in an fp8 plan as in a bf16 one: the
+    LM head is not an fp8 GEMM and pays no scaling."""
+    from tests.models.hf_zoo import ZOO
+
+    module, inputs = ZOO["llama"]()
+    assert post_seconds(module, inputs, "fp8") == pytest.approx(
+        post_seconds(module, inputs, "amp-bf16"), rel=1e-12)
+
+
+def test_fp8_gemms_are_the_blocks_gemms_or_every_one_without_blocks() -> None:
+    from fxlens.analyzer.core.graph import repeated_blocks
+    from fxlens.rules.parallel import PARALLEL
+    from tests.models.hf_zoo import ZOO
+
+    gemm_ops = PARALLEL.gemm_ops | PARALLEL.grouped_gemm_ops
+    for module, inputs in (ZOO["llama"](), (_Mlp(), (torch.randn(8, 64),))):
+        options = AnalysisOptions(train=True)
+        ctx = Context(LoadedModel(module, inputs, "m", "m"), options, lambda _: None)
+        run_context(ctx)
+        assert ctx.step is not None
+        graph = ctx.step.graph
+        gemms = [n for n in graph.calls() if n.packet in gemm_ops]
+        chosen = set(fp8.fp8_gemms(graph, gemm_ops))
+        blocks = repeated_blocks(graph.module_types)
+        if not blocks:                     # the MLP: every GEMM
+            assert chosen == {n.id for n in gemms} and chosen
+            continue
+        outside = {n.id for n in gemms if n.module == "lm_head"}
+        assert outside and not outside & chosen
+        assert chosen == {n.id for n in gemms} - outside

@@ -254,6 +254,42 @@ def test_expert_gemms_on_a_gpu_follow_rows_and_experts() -> None:
     assert gemm.on_rank(1 / 2, 1 / 64, 1 / 2) == pytest.approx(0.5)
 
 
+def test_fp8_quantizing_the_routed_rows_adds_to_the_gemm_with_the_rows() -> None:
+    """fp8: quantizing a grouped GEMM's token operands is a pass of its own, before the GEMM,
+    sized by the rows a GPU receives, neither hidden under its compute nor cut by ep."""
+    gemm = ExpertGemm("forward", compute_s=1.0, weight_s=4.0, token_s=0.5, scaling_s=0.25)
+    assert gemm.on_rank(1, 1, 1) == pytest.approx(4.5 + 0.25)
+    assert gemm.on_rank(1 / 2, 1 / 64, 1 / 2) == pytest.approx(0.5 + 0.25 / 2)
+
+
+@pytest.mark.slow
+def test_an_fp8_moe_quantizes_each_routed_row_once_per_weight_gemm() -> None:
+    """Mixtral's experts (top-2) as grouped GEMMs: per block, the forward quantizes the rows
+    entering the gate/up and the down projections, the backward the gradients leaving them:
+    6 bytes per element of routed rows × (hidden + intermediate) each way."""
+    from fxlens.analyzer.core.loaded import LoadedModel
+    from fxlens.pipeline import AnalysisOptions, Context, run_context
+    from fxlens.plan_pass import plan_facts
+    from tests.models.hf_zoo import ZOO
+
+    module, inputs = ZOO["mixtral"]()
+    options = AnalysisOptions(train=True, plan=True, strategy="ddp", gpus=2, device="h100",
+                              precision="fp8", fusion=False)
+    ctx = Context(LoadedModel(module, inputs, "mixtral", "mixtral"), options, lambda _: None)
+    facts = plan_facts(ctx, run_context(ctx), H100)
+    config = module.config
+    rows = inputs["input_ids"].numel() * config.num_experts_per_tok
+    upper = 2 * config.intermediate_size          # gate and up, one GEMM
+    per_phase = {"forward": rows * (config.hidden_size + config.intermediate_size),
+                 "backward": rows * (config.hidden_size + upper)}
+    blocks = [u for u in facts.units if u.name not in ("pre", "post")]
+    assert blocks
+    for unit in blocks:
+        for phase, elements in per_phase.items():
+            seconds = sum(g.scaling_s for g in unit.expert_gemms if g.phase == phase)
+            assert seconds == pytest.approx(6 * elements / H100.achievable_bandwidth)
+
+
 @pytest.mark.slow
 def test_expert_parallel_layouts_fold_into_the_stage() -> None:
     """ep drawn from tp · dp with whole experts (etp = 1): expert weights ÷ ep, the all-to-all

@@ -11,6 +11,13 @@ the two copies already made, and weights are quantized once per step (Megatron's
 kernels that emit fp8 from a fused norm or activation avoid part of it: both make this an
 upper bound.
 
+Which GEMMs run in fp8 (`fp8_gemms`): those inside the model's repeated blocks. Megatron-core
+builds its transformer layers of Transformer Engine modules and its LM head as a plain
+``ColumnParallelLinear`` in bf16 (``megatron/core/models/gpt/gpt_model.py`` at d98e8a64: a TE
+head only with ``fp8_output_proj`` under MXFP8); torchtitan's float8 conversion leaves the
+output projection out likewise (its ``filter_fqns``). A model without repeated blocks runs
+every GEMM in fp8.
+
 The same modules save the fp8 copy of a GEMM's activation input for the weight-gradient GEMM,
 not the bf16 tensor (`fp8_saved`): a saved tensor that only fp8 GEMMs read in the forward is
 kept at one byte per element (the per-tensor scale is a few bytes, not counted).
@@ -18,12 +25,21 @@ kept at one byte per element (the per-tensor scale is a few bytes, not counted).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 
-from fxlens.analyzer.core.graph import Graph, TensorRef
+from fxlens.analyzer.core.graph import Graph, TensorRef, repeated_blocks
 from fxlens.analyzer.memory.liveness import Storages
 
 SCALING_BYTES_PER_ELEMENT = 6
+
+
+def fp8_gemms(graph: Graph, gemm_ops: Collection[str]) -> list[int]:
+    """The GEMM calls (`gemm_ops`) the recipes run in fp8: those of the repeated blocks, or
+    every one where the model has none (module docstring)."""
+    blocks = repeated_blocks(graph.module_types)
+    return [n.id for n in graph.calls() if n.packet in gemm_ops
+            and (not blocks or any(n.module == b or n.module.startswith(b + ".")
+                                   for b in blocks))]
 
 
 def scaling_s(graph: Graph, gemms: Iterable[int], is_weight: Callable[[TensorRef], bool],

@@ -190,11 +190,14 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
                state_of: Mapping[str, StateBytes], node_times: Mapping[int, Timed],
                knowledge: ParallelKnowledge, whole_step: WholeStep,
                fusion: FusedOps | None = None,
-               routing_groups: tuple[int, int] = (1, 1)) -> ModelFacts:
+               routing_groups: tuple[int, int] = (1, 1),
+               fp8_scaling: Mapping[int, float] | None = None) -> ModelFacts:
     """The `ModelFacts` of one captured training step. `state_of`: persistent state per
     parameter name; `node_times`: roofline times per node id; `fusion`: activations saved as
     fused kernels keep them (None: the saved set as captured); `routing_groups`: the model's
-    group-limited routing (`fxlens.analyzer.plan.routing.routing_groups`)."""
+    group-limited routing (`fxlens.analyzer.plan.routing.routing_groups`); `fp8_scaling`:
+    seconds of quantizing the grouped GEMMs' token operands (fp8), not in `node_times`
+    since a layout re-sizes them with the routed rows."""
     graph = step.graph
     grouped = {n.id for n in graph.calls() if n.packet in knowledge.grouped_gemm_ops}
     expert_params = _expert_params(graph, knowledge)
@@ -231,7 +234,8 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
         saved_in[unit_name][module] = (split, whole)
 
     def expert_part(nodes: list[int]) -> tuple[tuple[ExpertGemm, ...], ExpertWork]:
-        return (expert_gemms(graph, nodes, knowledge.grouped_gemm_ops, node_times),
+        return (expert_gemms(graph, nodes, knowledge.grouped_gemm_ops, node_times,
+                             fp8_scaling),
                 expert_work(graph, nodes, expert_sized, all_times))
     params_by_unit = _params_by_unit(graph, of_node, unit_names)
     param_shapes = {p.name: p.spec.shape for p in graph.params if not p.is_buffer}
@@ -268,7 +272,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             attention=unit_attention(graph, members[name], knowledge.attention_ops,
                                      knowledge.weight_path_ops, node_times),
             expert_gemms=expert_gemms(graph, members[name], knowledge.grouped_gemm_ops,
-                                      node_times),
+                                      node_times, fp8_scaling),
             expert_work=expert_work(graph, members[name], expert_sized, all_times),
             matrices=gradient_matrices((param_shapes.get(p, ()), k) for p, k in kinds.items()),
             parts=module_parts(graph, name, members[name], split_nodes, times,

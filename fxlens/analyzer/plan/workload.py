@@ -64,12 +64,16 @@ class ExpertGemm:
     compute_s: float        # at the captured shape (every expert, one micro-batch)
     weight_s: float         # memory seconds of the operands sized like expert weights
     token_s: float          # memory seconds of the operands sized like routed tokens
+    scaling_s: float = 0.0  # fp8: quantizing its token operands, a pass of its own
+                            # (`fxlens.analyzer.plan.fp8.scaling_s`)
 
     def on_rank(self, work_share: float, weight_share: float, token_share: float) -> float:
         """Seconds on one GPU doing `work_share` of the captured FLOPs, reading
-        `weight_share` of the captured expert weights and `token_share` of the token rows."""
-        return max(self.compute_s * work_share,
-                   self.weight_s * weight_share + self.token_s * token_share)
+        `weight_share` of the captured expert weights and `token_share` of the token rows,
+        then quantizing those rows (fp8) before it."""
+        return (max(self.compute_s * work_share,
+                    self.weight_s * weight_share + self.token_s * token_share)
+                + self.scaling_s * token_share)
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,9 @@ class UnitAttention:
 
 
 def expert_gemms(graph: Graph, members: Iterable[int], grouped_ops: Collection[str],
-                 times: Mapping[int, Timed]) -> tuple[ExpertGemm, ...]:
+                 times: Mapping[int, Timed], scaling: Mapping[int, float] | None = None
+                 ) -> tuple[ExpertGemm, ...]:
+    """The grouped GEMMs among `members` (`scaling`: fp8 quantization seconds per GEMM)."""
     found = []
     for node_id in members:
         node = graph.nodes[node_id]
@@ -127,7 +133,7 @@ def expert_gemms(graph: Graph, members: Iterable[int], grouped_ops: Collection[s
         moved = weight + tokens
         share = weight / moved if moved else 0.0
         found.append(ExpertGemm(node.phase, timed.compute_s, timed.memory_s * share,
-                                timed.memory_s * (1 - share)))
+                                timed.memory_s * (1 - share), (scaling or {}).get(node_id, 0.0)))
     return tuple(found)
 
 
