@@ -46,6 +46,9 @@ PUBLISHED_PARAMS = {
     "llama-3-70b": 70_553_706_496,
     "mistral-7b": 7_241_732_096,
     "mixtral-8x7b": 46_702_792_704,
+    # derived by hand from its config.json (56 layers of 8 experts, hidden 6,144, vocab
+    # 32,000; the model card's 141 B)
+    "mixtral-8x22b": 140_620_634_112,
     "qwen2-7b": 7_615_616_512,
     "qwen2.5-72b": 72_706_203_648,
     "whisper-tiny": 37_760_640,
