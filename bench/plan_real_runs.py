@@ -16,7 +16,7 @@ express yet are listed with the reason.
 
     python bench/plan_real_runs.py [--only NAME …] [--out bench/plan_runs/results.json]
 
-About 2.5 hours on 2 cores for all rows (each row twice); ``--only … --merge`` runs a few.
+About 3 hours on 2 cores for all rows (each row twice); ``--only … --merge`` runs a few.
 
 Writes the results JSON and prints the Markdown table `bench/README.md` holds.
 """
