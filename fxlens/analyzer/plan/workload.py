@@ -70,7 +70,7 @@ class ExpertGemm:
     def on_rank(self, work_share: float, weight_share: float, token_share: float) -> float:
         """Seconds on one GPU doing `work_share` of the captured FLOPs, reading
         `weight_share` of the captured expert weights and `token_share` of the token rows,
-        then quantizing those rows (fp8) before it."""
+        those rows quantized first (fp8) in a pass of their own."""
         return (max(self.compute_s * work_share,
                     self.weight_s * weight_share + self.token_s * token_share)
                 + self.scaling_s * token_share)
