@@ -68,6 +68,7 @@ from fxlens.analyzer.plan.transfers import (
     sm_slowdown_s,
     tensor_parallel,
 )
+from fxlens.analyzer.plan.types import remembered
 from fxlens.analyzer.plan.unit_share import (
     is_block,
     phase_s,
@@ -227,6 +228,14 @@ def _shard_groups(s: Strategy, device: Links) -> tuple[Group, Group]:
     return dense.node_share(device.gpus_per_node), expert.node_share(device.gpus_per_node)
 
 
+def _saved_sums(facts: ModelFacts, t: int, seq_div: int) -> tuple[float, int]:
+    """The model's saved activations of a micro-batch, on one GPU before cp and in all
+    (remembered on the model per split: every stage of every layout asks)."""
+    return remembered(facts.answers, ("saved sums", t, seq_div), lambda: (
+        sum(saved_on_gpu(u, t, seq_div) for u in facts.units),
+        sum(u.saved_bytes for u in facts.units) or 1))
+
+
 def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit], index: int,
            parts: Sequence[Sequence[Unit]]) -> _Stage:
     t, m, c = s.tp, s.micro_batches, s.cp
@@ -259,9 +268,8 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         kept = sum(saved_on_gpu(u, t, seq_div) for u in units) - sum(freed)
         # one block's recomputed set lives again while that block's backward runs
         activations = (kept * held_micro_batches + max(freed, default=0.0)) / c
-    total_saved = sum(u.saved_bytes for u in facts.units) or 1
-    all_saved_split = sum(saved_on_gpu(u, t, seq_div) for u in facts.units) / c
-    transient = facts.transient_bytes * all_saved_split / total_saved
+    saved_split, total_saved = _saved_sums(facts, t, seq_div)
+    transient = facts.transient_bytes * (saved_split / c) / total_saved
     full_grads = facts.states.grad_bytes or 1
     grads_at_peak = facts.gradients_at_peak_bytes * held.grad_bytes / full_grads
     gathered = 0

@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from fnmatch import fnmatchcase
+from functools import cache
 from typing import TYPE_CHECKING
 
 from fxlens.analyzer.plan.types import remembered
@@ -89,8 +90,7 @@ def recomputed(block: str, parts: Sequence[ModulePart], patterns: Sequence[str]
     chosen = []
     for part in parts:
         inside = part.name[len(block) + 1:].lower() if part.name.startswith(block + ".") else ""
-        segments = inside.split(".") if inside else []
-        if any(_matches(pattern, inside, segments, part.types) for pattern in patterns):
+        if any(_matches(pattern, inside, part.types) for pattern in patterns):
             chosen.append(part)
     return chosen
 
@@ -102,7 +102,9 @@ def recomputed_parts(unit: Unit, patterns: Sequence[str]) -> tuple[ModulePart, .
                       lambda: tuple(recomputed(unit.name, unit.parts, key)))
 
 
-def _matches(pattern: str, inside: str, segments: Sequence[str], types: Sequence[str]) -> bool:
+@cache    # a search asks it of every block's same parts for every pattern set it tries
+def _matches(pattern: str, inside: str, types: tuple[str, ...]) -> bool:
+    segments = inside.split(".") if inside else []
     test = KINDS.get(pattern)
     if test is not None:
         return test(segments, types)
