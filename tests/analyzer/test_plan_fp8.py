@@ -11,6 +11,7 @@ import torch
 
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.plan import fp8
+from fxlens.analyzer.plan.structure import Unit
 from fxlens.pipeline import AnalysisOptions, Context, run_context
 from fxlens.plan_pass import plan_facts
 from fxlens.rules.hardware import device
@@ -18,24 +19,27 @@ from fxlens.rules.hardware import device
 pytestmark = pytest.mark.slow
 
 
-def step_seconds(module: torch.nn.Module, inputs: dict, precision: str = "fp8") -> float:
+def plan_units(module: torch.nn.Module, inputs: dict, precision: str) -> list[Unit]:
     options = AnalysisOptions(train=True, plan=True, strategy="ddp", gpus=2, device="h100",
                               precision=precision)
     ctx = Context(LoadedModel(module, inputs, "llama", "llama"), options, lambda _: None)
-    facts = plan_facts(ctx, run_context(ctx), device("h100"))
+    return list(plan_facts(ctx, run_context(ctx), device("h100")).units)
+
+
+def seconds(units: list[Unit]) -> float:
     return sum(u.forward_split_s + u.forward_whole_s + u.backward_split_s + u.backward_whole_s
-               for u in facts.units)
+               for u in units)
+
+
+def step_seconds(module: torch.nn.Module, inputs: dict) -> float:
+    return seconds(plan_units(module, inputs, "fp8"))
 
 
 def post_seconds(module: torch.nn.Module, inputs: dict, precision: str) -> float:
     """The seconds of what runs after the blocks (the final norm, the LM head, the loss)."""
-    options = AnalysisOptions(train=True, plan=True, strategy="ddp", gpus=2, device="h100",
-                              precision=precision)
-    ctx = Context(LoadedModel(module, inputs, "llama", "llama"), options, lambda _: None)
-    post = next(u for u in plan_facts(ctx, run_context(ctx), device("h100")).units
-                if u.name == "post")
-    return post.forward_split_s + post.forward_whole_s + post.backward_split_s \
-        + post.backward_whole_s
+    post = [u for u in plan_units(module, inputs, precision) if u.name == "post"]
+    assert len(post) == 1
+    return seconds(post)
 
 
 def test_each_weight_gemm_pays_for_quantizing_its_other_operand(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -232,3 +232,9 @@ def repeated_blocks(module_types: Mapping[str, str]) -> tuple[str, ...]:
     outer = [run for run in runs
              if not any(run[0].startswith(m + ".") for m in members)]
     return tuple(p for run in outer for p in run)
+
+
+def block_of(module: str, blocks: Sequence[str]) -> str:
+    """The block among `blocks` (module paths) that module path `module` is or lies inside;
+    "" when none."""
+    return next((b for b in blocks if module == b or module.startswith(b + ".")), "")

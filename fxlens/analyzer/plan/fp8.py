@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
 
-from fxlens.analyzer.core.graph import Graph, TensorRef, repeated_blocks
+from fxlens.analyzer.core.graph import Graph, TensorRef, block_of, repeated_blocks
 from fxlens.analyzer.memory.liveness import Storages
 
 SCALING_BYTES_PER_ELEMENT = 6
@@ -38,8 +38,7 @@ def fp8_gemms(graph: Graph, gemm_ops: Collection[str]) -> list[int]:
     every one where the model has none (module docstring)."""
     blocks = repeated_blocks(graph.module_types)
     return [n.id for n in graph.calls() if n.packet in gemm_ops
-            and (not blocks or any(n.module == b or n.module.startswith(b + ".")
-                                   for b in blocks))]
+            and (not blocks or block_of(n.module, blocks))]
 
 
 def scaling_s(graph: Graph, gemms: Iterable[int], is_weight: Callable[[TensorRef], bool],

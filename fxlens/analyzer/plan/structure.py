@@ -27,7 +27,7 @@ from typing import Any
 
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
-from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, repeated_blocks
+from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, block_of, repeated_blocks
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.compression import Matrix, gradient_matrices
@@ -154,14 +154,14 @@ def unit_of_nodes(graph: Graph, blocks: Sequence[str]) -> dict[int, str]:
     """Unit name per CALL node: its block, else ``pre``/``post`` by where its module first
     runs in the forward (the root's own ops by position; its backward ops are ``post``)."""
     first_block = next((n.id for n in graph.calls() if n.phase == "forward"
-                        and _block_of(n.module, blocks)), None)
+                        and block_of(n.module, blocks)), None)
     first_seen: dict[str, int] = {}
     for node in graph.calls():
         if node.phase == "forward":
             first_seen.setdefault(node.module, node.id)
     units: dict[int, str] = {}
     for node in graph.calls():
-        block = _block_of(node.module, blocks)
+        block = block_of(node.module, blocks)
         if block:
             units[node.id] = block
             continue
@@ -171,10 +171,6 @@ def unit_of_nodes(graph: Graph, blocks: Sequence[str]) -> dict[int, str]:
             anchor = 1 << 62
         units[node.id] = "pre" if first_block is not None and anchor < first_block else "post"
     return units
-
-
-def _block_of(module: str, blocks: Sequence[str]) -> str:
-    return next((b for b in blocks if module == b or module.startswith(b + ".")), "")
 
 
 def _input_bytes(graph: Graph, scope: set[int], handed: frozenset[tuple[int, ...]]) -> int:

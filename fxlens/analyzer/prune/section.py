@@ -21,7 +21,7 @@ from torch import nn
 
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
-from fxlens.analyzer.core.graph import Graph, repeated_blocks
+from fxlens.analyzer.core.graph import Graph, block_of, repeated_blocks
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import (
     Prune,
@@ -194,8 +194,7 @@ def _groups(found: Sequence[Found], graph: Graph, report: Report,
         removal = {group.root: frozenset({ranked_or_last(group)})}
         one = evaluate(removal)
         values = group.importance or (1.0,) * group.units
-        block = group.block or next((b for b in blocks
-                                     if name == b or name.startswith(b + ".")), "")
+        block = group.block or block_of(name, blocks)
         row = PruneGroup(
             id=group.root, kind=kind, name=name, block=block,
             units=group.units, unit=unit, members=group.members,
