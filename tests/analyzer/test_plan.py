@@ -18,7 +18,8 @@ import pytest
 
 from fxlens.analyzer.core.report import Report, load_report
 from fxlens.analyzer.core.sections import Plan, PlanLayout, Training
-from fxlens.analyzer.plan.estimate import estimate, in_flight, stages
+from fxlens.analyzer.plan.estimate import estimate
+from fxlens.analyzer.plan.stage_memory import in_flight, stages
 from fxlens.analyzer.plan.strategy import Strategy, parse
 from fxlens.analyzer.plan.structure import ModelFacts
 from fxlens.analyzer.plan.transfers import all_reduce_s, one_way_s

@@ -12,11 +12,12 @@ Paths nest (``mlp`` holds ``mlp.up_proj``), so the choices form a tree: a module
 recomputed whole, or some of its children are (and, for an attention module, its own ops
 alone: ``core_attn``). The Pareto frontier of (seconds, bytes) over that tree is exact: each
 node's frontier is its children's combined (their choices are disjoint) plus itself whole,
-dominated points dropped. The frontier's points, cheapest first, are then estimated as real
-layouts — a bisection for the first that fits, since each point frees more than the last —
-so a stage's in-flight micro-batches and the block recomputed during its backward are
-counted as the layout counts them. When no selective choice fits, full recompute
-(``ckpt``) is tried; when nothing fits, the layout that needs least is returned, not fitting.
+dominated points dropped. The frontier's points, cheapest first, then have their memory
+estimated as real layouts (`fxlens.analyzer.plan.stage_memory`, memory alone) — a bisection
+for the first that fits, since each point frees more than the last — so a stage's in-flight
+micro-batches and the block recomputed during its backward are counted as the layout counts
+them. When no selective choice fits, full recompute (``ckpt``) is tried; when nothing fits,
+the layout that needs least is returned, not fitting. Only the answer is timed.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from dataclasses import dataclass, replace
 from fxlens.analyzer.core.sections import PlanLayout
 from fxlens.analyzer.plan.estimate import estimate
 from fxlens.analyzer.plan.recompute import KINDS, recomputed_parts
+from fxlens.analyzer.plan.stage_memory import peak_bytes
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts
 from fxlens.analyzer.plan.transfers import Links
@@ -67,39 +69,61 @@ def estimate_auto(facts: ModelFacts, strategy: Strategy, device: Links,
                   ) -> PlanLayout:
     """`strategy` on `device`, its ``ckpt=auto`` resolved (see the module docstring); a
     strategy without it is estimated as given."""
+    resolved, _ = resolve_auto(facts, strategy, device)
+    return estimate_resolved(facts, strategy, resolved, device, tokens, price_per_gpu_hour)
+
+
+def estimate_resolved(facts: ModelFacts, asked: Strategy, resolved: Strategy, device: Links,
+                      tokens: int | None = None, price_per_gpu_hour: float | None = None
+                      ) -> PlanLayout:
+    """The layout of `resolved`, what `resolve_auto` made of `asked`."""
+    layout = estimate(facts, resolved, device, tokens, price_per_gpu_hour)
+    return replace(layout, recompute_auto=True) if asked.checkpoint_auto else layout
+
+
+def resolve_auto(facts: ModelFacts, strategy: Strategy, device: Links) -> tuple[Strategy, int]:
+    """The strategy ``ckpt=auto`` settles on and its peak bytes per GPU: only memory is
+    estimated on the way (`fxlens.analyzer.plan.stage_memory`), the time once, of the answer."""
+    peaks: dict[Strategy, int] = {}
+
+    def peak(s: Strategy) -> int:
+        if s not in peaks:
+            peaks[s] = peak_bytes(facts, s, device)
+        return peaks[s]
+
+    def fits(bytes_: int) -> bool:
+        return bytes_ <= device.usable_bytes
+
     if not strategy.checkpoint_auto:
-        return estimate(facts, strategy, device, tokens, price_per_gpu_hour)
-
-    def run(s: Strategy) -> PlanLayout:
-        layout = estimate(facts, s, device, tokens, price_per_gpu_hour)
-        return replace(layout, recompute_auto=True)
-
+        return strategy, peak(strategy)
     base = replace(strategy, checkpoint_auto=False)
-    plain = run(base)
-    if plain.fits:
+    plain = (base, peak(base))
+    if fits(plain[1]):
         return plain
-    options = [c for c in frontier(facts, base) if c.patterns]
+    options = [c.patterns for c in frontier(facts, base) if c.patterns]
     # the options free more and more: when the one freeing the most does not fit, none does
-    most = run(replace(base, recompute=options[-1].patterns)) if options else None
-    if most is not None and most.fits:
-        first = _first_fitting(options, lambda c: run(replace(base, recompute=c.patterns)))
+    most_strategy = replace(base, recompute=options[-1]) if options else None
+    most = (most_strategy, peak(most_strategy)) if most_strategy is not None else None
+    if most is not None and fits(most[1]):
+        first = _first_fitting(options, lambda p: fits(peak(replace(base, recompute=p))))
         if first is not None:
-            return first
-    full = run(replace(base, checkpoint=True))
-    if full.fits or most is None:
-        return full if full.memory.peak_bytes <= plain.memory.peak_bytes else plain
-    return min((plain, most, full), key=lambda layout: layout.memory.peak_bytes)
+            chosen = replace(base, recompute=first)
+            return chosen, peak(chosen)
+    full_strategy = replace(base, checkpoint=True)
+    full = (full_strategy, peak(full_strategy))
+    if fits(full[1]) or most is None:
+        return full if full[1] <= plain[1] else plain
+    return min((plain, most, full), key=lambda answer: answer[1])
 
 
-def _first_fitting(options: Sequence[Choice], run: Callable[[Choice], PlanLayout]
-                   ) -> PlanLayout | None:
-    """The cheapest of `options` (cheapest first, each freeing more) whose layout fits."""
+def _first_fitting(options: Sequence[tuple[str, ...]], fits: Callable[[tuple[str, ...]], bool]
+                   ) -> tuple[str, ...] | None:
+    """The cheapest of `options` (cheapest first, each freeing more) that fits."""
     lo, hi, found = 0, len(options) - 1, None
     while lo <= hi:
         mid = (lo + hi) // 2
-        layout = run(options[mid])
-        if layout.fits:
-            found, hi = layout, mid - 1
+        if fits(options[mid]):
+            found, hi = options[mid], mid - 1
         else:
             lo = mid + 1
     return found

@@ -13,8 +13,9 @@ etp = 1), ZeRO 0–3 (over dp · cp) and hybrid sharding, recompute as ``ckpt=au
 (none where the layout fits without, else the modules that make it fit for the least
 recompute) and full; tensor-parallel layouts with sequence parallel (same transfers, less
 memory). CPU offload, expert tensor parallelism and compression are not searched. Layouts
-that do not fit are dropped with the bytes they need; the rest are ranked by step time, or by
-the cost of a step (``price``), or of the whole run (``tokens``).
+that do not fit are dropped with the bytes they need (their memory alone is estimated); the
+rest are ranked by step time, or by the cost of a step (``price``), or of the whole run
+(``tokens``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from fxlens.analyzer.core.sections import DroppedLayout, Plan, PlanLayout
-from fxlens.analyzer.plan.auto_recompute import estimate_auto
+from fxlens.analyzer.plan.auto_recompute import estimate_auto, estimate_resolved, resolve_auto
 from fxlens.analyzer.plan.recompute import KINDS, recomputed
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts
@@ -197,17 +198,18 @@ def _search(facts: ModelFacts, request: PlanRequest, device: Links
             continue
         if request.routing is not None and item.ep > 1:     # the router is the run's
             item = replace(item, routing=request.routing)
-        layout = estimate_auto(facts, item, device, request.tokens, request.price_per_gpu_hour)
-        if layout.strategy in seen:
+        resolved, peak = resolve_auto(facts, item, device)
+        if resolved.label in seen:
             continue        # ckpt=auto settled on no recompute, or on full recompute
-        seen.add(layout.strategy)
+        seen.add(resolved.label)
         considered += 1
-        if layout.fits:
-            fitting.append(layout)
+        if peak <= device.usable_bytes:     # only a layout that fits is timed
+            fitting.append(estimate_resolved(facts, item, resolved, device, request.tokens,
+                                             request.price_per_gpu_hour))
         else:
             reasons["does not fit"] += 1
-            dropped.append((-layout.headroom_bytes, DroppedLayout(
-                layout.strategy, "does not fit", needed_bytes=layout.memory.peak_bytes)))
+            dropped.append((peak - device.usable_bytes, DroppedLayout(
+                resolved.label, "does not fit", needed_bytes=peak)))
     fitting.sort(key=lambda layout: _objective(layout, request))
     return fitting, dropped, reasons, considered
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
@@ -108,6 +108,21 @@ class Unit:
         it reads, a set of ``ckpt=`` patterns): `fxlens.analyzer.plan.types.remembered`."""
         return {}
 
+    @cached_property
+    def shape(self) -> Unit:
+        """The unit unnamed, its module parts named by their path inside it: equal for two
+        blocks that every layout treats alike."""
+        parts = sorted((replace(p, name=self._inside(p.name)) for p in self.parts), key=repr)
+        return replace(self, name="", parts=tuple(parts))
+
+    def _inside(self, path: str) -> str:
+        """`path` relative to the unit: "" for the unit itself, "\\0" for a module outside it
+        (the block before, whose output this one saves: no pattern recomputes it here)."""
+        if path == self.name:
+            return ""
+        prefix = self.name + "."
+        return path[len(prefix):] if path.startswith(prefix) else "\0"
+
 
 @dataclass(frozen=True)
 class ModelFacts:
@@ -137,6 +152,16 @@ class ModelFacts:
         """What the planner derives from this model alone, by question (the layout's degrees
         it reads, a set of ``ckpt=`` patterns): `fxlens.analyzer.plan.types.remembered`."""
         return {}
+
+    def twin(self, unit: Unit) -> Unit:
+        """The first unit of `unit`'s shape (`Unit.shape`): a model's identical blocks answer
+        a question once, through it."""
+        return self._twins[unit.name]
+
+    @cached_property
+    def _twins(self) -> dict[str, Unit]:
+        first: dict[Unit, Unit] = {}
+        return {u.name: first.setdefault(u.shape, u) for u in self.units}
 
     @cached_property
     def states(self) -> StateBytes:

@@ -53,15 +53,19 @@ def experts_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
                               for g in u.expert_gemms if g.phase == phase)
 
 
-def recomputed_share(s: Strategy, u: Unit) -> tuple[float, float]:
-    """One micro-batch's forward seconds and saved bytes on one GPU (before cp) of the parts
-    of block `u` that ``ckpt=`` patterns recompute (remembered on the unit)."""
-    def work() -> tuple[float, float]:
-        parts = recomputed_parts(u, s.recompute)
-        seq_div = s.tp if s.sp else 1
-        return (sum(phase_s(s, part, "forward") for part in parts),
-                sum(saved_on_gpu(part, s.tp, seq_div) for part in parts))
-    return remembered(u.answers, ("recomputed", s.recompute, *degrees(s)), work)
+def recomputed_s(s: Strategy, u: Unit) -> float:
+    """One micro-batch's forward seconds on one GPU of the parts of block `u` that ``ckpt=``
+    patterns recompute (remembered on the unit)."""
+    return remembered(u.answers, ("recomputed s", s.recompute, *degrees(s)), lambda: sum(
+        phase_s(s, part, "forward") for part in recomputed_parts(u, s.recompute)))
+
+
+def recomputed_bytes(s: Strategy, u: Unit) -> float:
+    """One micro-batch's saved bytes on one GPU (before cp) of the parts of block `u` that
+    ``ckpt=`` patterns recompute (remembered on the unit)."""
+    seq_div = s.tp if s.sp else 1
+    return remembered(u.answers, ("recomputed bytes", s.recompute, s.tp, seq_div), lambda: sum(
+        saved_on_gpu(part, s.tp, seq_div) for part in recomputed_parts(u, s.recompute)))
 
 
 def saved_on_gpu(unit: Unit | ModulePart, t: int, seq_div: int) -> float:
