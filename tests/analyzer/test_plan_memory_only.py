@@ -1,9 +1,9 @@
-"""The planner's memory-only path, against the whole estimate: a layout's peak asked alone
-(`peak_bytes`, which reads the first of each run of stages alike) equals the fullest of every
-stage's, ``ckpt=auto`` settles on the layout the whole estimate would, and identical blocks
-answer through one twin as each would alone. On tests/models/tiny_gpt.py deepened to nine
-blocks (its second block repeated), activations scaled so that in-flight micro-batches
-decide the peak."""
+"""The planner's shortcuts, against the long way: a layout's peak asked alone (`peak_bytes`)
+equals the fullest of every stage's, the estimate over the first of each run of stages alike
+(`distinct_stages`) equals the estimate over every stage, ``ckpt=auto`` settles on the layout
+the whole estimate would, and identical blocks answer through one twin as each would alone.
+On tests/models/tiny_gpt.py deepened to nine blocks (its second block repeated), activations
+scaled so that in-flight micro-batches decide the peak, and the zoo's Mixtral likewise."""
 
 from __future__ import annotations
 
@@ -11,14 +11,20 @@ import dataclasses
 
 import pytest
 
+from fxlens.analyzer.plan import estimate as estimate_module
 from fxlens.analyzer.plan.auto_recompute import estimate_auto, resolve_auto
 from fxlens.analyzer.plan.estimate import estimate
 from fxlens.analyzer.plan.search import PlanRequest, candidates, plan_section
-from fxlens.analyzer.plan.stage_memory import model_stages, peak_bytes, stage_memory
+from fxlens.analyzer.plan.stage_memory import (
+    distinct_stages,
+    model_stages,
+    peak_bytes,
+    stage_memory,
+)
 from fxlens.analyzer.plan.strategy import Strategy, parse
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
 from fxlens.analyzer.plan.unit_share import is_block, recomputed_bytes, recomputed_s
-from tests.analyzer.test_plan import H100
+from tests.analyzer.test_plan import H100, hf_facts
 from tests.analyzer.test_plan_auto_recompute import Facts, _heavier
 
 
@@ -51,6 +57,15 @@ def deep(gpt: Facts) -> ModelFacts:
 def light_first(gpt: Facts) -> ModelFacts:
     """`deep` with a first block that saves almost nothing: a later stage is the fullest."""
     return _deep(_heavier(gpt[1], 1000), 9, first_saves=0.01)
+
+
+@pytest.fixture(scope="module")
+def wide_input(deep: ModelFacts) -> ModelFacts:
+    """`deep` with its sixth block taking an input four times as large: the stage before it
+    sends more to the next than the stages alike before that."""
+    units = list(deep.units)
+    units[6] = dataclasses.replace(units[6], input_bytes=units[6].input_bytes * 4)
+    return dataclasses.replace(deep, units=tuple(units))
 
 
 def test_identical_blocks_answer_through_one_twin(deep: ModelFacts) -> None:
@@ -126,3 +141,40 @@ def test_the_search_drops_and_times_as_the_whole_estimate_would(deep: ModelFacts
     needed = {x.strategy: x.memory.peak_bytes for x in whole}
     assert all(d.needed_bytes == needed[d.strategy] for d in plan.dropped
                if d.reason == "does not fit")
+
+
+LAYOUTS = [("dp=1,pp=3", 8), ("dp=2,pp=4,v=2", 8), ("dp=2,pp=9", 16), ("dp=2,pp=3,ckpt", 8),
+           ("dp=1,tp=2,sp,pp=9,cp=2,zero=1", 4)]
+
+
+def _every_stage(facts: ModelFacts, pp: int) -> list[tuple[int, list[Unit]]]:
+    return list(enumerate(model_stages(facts, pp)))
+
+
+def _both_ways(facts: ModelFacts, text: str, m: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = parse(text, micro_batches=m)
+    if s.pp == 9:       # a block a stage: stages alike in the middle
+        assert len(distinct_stages(facts, s.pp)) < s.pp
+    shortcut = estimate(facts, s, H100)
+    with monkeypatch.context() as patch:
+        patch.setattr(estimate_module, "distinct_stages", _every_stage)
+        assert estimate(facts, s, H100) == shortcut
+
+
+@pytest.mark.parametrize("model", ["deep", "light_first", "wide_input"])
+@pytest.mark.parametrize("text, m", LAYOUTS)
+def test_the_estimate_over_distinct_stages_is_the_estimate_over_every_stage(
+        model: str, text: str, m: int, request: pytest.FixtureRequest,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _both_ways(request.getfixturevalue(model), text, m, monkeypatch)
+
+
+@pytest.mark.slow
+def test_an_moe_estimate_over_distinct_stages_is_the_estimate_over_every_stage(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Mixtral (4 experts) deepened to nine blocks: the all-to-alls a stage exposes under
+    ``a2a-overlap`` grow with the micro-batches it keeps in flight."""
+    facts = _deep(hf_facts("mixtral"), 9)
+    for text, m in [*LAYOUTS, ("dp=2,pp=9,ep=2,a2a-overlap", 16),
+                    ("dp=4,pp=3,v=3,ep=4,a2a-overlap", 8), ("dp=2,tp=2,pp=9,ep=4,etp=1", 8)]:
+        _both_ways(facts, text, m, monkeypatch)

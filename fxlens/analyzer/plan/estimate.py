@@ -32,7 +32,12 @@ from dataclasses import dataclass, replace
 from fxlens.analyzer.core.sections import Collective, PlanLayout, PlanMemory, PlanRun, PlanTime
 from fxlens.analyzer.plan.compression import powersgd_flops
 from fxlens.analyzer.plan.overlap import exposed_s, halves_s
-from fxlens.analyzer.plan.stage_memory import in_flight, model_stages, stage_memory
+from fxlens.analyzer.plan.stage_memory import (
+    distinct_stages,
+    in_flight,
+    model_stages,
+    stage_memory,
+)
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
 from fxlens.analyzer.plan.transfers import (
@@ -96,7 +101,8 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
     """`strategy` on `device` for the model of `facts` (see the module docstring)."""
     s = strategy
     parts = model_stages(facts, s.pp)
-    evaluated = [_stage(facts, s, device, units, i, parts) for i, units in enumerate(parts)]
+    evaluated = [_stage(facts, s, device, units, i, parts)
+                 for i, units in distinct_stages(facts, s.pp)]
     worst = max(evaluated, key=lambda e: e.memory.peak_bytes)
     p2p = pipeline_transfer(s, device, max(e.boundary_bytes for e in evaluated))
     per_micro = max(e.compute_s + e.blocking_s for e in evaluated) / s.micro_batches

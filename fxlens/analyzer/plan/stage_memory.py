@@ -20,8 +20,9 @@ state + the larger of the forward/backward working set and the optimizer phase; 
 two agree.
 
 Memory is asked alone (`peak_bytes`) where only "does it fit" matters — ``ckpt=auto``'s
-choice and a search's layouts that do not fit — so the sums a stage reads are remembered on
-the model per pipeline split and degrees.
+choice and a search's layouts that do not fit — and the sums a stage reads are remembered on
+the model per pipeline split and degrees. Of stages alike only the first is asked
+(`distinct_stages`): a DeepSeek-V3 pipeline of 16 stages has four kinds.
 """
 
 from __future__ import annotations
@@ -97,19 +98,23 @@ class StageMemory:
 
 
 def peak_bytes(facts: ModelFacts, s: Strategy, device: Links) -> int:
-    """The fullest stage's peak on one GPU under `s`: of stages holding the same units
-    (`ModelFacts.twin`), the first, which keeps the most micro-batches in flight."""
+    """The fullest stage's peak on one GPU under `s`."""
     return max(stage_memory(facts, s, device, units, i).memory.peak_bytes
-               for i, units in _distinct_stages(facts, s.pp))
+               for i, units in distinct_stages(facts, s.pp))
 
 
-def _distinct_stages(facts: ModelFacts, pp: int) -> list[tuple[int, list[Unit]]]:
-    """The first stage of each run of units alike, with its index (remembered per pp)."""
+def distinct_stages(facts: ModelFacts, pp: int) -> list[tuple[int, list[Unit]]]:
+    """The stages that can be a layout's fullest or slowest, with their index: of a run of
+    stages holding units alike (`ModelFacts.twin`) and sending to a stage that starts alike,
+    the first, which keeps the most micro-batches in flight and so holds the most and
+    exposes the most of its transfers (remembered per pp)."""
     def work() -> list[tuple[int, list[Unit]]]:
+        parts = model_stages(facts, pp)
         seen: set[tuple[str, ...]] = set()
         first = []
-        for i, units in enumerate(model_stages(facts, pp)):
-            alike = tuple(facts.twin(u).name for u in units)
+        for i, units in enumerate(parts):
+            after = parts[i + 1][:1] if i + 1 < len(parts) else []
+            alike = tuple(facts.twin(u).name for u in [*units, *after]) + (str(len(units)),)
             if alike not in seen:
                 seen.add(alike)
                 first.append((i, units))
