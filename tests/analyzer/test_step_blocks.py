@@ -141,6 +141,28 @@ def test_a_caller_writing_into_a_blocks_output_keeps_the_copies(caplog):
     _assert_identical(ours, full)
 
 
+class Assembled(nn.Module):
+    """DeepSeek-V3's MLA keys: a new tensor filled through two views of it, in place; with
+    grad on, autograd replays each view after its write (ops a block run with grad off
+    never records)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = nn.Linear(8, 4), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor, band: torch.Tensor, full: torch.Tensor) -> torch.Tensor:
+        keys = x.new_empty(*x.shape[:-1], 8)
+        keys[..., :4].copy_(self.a(x))
+        keys[..., 4:].copy_(self.b(x))
+        return x + keys
+
+
+def test_blocks_writing_into_views_of_their_own_tensors_are_copied(caplog):
+    ours, full, copied = _both(Stack([Assembled() for _ in range(4)]), _inputs(), caplog)
+    assert copied == 2
+    _assert_identical(ours, full)
+
+
 class Heads(nn.Module):
     """Blocks side by side on the input itself, which needs no grad: only their weights do."""
 

@@ -15,9 +15,11 @@ and backward are copies of its nodes, renamed; its backward is never run.
   two identity functions (`_Mark`, no op of their own) that note the gradients coming into
   its outputs and going out to its inputs.
 - **Members.** Each block after that runs its forward once inside one autograd function,
-  `_StandIn`, with autograd off. Its forward nodes are recorded, compared, then dropped: one
-  placeholder node stands for them, and one more for its backward, whose outputs are fresh
-  gradients for the block's inputs.
+  `_StandIn`, with grad on as a block recorded in full runs (autograd's replay of a view
+  after an in-place write into it is an op of the forward: DeepSeek-V3's keys assembled in
+  two slices) and the inner graph thrown away, nothing of it saved for the step. Its forward
+  nodes are recorded, compared, then dropped: one placeholder node stands for them, and one
+  more for its backward, whose outputs are fresh gradients for the block's inputs.
 - **Proof.** A member is a copy only if its forward recorded a full block's nodes op for op:
   the same targets; the same arguments by where they come from (the block's input *i*, its
   own op *k*, its own weight by relative name, or the same outside tensor); the same output
@@ -344,7 +346,7 @@ class _Mark(torch.autograd.Function):
 
 
 class _StandIn(torch.autograd.Function):
-    """A member's forward run with autograd off; its backward is a placeholder.
+    """A member's forward, its own graph discarded; its backward is a placeholder.
 
     A context holds the stand-ins weakly: they hold the recording's tensors, whose autograd
     nodes hold the contexts, a cycle through C++ that the garbage collector cannot see (it
@@ -358,7 +360,10 @@ class _StandIn(torch.autograd.Function):
         ctx.stand_ins, ctx.member = weakref.ref(stand_ins), member
         ctx.set_materialize_grads(False)
         stand_ins._recorder.unrecordable.add(ctx._sequence_nr())
-        out = box["out"] = forward(*args, **kwargs)
+        # grad on, as a block recorded in full runs (module docstring); what the discarded
+        # inner graph saves is not the step's
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            out = box["out"] = forward(*args, **kwargs)
         outputs = box["outputs"] = [t for t in pytree.tree_leaves(out)
                                     if isinstance(t, torch.Tensor)]
         if len(outputs) == len(output_grads):
@@ -369,6 +374,10 @@ class _StandIn(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor | None) -> tuple[Any, ...]:
         return (None,) * 7 + tuple(ctx.stand_ins().placeholder(ctx.member, grads))
+
+
+def _same(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def _backward_hooks(module: torch.nn.Module) -> bool:
