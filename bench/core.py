@@ -17,7 +17,8 @@ Markdown) on GPT-2, Llama-2-7B and Llama-3-70B at their sequence length; the JSO
 forward *and* backward; the presets Llama-3.1-405B and DeepSeek-V3 (default sequence
 length). Targets (issue 15): 7B and 70B default ≤ 1.0× FlopCounterMode, 70B < 15 s, the
 7B training step ≤ 1.0× FlopCounterMode forward+backward, 405B and DeepSeek-V3 < 20 s and
-< 1.5 GiB. `--cases extra` adds the slow profiling row (70B ``--train`` at seq 4096).
+< 1.5 GiB. `--cases extra` adds the slow rows: 70B ``--train`` at seq 4096, and issue 30's
+whole ``--plan`` of DeepSeek-V3 on 1,024 H100s (target: under 60 s).
 """
 
 from __future__ import annotations
@@ -60,6 +61,10 @@ CASES = (
     Case("deepseek-v3", "hf:deepseek-v3", None),
     Case("llama-3-70b-train-4k", "hf:llama-3-70b", 4096, ("--train",), pages=False,
          train=True, extra=True),
+    # issue 30: the whole --plan of a 1,024-GPU layout that does not fit (so the search runs)
+    Case("deepseek-v3-plan-1024", "hf:deepseek-v3", 4096,
+         ("--batch", "1", "--plan", "--strategy", "dp=32,tp=2,pp=16,ep=64", "--micro-batches",
+          "256", "--device", "h100", "--allow-large"), train=True, extra=True),
 )
 
 
