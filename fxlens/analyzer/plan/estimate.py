@@ -165,9 +165,10 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
            parts: Sequence[Sequence[Unit]]) -> _Stage:
     m, c = s.micro_batches, s.cp
     seq_div = s.tp if s.sp else 1
-    held = stage_memory(facts, s, device, units, index)
-    dense, expert, shard, expert_shard = held.dense, held.expert, held.shard, held.expert_shard
-    mine = held.matrices
+    stored = stage_memory(facts, s, device, units, index)
+    dense, expert, shard, expert_shard = (stored.dense, stored.expert, stored.shard,
+                                          stored.expert_shard)
+    mine = stored.matrices
     forward = sum(phase_s(s, u, "forward") for u in units)
     backward = sum(phase_s(s, u, "backward") for u in units)
     if s.checkpoint:
@@ -185,7 +186,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     exposed = _expert_exposed_s(s, sum(c.time_s for c in experts), m * (forward + recompute_s),
                                 m * backward, index)
     return _Stage(
-        memory=held.memory, compute_s=m * (forward + backward + recompute_s),
+        memory=stored.memory, compute_s=m * (forward + backward + recompute_s),
         backward_s=m * backward, recompute_s=m * recompute_s,
         tensor_parallel=tensor_parallel(s, device, units),
         expert_parallel=experts,
