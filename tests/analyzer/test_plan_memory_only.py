@@ -102,8 +102,8 @@ def test_the_peak_asked_alone_is_the_fullest_of_every_stage(
         model: str, text: str, m: int, request: pytest.FixtureRequest) -> None:
     facts = request.getfixturevalue(model)
     s = parse(text, micro_batches=m)
-    every = [stage_memory(facts, s, H100, units, i).memory.peak_bytes
-             for i, units in enumerate(model_stages(facts, s.pp))]
+    every = [stage_memory(facts, s, H100, i).memory.peak_bytes
+             for i in range(len(model_stages(facts, s.pp)))]
     assert len(set(every)) > 1
     assert peak_bytes(facts, s, H100) == max(every) == estimate(facts, s, H100).memory.peak_bytes
 
@@ -112,8 +112,8 @@ def test_a_later_stage_can_be_the_fullest(light_first: ModelFacts) -> None:
     """The case `peak_bytes`'s shortcut has to get right: the fullest stage is the first of a
     run of stages alike, not the first stage."""
     s = parse("dp=2,pp=9", micro_batches=16)
-    every = [stage_memory(light_first, s, H100, units, i).memory.peak_bytes
-             for i, units in enumerate(model_stages(light_first, s.pp))]
+    every = [stage_memory(light_first, s, H100, i).memory.peak_bytes
+             for i in range(len(model_stages(light_first, s.pp)))]
     assert every.index(max(every)) == 1 and every[1] > every[2]
     assert peak_bytes(light_first, s, H100) == every[1]
 

@@ -91,29 +91,28 @@ def resolve_auto(facts: ModelFacts, strategy: Strategy, device: Links) -> tuple[
             peaks[s] = peak_bytes(facts, s, device)
         return peaks[s]
 
-    def fits(bytes_: int) -> bool:
-        return bytes_ <= device.usable_bytes
+    def fits(s: Strategy) -> bool:
+        return peak(s) <= device.usable_bytes
 
     if not strategy.checkpoint_auto:
         return strategy, peak(strategy)
     base = replace(strategy, checkpoint_auto=False)
-    plain = (base, peak(base))
-    if fits(plain[1]):
-        return plain
+    if fits(base):
+        return base, peak(base)
     options = [c.patterns for c in frontier(facts, base) if c.patterns]
     # the options free more and more: when the one freeing the most does not fit, none does
-    most_strategy = replace(base, recompute=options[-1]) if options else None
-    most = (most_strategy, peak(most_strategy)) if most_strategy is not None else None
-    if most is not None and fits(most[1]):
-        first = _first_fitting(options, lambda p: fits(peak(replace(base, recompute=p))))
+    most = replace(base, recompute=options[-1]) if options else None
+    if most is not None and fits(most):
+        first = _first_fitting(options, lambda p: fits(replace(base, recompute=p)))
         if first is not None:
             chosen = replace(base, recompute=first)
             return chosen, peak(chosen)
-    full_strategy = replace(base, checkpoint=True)
-    full = (full_strategy, peak(full_strategy))
-    if fits(full[1]) or most is None:
-        return full if full[1] <= plain[1] else plain
-    return min((plain, most, full), key=lambda answer: answer[1])
+    full = replace(base, checkpoint=True)
+    if fits(full) or most is None:
+        answer = full if peak(full) <= peak(base) else base
+    else:
+        answer = min((base, most, full), key=peak)
+    return answer, peak(answer)
 
 
 def _first_fitting(options: Sequence[tuple[str, ...]], fits: Callable[[tuple[str, ...]], bool]

@@ -165,7 +165,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
            parts: Sequence[Sequence[Unit]]) -> _Stage:
     m, c = s.micro_batches, s.cp
     seq_div = s.tp if s.sp else 1
-    stored = stage_memory(facts, s, device, units, index)
+    stored = stage_memory(facts, s, device, index)
     dense, expert, shard, expert_shard = (stored.dense, stored.expert, stored.shard,
                                           stored.expert_shard)
     mine = stored.matrices

@@ -99,8 +99,8 @@ class StageMemory:
 
 def peak_bytes(facts: ModelFacts, s: Strategy, device: Links) -> int:
     """The fullest stage's peak on one GPU under `s`."""
-    return max(stage_memory(facts, s, device, units, i).memory.peak_bytes
-               for i, units in distinct_stages(facts, s.pp))
+    return max(stage_memory(facts, s, device, i).memory.peak_bytes
+               for i, _ in distinct_stages(facts, s.pp))
 
 
 def distinct_stages(facts: ModelFacts, pp: int) -> list[tuple[int, list[Unit]]]:
@@ -122,9 +122,10 @@ def distinct_stages(facts: ModelFacts, pp: int) -> list[tuple[int, list[Unit]]]:
     return remembered(facts.answers, ("distinct stages", pp), work)
 
 
-def stage_memory(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
-                 index: int) -> StageMemory:
-    """Stage `index` (its `units`) on one GPU (see the module docstring)."""
+def stage_memory(facts: ModelFacts, s: Strategy, device: Links, index: int) -> StageMemory:
+    """Pipeline stage `index` on one GPU (see the module docstring); the sums it reads are
+    remembered per pp and index, so its units are always `model_stages`'s."""
+    units = model_stages(facts, s.pp)[index]
     t, c = s.tp, s.cp
     seq_div = t if s.sp else 1
     experts_on_gpu = s.ep * s.expert_tp
