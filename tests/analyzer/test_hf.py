@@ -70,14 +70,29 @@ PUBLISHED_PARAMS = {
     # MoE and 6 attention layers; the model card's 31.6 B)
     "kimi-k2": 1_026_408_209_408,
     "nemotron-3-nano-30b-a3b": 31_577_937_344,
+    # Megatron-Bridge's verification card (examples/model_verification_cards/gpt-oss-20b):
+    # "all 20,914,757,184 parameters" of unsloth/gpt-oss-20b-BF16 (the model card's 21 B)
+    "gpt-oss-20b": 20_914_757_184,
+    # the main models, without their MTP layer (transformers builds none) and without the
+    # FP32 router correction biases (buffers in transformers). Nemotron-3 Super: Megatron-
+    # Bridge's verification card (nemotron-3-super-120b-a12b) counts 123,611,033,088 elements
+    # in the BF16 checkpoint; less 41 biases × 512 and the MTP layer's 2,942,324,736 (its
+    # attention + LatentMoE block, eh_proj and norms) leaves these 120.67 B (the name's 120 B).
+    # Nemotron-3 Ultra: derived by hand from its config.json (48 Mamba-2, 48 LatentMoE and 12
+    # attention layers, hidden 8,192); Megatron-Bridge's docs/models/nemotron/nemotron3-ultra.md
+    # give "550B total" (with the MTP layer's 11.2 B it would be 560.5 B).
+    "nemotron-3-super-120b-a12b": 120_668_687_360,
+    "nemotron-3-ultra-550b-a55b": 549_308_968_960,
 }
 
 # SDPA calls per forward: one per attention module (encoder-decoders add cross-attention).
 # Qwen3-Next: one softmax-attention layer in four (the others gated DeltaNet); GPT-OSS's
 # attention with sinks is captured as FlashAttention's kernel (`capture/hf_sinks.py`): none.
-# Nemotron-3 Nano: 6 attention layers of 52 (23 Mamba-2, 23 MoE).
+# Nemotron-3 Nano: 6 attention layers of 52 (23 Mamba-2, 23 MoE); Super 8 of 88 (40 and 40);
+# Ultra 12 of 108 (48 and 48).
 SDPA_CALLS = {"t5-small": 3 * 6, "whisper-tiny": 3 * 4, "qwen3-next-80b-a3b": 1,
-              "gpt-oss-120b": 0, "nemotron-3-nano-30b-a3b": 6}
+              "gpt-oss-120b": 0, "gpt-oss-20b": 0, "nemotron-3-nano-30b-a3b": 6,
+              "nemotron-3-super-120b-a12b": 8, "nemotron-3-ultra-550b-a55b": 12}
 
 
 def n_params(module: torch.nn.Module) -> int:
@@ -250,7 +265,8 @@ SHALLOW = {"llama-3.1-405b": {"num_hidden_layers": "4"},
            "qwen3-30b-a3b": {"num_hidden_layers": "4"},
            "gemma-3-1b": {"num_hidden_layers": "6"},   # five sliding layers, one global
            "qwen3-next-80b-a3b": {"num_hidden_layers": "4"},   # three DeltaNet, one attention
-           "gpt-oss-120b": {"num_hidden_layers": "2"}}   # one sliding layer, one full
+           "gpt-oss-120b": {"num_hidden_layers": "2"},   # one sliding layer, one full
+           "gpt-oss-20b": {"num_hidden_layers": "2"}}
 
 
 @pytest.mark.slow
