@@ -1,18 +1,20 @@
 """fxlens's `--plan` against published multi-GPU training runs (`bench/plan_runs/runs.json`).
 
 Each row with a published (or derived) step time is run as a user would: the model's preset at
-the run's sequence length and micro-batch, the run's precision (``amp-bf16``; ``fp8``: GEMMs at
-the fp8 peak), AdamW, and its layout written as `--strategy` (Megatron's distributed optimizer
-as ``zero=1``, FSDP as ``zero=3``, sequence parallel with tp, full recompute as ``ckpt``,
-Megatron's selective ``--recompute-modules`` as ``ckpt=layernorm+moe_act``, the MoE dispatcher
-as ``dispatch=``, its 1F1B all-to-all overlap as ``a2a-overlap``, a benchmark gate that
-gives each token consecutive experts as ``routing=blocks``) on
-the device named by the row, with the device's datasheet × factor figures — the same for every
-row; nothing is fitted to a run. Each row is planned twice: as captured (the `transformers`
-program's ops and saved tensors) and with ``--fused`` (the predicted fused kernels timed,
-activations saved as fused kernels keep them), since every source runs fused kernels
-(Transformer Engine and Megatron's fusions, torch.compile for torchtitan). Rows fxlens cannot
-express yet are listed with the reason.
+the run's sequence length and micro-batch, the run's precision (``amp-bf16``: bf16 weights with
+fp32 master copies and moments, as Megatron keeps them; ``fp8``: GEMMs at the fp8 peak; a row's
+``training_precision`` where its recipe keeps another, e.g. ``bf16`` for NeMo Automodel's bf16
+weights and bf16 Adam moments), AdamW, and its layout written as `--strategy` (Megatron's
+distributed optimizer as ``zero=1``, FSDP as ``zero=3``, sequence parallel with tp, full
+recompute as ``ckpt``, Megatron's selective ``--recompute-modules`` as
+``ckpt=layernorm+moe_act``, the MoE dispatcher as ``dispatch=``, its 1F1B all-to-all overlap as
+``a2a-overlap``, a benchmark gate that gives each token consecutive experts as
+``routing=blocks``) on the device named by the row, with the device's datasheet × factor
+figures — the same for every row; nothing is fitted to a run. Each row is planned twice: as
+captured (the `transformers` program's ops and saved tensors) and with ``--fused`` (the
+predicted fused kernels timed, activations saved as fused kernels keep them), since every
+source runs fused kernels (Transformer Engine and Megatron's fusions, torch.compile for
+torchtitan). Rows fxlens cannot express yet are listed with the reason.
 
     python bench/plan_real_runs.py [--only NAME …] [--out bench/plan_runs/results.json]
 
@@ -78,7 +80,8 @@ def command(run: dict[str, Any], strategy: str, out: Path, mode: str) -> list[st
     micro = run["global_batch_size"] // (run["micro_batch_size"] * lay["dp"])
     argv = [sys.executable, "-m", "fxlens", f"hf:{run['model']['preset']}",
             "--seq-len", str(run["seq_len"]), "--batch", str(run["micro_batch_size"]),
-            "--precision", PRECISION[run["precision"]], "--optimizer", "adamw",
+            "--precision", run.get("training_precision") or PRECISION[run["precision"]],
+            "--optimizer", "adamw",
             "--plan", "--strategy", strategy, "--micro-batches", str(micro),
             "--device", run["device"], "--allow-large", "--no-pages", "--json", str(out),
             "--out", str(out.parent / "report")]

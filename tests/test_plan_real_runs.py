@@ -46,3 +46,23 @@ def test_the_table_shows_both_modes_and_their_medians() -> None:
     assert "fused, Hopper: median absolute error 10% over 1 runs" in table
     assert "fused, Blackwell: median absolute error 30% over 1 runs" in table
     assert "not run: why" in table
+
+
+def _precision_of(run: dict) -> str:
+    strategy, _ = plan_real_runs.strategy_of(run)
+    argv = plan_real_runs.command(run, strategy or "dp=1", Path("out.json"), "fused")
+    return argv[argv.index("--precision") + 1]
+
+
+def test_a_row_runs_at_the_precision_its_recipe_keeps() -> None:
+    """Megatron's bf16 keeps fp32 master weights and moments (`amp-bf16`); a row whose recipe
+    keeps none (NeMo Automodel's bf16 weights and bf16 Adam moments) says so and runs as
+    `--precision bf16`."""
+    from fxlens.cli.analyze_options import PRECISIONS
+
+    automodel = [r for r in RUNS if r["name"].startswith("automodel-")]
+    assert automodel and all(_precision_of(r) == "bf16" for r in automodel)
+    megatron_bf16 = [r for r in RUNS if r["name"].startswith("mcore-") and r["precision"] == "bf16"]
+    assert megatron_bf16 and all(_precision_of(r) == "amp-bf16" for r in megatron_bf16)
+    runnable = [r for r in RUNS if r["micro_batch_size"]]
+    assert {_precision_of(r) for r in runnable} <= set(PRECISIONS)
