@@ -47,6 +47,7 @@ def check_options(options: Any) -> None:
     loss = getattr(options, "loss_dtype", "fp32")
     if loss not in LOSS_DTYPES:
         raise LoadError(f"--loss-dtype {loss!r}: one of {', '.join(LOSS_DTYPES)}")
+    _mtp(options)
     device_memory(options.device_memory, options.devices_file)
     if getattr(options, "checkpoint_auto", False) or getattr(options, "checkpoint_budget", None):
         checkpoint_budget(options)
@@ -166,6 +167,25 @@ def _parallel_plan(options: Any) -> None:
             raise LoadError(f"--plan: device {spec.name!r} has no link bandwidths; give its "
                             f"entry in the --devices file gpus_per_node, "
                             f"intra_node_bytes_per_s and inter_node_bytes_per_s")
+
+
+MAX_MTP_DEPTHS = 16
+
+
+def _mtp(options: Any) -> None:
+    """``--mtp N`` trains beside a training step, N in 1 … `MAX_MTP_DEPTHS`."""
+    depths, shared = getattr(options, "mtp", 0), getattr(options, "mtp_shared", False)
+    if depths is None or depths == 0:
+        if shared:
+            raise LoadError("--mtp-shared: the depths of --mtp N share one depth's weights; "
+                            "add --mtp N")
+        return
+    if isinstance(depths, bool) or not isinstance(depths, int) or not (
+            1 <= depths <= MAX_MTP_DEPTHS):
+        raise LoadError(f"--mtp {depths!r}: multi-token prediction depths, 1 to "
+                        f"{MAX_MTP_DEPTHS}")
+    if not options.train:
+        raise LoadError("--mtp trains beside a training step: add --train (or --plan)")
 
 
 def at_least_one(flag: str, value: int | None) -> None:

@@ -104,6 +104,8 @@ class AnalysisOptions:
     precision: str | None = None        # None: from the parameters' dtype
     optimizer: str = "adamw"
     loss_dtype: str = "fp32"            # "logits": a transformers LM's loss without the cast
+    mtp: int = 0                        # multi-token prediction depths trained beside the LM
+    mtp_shared: bool = False            # one depth's weights run `mtp` times
     device_memory: str | None = None    # "80GiB" or a GPU name ("h100")
     checkpoint: bool = False            # every repeated block (the what-if)
     checkpoint_auto: bool = False       # selective, under a budget (fxlens.ckpt_pass)
@@ -237,7 +239,7 @@ class TrainingStep:
             batch=throughput_basis(ctx.step.graph).samples, device_name=device_name,
             device_bytes=device_bytes, checkpoint=options.checkpoint,
             foreach=ctx.targets_gpu(),   # torch.optim's default on a GPU, not on a CPU
-            loss_dtype=options.loss_dtype,
+            loss_dtype=options.loss_dtype, mtp=options.mtp, mtp_shared=options.mtp_shared,
         )
         training = training_section(ctx.step, report, memory, ctx.registry, settings)
         # one GPU's fixes; with --plan the plan's layouts are the answer (and the fix finder's

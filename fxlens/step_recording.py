@@ -1,19 +1,21 @@
 """The run's training step, recorded as `analyze --train` records it: the weights cast to the
 precision's working dtype (none for a model mixing dtypes on purpose without --precision),
 the precision's autocast (CUDA's op lists when the analysis targets a GPU, CPU's otherwise),
-the attention kernels of that device, and the loss ``--loss-dtype`` asks for. The pipeline
+the attention kernels of that device, the loss ``--loss-dtype`` asks for and the multi-token
+prediction depths of ``--mtp``. The pipeline
 records the model so, and the pruning pass its pruned modules, so that both steps compare."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from fxlens import checks
 from fxlens.analyzer.capture import hf_loss
+from fxlens.analyzer.capture.mtp import mtp_attached
 from fxlens.analyzer.capture.training import TrainingGraph, capture_training
 from fxlens.analyzer.capture.types import Autocast
 from fxlens.analyzer.core.errors import LoadError
@@ -31,9 +33,17 @@ def record_training_step(ctx: Context, module: nn.Module,
     device it targets (the pruning pass records its pruned modules so)."""
     precision, cast = step_cast(ctx)
     on_gpu = ctx.targets_gpu()
-    with _loss(ctx, module):
+    with _loss(ctx, module), _mtp(ctx, module):
         return capture_training(module, ctx.loaded.step_inputs, ctx.registry, cast, on_step,
                                 fused_attention=on_gpu, autocast=_autocast(precision, on_gpu))
+
+
+def _mtp(ctx: Context, module: nn.Module) -> AbstractContextManager[Any]:
+    """The multi-token prediction depths ``--mtp`` trains beside the model's loss, attached
+    for the recording only (`fxlens.analyzer.capture.mtp`)."""
+    if not ctx.options.mtp:
+        return nullcontext()
+    return mtp_attached(module, ctx.options.mtp, ctx.options.mtp_shared)
 
 
 def _loss(ctx: Context, module: nn.Module) -> AbstractContextManager[None]:

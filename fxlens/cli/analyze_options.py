@@ -56,6 +56,15 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
                                "own, the logits cast to float32) or logits (the cross-entropy "
                                "in the logits' dtype, as trainers that skip the cast run it: "
                                "NeMo Automodel's fp32_upcast: false)")
+    training.add_argument("--mtp", type=int, metavar="N",
+                          help="train N multi-token prediction depths beside the LM, as "
+                               "DeepSeek-V3 and recipes with mtp_num_layers do (each: a copy "
+                               "of the last decoder layer, or of the layer kinds the config's "
+                               "mtp_layers_block_type lists, with the shared head and one "
+                               "more loss); transformers builds none")
+    training.add_argument("--mtp-shared", action="store_true",
+                          help="with --mtp N: one depth's weights run N times (Nemotron 3's "
+                               "repeated MTP layer)")
     training.add_argument("--checkpoint", nargs="?", const="blocks", choices=CHECKPOINT_MODES,
                           metavar="auto",
                           help="activation checkpointing of the repeated blocks: alone, every "

@@ -70,6 +70,8 @@ class StepSettings:
     checkpoint: bool = False
     foreach: bool = True        # the multi-tensor optimizer step (a GPU's default; not a CPU's)
     loss_dtype: str = "fp32"    # the loss the step was recorded with (`Training.loss_dtype`)
+    mtp: int = 0                # multi-token prediction depths it trained (`Training.mtp`)
+    mtp_shared: bool = False
 
 
 def training_section(
@@ -119,7 +121,7 @@ def training_section(
                                               settings.device_bytes) if batch_fits else 0,
                   needed_bytes=needed, with_checkpointing=checkpointing is not None)
     return Training(
-        loss_dtype=settings.loss_dtype,
+        loss_dtype=settings.loss_dtype, mtp=settings.mtp, mtp_shared=settings.mtp_shared,
         precision=settings.precision_name,
         optimizer=settings.optimizer_name,
         forward_flops=flops["forward"],

@@ -126,13 +126,19 @@ class Training(Section):
     fit: Fit | None = optional()
     optimizer_step_bytes: int = 0       # what one optimizer step reads and writes
     loss_dtype: str = "fp32"            # "logits": a transformers LM's loss without the cast
+    mtp: int = 0                        # multi-token prediction depths trained (``--mtp``)
+    mtp_shared: bool = False            # one depth's weights run `mtp` times
 
     @property
     def recipe(self) -> str:
         """What the step was recorded as: ``amp-bf16 · adamw``, and the loss when it is not
-        the model's own."""
+        the model's own, and the multi-token prediction depths it trained."""
         loss = " · loss in the logits' dtype" if self.loss_dtype == "logits" else ""
-        return f"{self.precision} · {self.optimizer}{loss}"
+        mtp = ""
+        if self.mtp:
+            mtp = f" · +{self.mtp} MTP depth{'s' if self.mtp > 1 else ''}"
+            mtp += " (one depth's weights)" if self.mtp_shared and self.mtp > 1 else ""
+        return f"{self.precision} · {self.optimizer}{loss}{mtp}"
 
     @property
     def state_bytes(self) -> int:
