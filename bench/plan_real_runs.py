@@ -89,6 +89,9 @@ def command(run: dict[str, Any], strategy: str, out: Path, mode: str) -> list[st
         argv.append("--fused")
     if run.get("loss_dtype"):          # the recipe's loss (e.g. no fp32 cast of the logits)
         argv += ["--loss-dtype", run["loss_dtype"]]
+    if run["model"].get("mtp"):        # the multi-token prediction depths the recipe trains
+        argv += ["--mtp", str(run["model"]["mtp"])]
+        argv += ["--mtp-shared"] if run["model"].get("mtp_shared") else []
     for key, value in (run["model"].get("overrides") or {}).items():
         argv += ["--set", f"{key}={json.dumps(value)}"]
     return argv
