@@ -103,7 +103,7 @@ def test_the_peak_asked_alone_is_the_fullest_of_every_stage(
     facts = request.getfixturevalue(model)
     s = parse(text, micro_batches=m)
     every = [stage_memory(facts, s, H100, i).memory.peak_bytes
-             for i in range(len(model_stages(facts, s.pp)))]
+             for i in range(len(model_stages(facts, s)))]
     assert len(set(every)) > 1
     assert peak_bytes(facts, s, H100) == max(every) == estimate(facts, s, H100).memory.peak_bytes
 
@@ -113,7 +113,7 @@ def test_a_later_stage_can_be_the_fullest(light_first: ModelFacts) -> None:
     run of stages alike, not the first stage."""
     s = parse("dp=2,pp=9", micro_batches=16)
     every = [stage_memory(light_first, s, H100, i).memory.peak_bytes
-             for i in range(len(model_stages(light_first, s.pp)))]
+             for i in range(len(model_stages(light_first, s)))]
     assert every.index(max(every)) == 1 and every[1] > every[2]
     assert peak_bytes(light_first, s, H100) == every[1]
 
@@ -147,14 +147,14 @@ LAYOUTS = [("dp=1,pp=3", 8), ("dp=2,pp=4,v=2", 8), ("dp=2,pp=9", 16), ("dp=2,pp=
            ("dp=1,tp=2,sp,pp=9,cp=2,zero=1", 4)]
 
 
-def _every_stage(facts: ModelFacts, pp: int) -> list[tuple[int, list[Unit]]]:
-    return list(enumerate(model_stages(facts, pp)))
+def _every_stage(facts: ModelFacts, s: Strategy) -> list[tuple[int, list[Unit]]]:
+    return list(enumerate(model_stages(facts, s)))
 
 
 def _both_ways(facts: ModelFacts, text: str, m: int, monkeypatch: pytest.MonkeyPatch) -> None:
     s = parse(text, micro_batches=m)
     if s.pp == 9:       # a block a stage: stages alike in the middle
-        assert len(distinct_stages(facts, s.pp)) < s.pp
+        assert len(distinct_stages(facts, s)) < s.pp
     shortcut = estimate(facts, s, H100)
     with monkeypatch.context() as patch:
         patch.setattr(estimate_module, "distinct_stages", _every_stage)

@@ -100,9 +100,9 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
              tokens: int | None = None, price_per_gpu_hour: float | None = None) -> PlanLayout:
     """`strategy` on `device` for the model of `facts` (see the module docstring)."""
     s = strategy
-    parts = model_stages(facts, s.pp)
+    parts = model_stages(facts, s)
     evaluated = [_stage(facts, s, device, units, i, parts)
-                 for i, units in distinct_stages(facts, s.pp)]
+                 for i, units in distinct_stages(facts, s)]
     worst = max(evaluated, key=lambda e: e.memory.peak_bytes)
     p2p = pipeline_transfer(s, device, max(e.boundary_bytes for e in evaluated))
     per_micro = max(e.compute_s + e.blocking_s for e in evaluated) / s.micro_batches

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 
 from fxlens.analyzer.core.sections import DroppedLayout, Plan, PlanLayout
 from fxlens.analyzer.plan.auto_recompute import estimate_auto, estimate_resolved, resolve_auto
+from fxlens.analyzer.plan.pipeline_layout import layout_problems
 from fxlens.analyzer.plan.recompute import KINDS, recomputed
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts
@@ -116,6 +117,8 @@ def misfits(facts: ModelFacts, strategy: Strategy) -> list[str]:
     if strategy.pp > max(facts.blocks, 1):
         found.append(f"pp={strategy.pp} needs at least {strategy.pp} repeated blocks; the "
                      f"model has {facts.blocks}")
+    if strategy.stages is not None:
+        found += layout_problems(strategy.stages, strategy.pp, strategy.v, facts.blocks)
     widths = sorted(_block_widths(facts))
     if strategy.tp > 1 and not any(u.row_gemms for u in facts.units):
         found.append("tp > 1 needs tensor-parallel pairs; none were found in the graph")

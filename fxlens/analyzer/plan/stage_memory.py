@@ -52,14 +52,18 @@ DDP_BUCKETS_IN_FLIGHT = 2
 ZERO3_UNITS_GATHERED = 2          # the unit computing and the one prefetched
 
 
-def stages(units: Sequence[Unit], blocks: int, pp: int) -> list[list[Unit]]:
+def stages(units: Sequence[Unit], blocks: int, pp: int,
+           layout: tuple[str, ...] | None = None) -> list[list[Unit]]:
     """Units per pipeline stage: blocks in contiguous runs as even as possible (the first
-    ``blocks % pp`` stages one more), what runs before them on the first, after on the last."""
+    ``blocks % pp`` stages one more), what runs before them on the first, after on the last;
+    with a `layout` (`fxlens.analyzer.plan.pipeline_layout`), where it puts them."""
     block_units = [u for u in units if u.name not in ("pre", "post")]
     pre = [u for u in units if u.name == "pre"]
     post = [u for u in units if u.name == "post"]
     if pp == 1:
         return [list(units)]
+    if layout is not None:
+        return _laid_out(pre, block_units, post, layout, pp)
     base, extra = divmod(blocks, pp)
     out, start = [], 0
     for i in range(pp):
@@ -71,10 +75,34 @@ def stages(units: Sequence[Unit], blocks: int, pp: int) -> list[list[Unit]]:
     return out
 
 
-def model_stages(facts: ModelFacts, pp: int) -> list[list[Unit]]:
-    """`stages` of the model's units (remembered on the model per pp)."""
-    return remembered(facts.answers, ("stages", pp),
-                      lambda: stages(facts.units, facts.blocks, pp))
+def _laid_out(pre: list[Unit], blocks: list[Unit], post: list[Unit], layout: tuple[str, ...],
+              pp: int) -> list[list[Unit]]:
+    """Each rank's units as `layout` places them: its chunks (virtual stages r, r + pp, …)
+    in turn, ``e`` the units before the blocks, each ``t`` the next block in layer order,
+    ``l`` the units after them (``m`` with it: the MTP depths are in that unit)."""
+    if sum(symbols.count("t") for symbols in layout) != len(blocks):
+        raise ValueError(f"the layout places {sum(s.count('t') for s in layout)} blocks, the "
+                         f"model has {len(blocks)} (`layout_problems` says so first)")
+    order = iter(blocks)
+    chunks: list[list[Unit]] = []
+    for symbols in layout:
+        chunk: list[Unit] = []
+        for symbol in symbols:
+            chunk += pre if symbol == "e" else post if symbol == "l" else (
+                [next(order)] if symbol == "t" else [])
+        chunks.append(chunk)
+    return [[u for j in range(rank, len(chunks), pp) for u in chunks[j]] for rank in range(pp)]
+
+
+def split_key(s: Strategy) -> tuple[int, str | None]:
+    """What a stage's units depend on: pp and the layout (the key of remembered sums)."""
+    return s.pp, s.layout
+
+
+def model_stages(facts: ModelFacts, s: Strategy) -> list[list[Unit]]:
+    """`stages` of the model's units under `s` (remembered on the model per pp and layout)."""
+    return remembered(facts.answers, ("stages", *split_key(s)),
+                      lambda: stages(facts.units, facts.blocks, s.pp, s.stages))
 
 
 def in_flight(s: Strategy, stage: int) -> float:
@@ -100,16 +128,16 @@ class StageMemory:
 def peak_bytes(facts: ModelFacts, s: Strategy, device: Links) -> int:
     """The fullest stage's peak on one GPU under `s`."""
     return max(stage_memory(facts, s, device, i).memory.peak_bytes
-               for i, _ in distinct_stages(facts, s.pp))
+               for i, _ in distinct_stages(facts, s))
 
 
-def distinct_stages(facts: ModelFacts, pp: int) -> list[tuple[int, list[Unit]]]:
+def distinct_stages(facts: ModelFacts, s: Strategy) -> list[tuple[int, list[Unit]]]:
     """The stages that can be a layout's fullest or slowest, with their index: of a run of
     stages holding units alike (`ModelFacts.twin`) and sending to a stage that starts alike,
     the first, which keeps the most micro-batches in flight and so holds the most and
-    exposes the most of its transfers (remembered per pp)."""
+    exposes the most of its transfers (remembered per pp and layout)."""
     def work() -> list[tuple[int, list[Unit]]]:
-        parts = model_stages(facts, pp)
+        parts = model_stages(facts, s)
         seen: set[tuple[str, ...]] = set()
         first = []
         for i, units in enumerate(parts):
@@ -119,13 +147,13 @@ def distinct_stages(facts: ModelFacts, pp: int) -> list[tuple[int, list[Unit]]]:
                 seen.add(alike)
                 first.append((i, units))
         return first
-    return remembered(facts.answers, ("distinct stages", pp), work)
+    return remembered(facts.answers, ("distinct stages", *split_key(s)), work)
 
 
 def stage_memory(facts: ModelFacts, s: Strategy, device: Links, index: int) -> StageMemory:
     """Pipeline stage `index` on one GPU (see the module docstring); the sums it reads are
     remembered per pp and index, so its units are always `model_stages`'s."""
-    units = model_stages(facts, s.pp)[index]
+    units = model_stages(facts, s)[index]
     t, c = s.tp, s.cp
     seq_div = t if s.sp else 1
     experts_on_gpu = s.ep * s.expert_tp
@@ -187,7 +215,8 @@ def _stage_states(facts: ModelFacts, s: Strategy, units: Sequence[Unit], index: 
             dense_u, expert_u = unit_states(u, s.tp, experts_on_gpu)
             dense, expert = dense.plus(dense_u), expert.plus(expert_u)
         return dense, expert
-    return remembered(facts.answers, ("stage states", s.pp, index, s.tp, experts_on_gpu), work)
+    return remembered(facts.answers,
+                      ("stage states", *split_key(s), index, s.tp, experts_on_gpu), work)
 
 
 def _checkpointed(facts: ModelFacts, s: Strategy, units: Sequence[Unit], index: int
@@ -202,7 +231,7 @@ def _checkpointed(facts: ModelFacts, s: Strategy, units: Sequence[Unit], index: 
         recompute = max((saved_on_gpu(u, s.tp, seq_div) for u in units if is_block(u)),
                         default=0.0)
         return kept, recompute
-    return remembered(facts.answers, ("checkpointed", s.pp, index, s.tp, seq_div), work)
+    return remembered(facts.answers, ("checkpointed", *split_key(s), index, s.tp, seq_div), work)
 
 
 def _selective(facts: ModelFacts, s: Strategy, units: Sequence[Unit], index: int
@@ -216,7 +245,8 @@ def _selective(facts: ModelFacts, s: Strategy, units: Sequence[Unit], index: int
                  if s.recompute and is_block(u)]
         return (sum(saved_on_gpu(u, s.tp, seq_div) for u in units), sum(freed),
                 max(freed, default=0.0))
-    return remembered(facts.answers, ("selective", s.pp, index, s.recompute, *degrees(s)), work)
+    return remembered(facts.answers,
+                      ("selective", *split_key(s), index, s.recompute, *degrees(s)), work)
 
 
 def _shard_groups(s: Strategy, device: Links) -> tuple[Group, Group]:

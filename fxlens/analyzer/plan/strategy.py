@@ -17,8 +17,11 @@ its modules (``ckpt=norm+act``, ``ckpt=core_attn``, ``ckpt=self_attn.*``: kinds 
 `fxlens.analyzer.plan.recompute` reads them), or of the modules that make the layout fit for
 the least recompute (``ckpt=auto``: `fxlens.analyzer.plan.auto_recompute`); ``offload``
 keeps the optimizer state and master weights in host memory; ``v`` virtual stages per GPU
-(interleaved 1F1B); ``micro_batches`` per step per data-parallel rank (gradient accumulation
-when pp = 1).
+(interleaved 1F1B); ``layout=`` which virtual stage holds which layers, as Megatron-core
+writes it (``layout=Et*4|(t*4|)*14tmL``: `fxlens.analyzer.plan.pipeline_layout`; it sets v;
+left out, the blocks split evenly, the embedding on the first stage and the head and loss on
+the last); ``micro_batches`` per step per data-parallel rank (gradient accumulation when
+pp = 1).
 
 Expert routing: ``dispatch=alltoall`` sends each token once per chosen expert (Megatron-core's
 ``alltoall`` dispatcher); ``dispatch=deepep`` once per destination node across nodes and once
@@ -46,6 +49,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from fxlens.analyzer.plan.pipeline_layout import parse_layout
 from fxlens.analyzer.plan.routing import ROUTINGS
 
 NAMED: dict[str, dict[str, int | bool | str]] = {
@@ -84,6 +88,12 @@ class Strategy:
     gradq: str | None = None        # gradient collectives in "int8" or "fp8"
     powersgd: int = 0               # PowerSGD rank of DDP's gradient all-reduce (0: off)
     zeropp: bool = False            # ZeRO++: int8 weight gathers, hpZ, int4 gradients
+    layout: str | None = None       # Megatron's pipeline layout; None: blocks split evenly
+
+    @property
+    def stages(self) -> tuple[str, ...] | None:
+        """The layout's virtual stages (`parse_layout`), None without one."""
+        return parse_layout(self.layout) if self.layout is not None else None
 
     @property
     def compresses(self) -> bool:
@@ -124,6 +134,8 @@ class Strategy:
             parts.append(f"gradq={self.gradq}")
         if self.powersgd:
             parts.append(f"powersgd={self.powersgd}")
+        if self.layout is not None:
+            parts.append(f"layout={self.layout.replace('e', 'E').replace('l', 'L')}")
         parts += [name for name, on in (("sp", self.sp), ("ckpt", self.checkpoint),
                                         ("offload", self.offload),
                                         ("a2a-overlap", self.a2a_overlap),
@@ -171,9 +183,24 @@ class Strategy:
                          "need ep > 1")
         if self.v > 1 and self.pp == 1:
             found.append("interleaved stages (v > 1) need pp > 1")
+        if self.layout is not None:
+            found += self._layout_problems()
         if self.micro_batches < 1:
             found.append("micro-batches must be ≥ 1")
         return found
+
+
+    def _layout_problems(self) -> list[str]:
+        try:
+            stages = parse_layout(self.layout or "")
+        except ValueError as error:
+            return [str(error)]
+        if self.pp == 1:
+            return ["layout= places layers on pipeline stages: it needs pp > 1"]
+        if len(stages) != self.pp * self.v:
+            return [f"layout has {len(stages)} virtual stages, pp·v = {self.pp}·{self.v} = "
+                    f"{self.pp * self.v}"]
+        return []
 
 
 def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strategy:
@@ -192,7 +219,7 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
                 _set(values, "checkpoint_auto", True, text)
             elif key == "ckpt":
                 _set(values, "recompute", _selective(number), text)
-            elif key in ("dispatch", "gradq", "routing"):
+            elif key in ("dispatch", "gradq", "routing", "layout"):
                 _set(values, key, number, text)
             else:
                 _set(values, key, _degree(key, number), text)
@@ -203,6 +230,10 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
             raise ValueError(f"unknown strategy {part!r} in {text!r}; known names: "
                              f"{', '.join(NAMED)}, or degrees like dp=2,tp=4,pp=2,zero=1")
     strategy = replace(Strategy(micro_batches=micro_batches), **values)
+    if "layout" in values and "v" not in values and strategy.pp > 1:
+        stages = _stage_count(values["layout"])
+        if stages and stages % strategy.pp == 0:   # the layout sets v, as Megatron reads it
+            strategy = replace(strategy, v=stages // strategy.pp)
     if "dp" not in values:
         if gpus is None:
             raise ValueError(f"{text!r} does not say how many GPUs: add --gpus N, or dp=N")
@@ -247,3 +278,11 @@ def _selective(value: str) -> tuple[str, ...]:
         raise ValueError("ckpt= needs full, or module kinds or path globs joined by '+' "
                          "(ckpt=norm+act, ckpt=core_attn, ckpt=self_attn.*)")
     return patterns
+
+
+def _stage_count(layout: str) -> int:
+    """The virtual stages of `layout`, 0 when it cannot be read (`problems` says why)."""
+    try:
+        return len(parse_layout(layout))
+    except ValueError:
+        return 0
