@@ -88,6 +88,7 @@ def mtp_attached(model: Any, depths: int, shared: bool = False) -> Iterator[Any]
         state = hidden[-1]
         layer_kwargs = [seen[i] for i in range(len(originals))]
         for k in range(depths):
+            # the tokens k ahead, rolled: the wrapped tail costs what a masked one would
             ids, labels = torch.roll(ids, -1, dims=1), torch.roll(labels, -1, dims=1)
             depth = built[0 if shared else k]
             state = depth(state, model.get_input_embeddings()(ids), layer_kwargs)
