@@ -57,6 +57,8 @@ def strategy_of(run: dict[str, Any]) -> tuple[str | None, str]:
         parts.append("zero=1")
     if lay.get("sp") and (lay.get("tp") or 1) > 1:
         parts.append("sp")
+    if lay.get("pipeline_layout"):      # Megatron's --pipeline-model-parallel-layout
+        parts.append(f"layout={lay['pipeline_layout']}")
     if (lay.get("ep") or 1) > 1 and lay.get("dispatcher"):
         parts.append(f"dispatch={lay['dispatcher']}")
     if (lay.get("ep") or 1) > 1 and lay.get("a2a_overlap"):

@@ -65,3 +65,23 @@ def test_a_row_runs_at_the_precision_its_recipe_keeps() -> None:
     assert megatron_bf16 and all(_precision_of(r) == "amp-bf16" for r in megatron_bf16)
     runnable = [r for r in RUNS if r["micro_batch_size"]]
     assert {_precision_of(r) for r in runnable} <= set(PRECISIONS)
+
+
+def test_a_row_with_a_pipeline_layout_places_its_models_layers_and_mtp() -> None:
+    """A row whose recipe states Megatron's pipeline layout plans it (`layout=`), placing
+    every decoder layer of its preset; a row whose recipe trains MTP passes `--mtp` (with
+    `--mtp-shared` for a repeated layer), and its layout, if any, holds the MTP symbol."""
+    from fxlens.analyzer.capture.hf import read_preset
+
+    laid = [r for r in RUNS if r["layout"].get("pipeline_layout")]
+    assert laid
+    for run in laid:
+        parsed = parse(plan_real_runs.strategy_of(run)[0] or "", run["gpus"])
+        assert parsed.stages is not None and parsed.v == (run["layout"].get("vp") or 1)
+        layers = read_preset(run["model"]["preset"]).config["num_hidden_layers"]
+        assert sum(stage.count("t") for stage in parsed.stages) == layers
+        assert ("m" in "".join(parsed.stages)) == bool(run["model"].get("mtp"))
+    for run in (r for r in RUNS if r["model"].get("mtp")):
+        argv = plan_real_runs.command(run, "dp=1", Path("out.json"), "fused")
+        assert argv[argv.index("--mtp") + 1] == str(run["model"]["mtp"])
+        assert ("--mtp-shared" in argv) == bool(run["model"].get("mtp_shared"))
