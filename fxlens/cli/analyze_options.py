@@ -99,6 +99,7 @@ def _plan_options(parser: argparse.ArgumentParser) -> None:
                       help="one layout: ddp, zero1|zero2|zero3, fsdp, hsdp, or degrees "
                            "dp=2,tp=4,pp=2,ep=2,zero=1,v=2 with sp, ckpt, offload, and "
                            "Megatron's pipeline layout as layout='Et*4|(t*4|)*14tmL' "
+                           "or layout=slots "
                            "(default: search the layouts of --gpus)")
     plan.add_argument("--gpus", type=positive_int, metavar="N",
                       help="GPUs of the layout (dp fills what tp·pp leave)")

@@ -7,7 +7,12 @@ import pytest
 
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.plan.estimate import estimate
-from fxlens.analyzer.plan.pipeline_layout import layout_problems, parse_layout, rank_contents
+from fxlens.analyzer.plan.pipeline_layout import (
+    layout_problems,
+    parse_layout,
+    rank_contents,
+    slots_layout,
+)
 from fxlens.analyzer.plan.stage_memory import stages
 from fxlens.analyzer.plan.strategy import parse
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
@@ -66,9 +71,26 @@ def test_a_layout_that_cannot_be_read_is_refused_naming_why(text: str, says: str
 
 
 def test_a_layout_must_place_every_block_once() -> None:
-    assert layout_problems(parse_layout(DEEPSEEK_V3), 4, 4, 61) == []
-    assert layout_problems(parse_layout(DEEPSEEK_V3), 4, 4, 60) == [
+    assert layout_problems(DEEPSEEK_V3, 4, 4, 61) == []
+    assert layout_problems(DEEPSEEK_V3, 4, 4, 60) == [
         "layout places 61 decoder layers (t), the model has 60"]
+
+
+def test_slots_give_the_embedding_and_the_loss_a_layers_slot() -> None:
+    # Megatron-Bridge's Llama-3.1 405B at PP8 VP8: (126 + 2) / 64 = 2 slots a virtual stage;
+    # Qwen3-235B at PP8 VP4: (94 + 2) / 32 = 3
+    llama = slots_layout(126, 64)
+    assert llama == ("et", *["tt"] * 62, "tl")
+    qwen = slots_layout(94, 32)
+    assert qwen[0] == "ett" and qwen[-1] == "ttl" and set(qwen[1:-1]) == {"ttt"}
+    assert sum(s.count("t") for s in qwen) == 94
+    assert [r.count("t") for r in rank_contents(qwen, 8)] == [11, *[12] * 6, 11]
+    assert layout_problems("slots", 8, 4, 94) == []
+    assert layout_problems("slots", 8, 4, 95) == [
+        "layout=slots: 95 blocks + the embedding and the loss (97 slots) do not divide over "
+        "pp·v = 32 virtual stages"]
+    s = parse("dp=8,pp=8,v=4,layout=slots")
+    assert s.v == 4 and parse(s.label) == s and "layout=slots" in s.label
 
 
 def unit(name: str) -> Unit:

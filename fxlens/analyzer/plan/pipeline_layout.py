@@ -11,6 +11,12 @@ layout of pp · v stages sets v (Megatron-core's ``PipelineParallelLayerLayout``
 ignored (strategy text is read in lower case); Megatron's cosmetic commas cannot appear in a
 strategy, whose parts commas separate.
 
+``layout=slots``: the even split with the embedding and the loss each taking one layer's slot
+(Megatron-core's ``account_for_embedding_in_pipeline_split`` and
+``account_for_loss_in_pipeline_split``, which Megatron-Bridge's Llama-3.1 405B and Qwen3-235B
+recipes set): (blocks + 2) / (pp · v) slots per virtual stage, the first holding the
+embedding and one layer fewer, the last the loss and one layer fewer (`slots_layout`).
+
 What runs after the blocks (``post``: the final norm, the head, the loss, and the MTP depths
 `--mtp` adds) is one unit here, so ``m`` must share the loss's stage. No torch here.
 """
@@ -20,6 +26,7 @@ from __future__ import annotations
 import re
 
 SYMBOLS = "etml"
+SLOTS = "slots"
 MAX_SYMBOLS = 1 << 16           # a layout longer than any model's layer count is a typo
 _GROUP = re.compile(r"\(([^()]+)\)\*(\d+)")
 _SINGLE = re.compile(r"([etml|])\*(\d+)")
@@ -27,8 +34,10 @@ _SINGLE = re.compile(r"([etml|])\*(\d+)")
 
 def parse_layout(text: str) -> tuple[str, ...]:
     """The virtual stages of `text`, each a string over ``e t m l`` (lower case), in order.
-    ValueError naming what cannot be read."""
+    ValueError naming what cannot be read (``slots`` is laid out per model: `slots_layout`)."""
     flat = text.strip().lower()
+    if flat == SLOTS:
+        raise ValueError("layout=slots is laid out per model (slots_layout)")
     if not flat:
         raise ValueError("layout= needs stages, e.g. layout=Et*4|(t*4|)*14tmL")
     bad = sorted(set(flat) - set(SYMBOLS + "|()*0123456789"))
@@ -75,8 +84,13 @@ def _order_problems(stages: tuple[str, ...]) -> list[str]:
     return found
 
 
-def layout_problems(stages: tuple[str, ...], pp: int, v: int, blocks: int) -> list[str]:
-    """Why `stages` cannot lay out `blocks` repeated blocks over ``pp`` ranks of ``v`` chunks."""
+def layout_problems(layout: str, pp: int, v: int, blocks: int) -> list[str]:
+    """Why the ``layout=`` text cannot lay out `blocks` repeated blocks over ``pp`` ranks of
+    ``v`` chunks."""
+    try:
+        stages = resolved(layout, blocks, pp, v) or ()
+    except ValueError as error:
+        return [str(error)]
     found = []
     if len(stages) != pp * v:
         found.append(f"layout has {len(stages)} virtual stages, pp·v = {pp}·{v} = {pp * v}")
@@ -89,3 +103,28 @@ def layout_problems(stages: tuple[str, ...], pp: int, v: int, blocks: int) -> li
 def rank_contents(stages: tuple[str, ...], pp: int) -> list[str]:
     """Per pipeline rank, the symbols of its chunks in layer order (rank r: stages r, r + pp…)."""
     return ["".join(stages[j] for j in range(rank, len(stages), pp)) for rank in range(pp)]
+
+
+def slots_layout(blocks: int, virtual_stages: int) -> tuple[str, ...]:
+    """``layout=slots`` for `blocks` repeated blocks over `virtual_stages` (pp · v): each
+    stage (blocks + 2) / virtual_stages slots, the embedding taking one on the first and the
+    loss one on the last. ValueError where they do not divide (Megatron-core asserts so)."""
+    slots, left = divmod(blocks + 2, virtual_stages)
+    if left or slots < 1:
+        raise ValueError(f"layout=slots: {blocks} blocks + the embedding and the loss "
+                         f"({blocks + 2} slots) do not divide over pp·v = {virtual_stages} "
+                         f"virtual stages")
+    if virtual_stages == 1:
+        return ("e" + "t" * blocks + "l",)
+    return ("e" + "t" * (slots - 1), *["t" * slots] * (virtual_stages - 2),
+            "t" * (slots - 1) + "l")
+
+
+def resolved(layout: str | None, blocks: int, pp: int, v: int) -> tuple[str, ...] | None:
+    """The virtual stages a strategy's ``layout=`` text places for a model of `blocks`
+    repeated blocks (None: no layout, the even split)."""
+    if layout is None:
+        return None
+    if layout == SLOTS:
+        return slots_layout(blocks, pp * v)
+    return parse_layout(layout)

@@ -117,8 +117,8 @@ def misfits(facts: ModelFacts, strategy: Strategy) -> list[str]:
     if strategy.pp > max(facts.blocks, 1):
         found.append(f"pp={strategy.pp} needs at least {strategy.pp} repeated blocks; the "
                      f"model has {facts.blocks}")
-    if strategy.stages is not None:
-        found += layout_problems(strategy.stages, strategy.pp, strategy.v, facts.blocks)
+    if strategy.layout is not None:
+        found += layout_problems(strategy.layout, strategy.pp, strategy.v, facts.blocks)
     widths = sorted(_block_widths(facts))
     if strategy.tp > 1 and not any(u.row_gemms for u in facts.units):
         found.append("tp > 1 needs tensor-parallel pairs; none were found in the graph")

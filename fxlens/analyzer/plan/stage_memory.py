@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from fxlens.analyzer.core.sections import PlanMemory
 from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.compression import Matrix, on_gpu, powersgd_bytes, quantized_bytes
+from fxlens.analyzer.plan.pipeline_layout import SLOTS, resolved
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
 from fxlens.analyzer.plan.transfers import Group, Links
@@ -94,15 +95,16 @@ def _laid_out(pre: list[Unit], blocks: list[Unit], post: list[Unit], layout: tup
     return [[u for j in range(rank, len(chunks), pp) for u in chunks[j]] for rank in range(pp)]
 
 
-def split_key(s: Strategy) -> tuple[int, str | None]:
-    """What a stage's units depend on: pp and the layout (the key of remembered sums)."""
-    return s.pp, s.layout
+def split_key(s: Strategy) -> tuple[int, str | None, int]:
+    """What a stage's units depend on: pp, the layout and, for ``layout=slots``, v (the key
+    of remembered sums)."""
+    return s.pp, s.layout, s.v if s.layout == SLOTS else 1
 
 
 def model_stages(facts: ModelFacts, s: Strategy) -> list[list[Unit]]:
     """`stages` of the model's units under `s` (remembered on the model per pp and layout)."""
-    return remembered(facts.answers, ("stages", *split_key(s)),
-                      lambda: stages(facts.units, facts.blocks, s.pp, s.stages))
+    return remembered(facts.answers, ("stages", *split_key(s)), lambda: stages(
+        facts.units, facts.blocks, s.pp, resolved(s.layout, facts.blocks, s.pp, s.v)))
 
 
 def in_flight(s: Strategy, stage: int) -> float:

@@ -18,9 +18,10 @@ its modules (``ckpt=norm+act``, ``ckpt=core_attn``, ``ckpt=self_attn.*``: kinds 
 the least recompute (``ckpt=auto``: `fxlens.analyzer.plan.auto_recompute`); ``offload``
 keeps the optimizer state and master weights in host memory; ``v`` virtual stages per GPU
 (interleaved 1F1B); ``layout=`` which virtual stage holds which layers, as Megatron-core
-writes it (``layout=Et*4|(t*4|)*14tmL``: `fxlens.analyzer.plan.pipeline_layout`; it sets v;
-left out, the blocks split evenly, the embedding on the first stage and the head and loss on
-the last); ``micro_batches`` per step per data-parallel rank (gradient accumulation when
+writes it (``layout=Et*4|(t*4|)*14tmL``: `fxlens.analyzer.plan.pipeline_layout`; it sets v),
+or ``layout=slots`` (the embedding and the loss each a layer's slot of the even split); left
+out, the blocks split evenly, the embedding on the first stage and the head and loss on the
+last; ``micro_batches`` per step per data-parallel rank (gradient accumulation when
 pp = 1).
 
 Expert routing: ``dispatch=alltoall`` sends each token once per chosen expert (Megatron-core's
@@ -49,7 +50,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from fxlens.analyzer.plan.pipeline_layout import parse_layout
+from fxlens.analyzer.plan.pipeline_layout import SLOTS, parse_layout
 from fxlens.analyzer.plan.routing import ROUTINGS
 
 NAMED: dict[str, dict[str, int | bool | str]] = {
@@ -91,11 +92,6 @@ class Strategy:
     layout: str | None = None       # Megatron's pipeline layout; None: blocks split evenly
 
     @property
-    def stages(self) -> tuple[str, ...] | None:
-        """The layout's virtual stages (`parse_layout`), None without one."""
-        return parse_layout(self.layout) if self.layout is not None else None
-
-    @property
     def compresses(self) -> bool:
         return self.gradq is not None or self.powersgd > 0 or self.zeropp
 
@@ -135,7 +131,8 @@ class Strategy:
         if self.powersgd:
             parts.append(f"powersgd={self.powersgd}")
         if self.layout is not None:
-            parts.append(f"layout={self.layout.replace('e', 'E').replace('l', 'L')}")
+            parts.append(f"layout={self.layout}" if self.layout == SLOTS else
+                         f"layout={self.layout.replace('e', 'E').replace('l', 'L')}")
         parts += [name for name, on in (("sp", self.sp), ("ckpt", self.checkpoint),
                                         ("offload", self.offload),
                                         ("a2a-overlap", self.a2a_overlap),
@@ -191,12 +188,14 @@ class Strategy:
 
 
     def _layout_problems(self) -> list[str]:
+        if self.pp == 1:
+            return ["layout= places layers on pipeline stages: it needs pp > 1"]
+        if self.layout == SLOTS:    # laid out per model: `misfits` checks it divides
+            return []
         try:
             stages = parse_layout(self.layout or "")
         except ValueError as error:
             return [str(error)]
-        if self.pp == 1:
-            return ["layout= places layers on pipeline stages: it needs pp > 1"]
         if len(stages) != self.pp * self.v:
             return [f"layout has {len(stages)} virtual stages, pp·v = {self.pp}·{self.v} = "
                     f"{self.pp * self.v}"]
@@ -281,7 +280,10 @@ def _selective(value: str) -> tuple[str, ...]:
 
 
 def _stage_count(layout: str) -> int:
-    """The virtual stages of `layout`, 0 when it cannot be read (`problems` says why)."""
+    """The virtual stages of `layout`, 0 when it cannot be read (`problems` says why) or is
+    laid out per model (``slots``)."""
+    if layout == SLOTS:
+        return 0
     try:
         return len(parse_layout(layout))
     except ValueError:
