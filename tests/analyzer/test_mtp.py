@@ -46,18 +46,25 @@ def test_nemotron_3_super_gains_its_published_mtp_layer_and_is_left_as_it_was() 
     assert not hasattr(module, "mtp")
 
 
-def test_a_depth_is_the_last_layer_the_projection_and_three_norms() -> None:
-    # DeepSeek-V3: each depth owns two input norms, the 2h→h projection, a MoE decoder layer
-    # and its output norm; the embedding and the head stay the model's
-    module = load_preset("deepseek-v3", {"num_hidden_layers": "2", "first_k_dense_replace": "1"},
-                         allow_large=True).module
-    h, last = module.config.hidden_size, module.model.layers[-1]
+@pytest.mark.parametrize(("preset", "overrides", "decoder", "norm"), [
+    ("deepseek-v3", {"num_hidden_layers": "2", "first_k_dense_replace": "1"}, "model", "norm"),
+    ("gpt2", {"n_layer": "2"}, "transformer", "ln_f"),
+])
+def test_a_depth_is_the_last_layer_the_projection_and_three_norms(
+        preset: str, overrides: dict[str, str], decoder: str, norm: str) -> None:
+    # each depth owns two input norms, the 2h→h projection, a decoder layer of the model's
+    # last kind (DeepSeek-V3: MoE) and its output norm; the embedding and the head stay the
+    # model's (GPT-2's layers are .h, its final norm a LayerNorm with a bias: .ln_f)
+    module = load_preset(preset, overrides, allow_large=True).module
+    body = getattr(module, decoder)
+    layers = body.layers if hasattr(body, "layers") else body.h
+    h = module.config.hidden_size
+    before = n_params(module)
     with mtp_attached(module, 3) as model:
-        per_depth = n_params(last) + 2 * h * h + 3 * h
-        assert n_params(model) - n_params(module.model) - n_params(module.lm_head) \
-            == 3 * per_depth
+        per_depth = n_params(layers[-1]) + 2 * h * h + 3 * n_params(getattr(body, norm))
+        assert n_params(model) - before == 3 * per_depth
     with mtp_attached(module, 3, shared=True) as model:
-        assert len(model.mtp) == 1
+        assert len(model.mtp) == 1 and n_params(model) - before == per_depth
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,9 @@ from torch import nn
 
 from fxlens.analyzer.core.errors import LoadError
 
+LAYER_LISTS = ("layers", "h", "blocks")                        # Llama …, GPT-2, others
+FINAL_NORMS = ("norm", "norm_f", "final_layernorm", "ln_f")     # Llama …, NemotronH, Phi, GPT-2
+
 
 class MTPDepth(nn.Module):
     """One prediction depth: input norms, the 2·hidden → hidden projection, the layers, the
@@ -111,13 +114,14 @@ def mtp_attached(model: Any, depths: int, shared: bool = False) -> Iterator[Any]
 def _parts(model: Any) -> dict[str, Any]:
     """The decoder's layer list and final norm, as `transformers` causal LMs name them."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
-    layers = getattr(decoder, "layers", None)
-    norm = next((getattr(decoder, name) for name in ("norm", "norm_f", "final_layernorm")
+    layers = next((getattr(decoder, name) for name in LAYER_LISTS
+                   if isinstance(getattr(decoder, name, None), nn.ModuleList)), None)
+    norm = next((getattr(decoder, name) for name in FINAL_NORMS
                  if isinstance(getattr(decoder, name, None), nn.Module)), None)
     if (not isinstance(layers, nn.ModuleList) or not len(layers) or norm is None
             or not hasattr(model, "get_output_embeddings") or not hasattr(model, "config")):
-        raise LoadError("--mtp: needs a transformers causal LM (a decoder with .layers and a "
-                        f"final norm); {type(model).__name__} is not one")
+        raise LoadError("--mtp: needs a transformers causal LM (a decoder with a layer list "
+                        f"and a final norm); {type(model).__name__} is not one")
     return {"layers": layers, "norm": norm}
 
 
