@@ -107,9 +107,15 @@ Blackwell Ultra", 2025). Kernel shares: attention forward 0.55 — the FlashAtte
 "up to 1.3×" cuDNN 9.13, which Transformer Engine calls: 0.55 for cuDNN; backward 0.45 as on
 Hopper, unmeasured here — the same paper finds Blackwell's backward bound by shared-memory
 traffic, whose bandwidth per SM did not grow from Hopper while the tensor cores doubled, so
-its share of the peak is not above Hopper's. GEMMs (grouped, misaligned, fp8) keep
-`compute_efficiency` until measured: `analyze calibrate` on a Blackwell machine replaces
-them.
+its share of the peak is not above Hopper's. 16-bit GEMMs 0.65 (`BLACKWELL_DTYPES`):
+measured on B200s, ``torch.mm`` in bf16 reached 0.63–0.65 of the 2.25 PFLOP/s peak at 4,096³
+… 8,192³ (pytorch/ao#2427, cuBLAS), and XLA's B200 GEMM table (CUPTI kernel times,
+``sm_100_B200`` in ``xla/service/gpu/model/matmul_interpolator_data.h``, ROCm/xla@d02afb4)
+0.63 at 4,096³ and 0.60–0.74 over its shapes of 2³⁵ FLOPs and up. fp8 keeps
+`compute_efficiency` (0.7): FlashInfer's MXFP8 GEMM reached 0.69–0.71 of the 4.5 PFLOP/s at
+8,192×8,192×4,096 and 16,384³ (flashinfer-ai/flashinfer#2464), XLA's table 0.61 at 4,096³
+and 0.73 batched four times. Grouped and misaligned GEMMs are unmeasured and take their
+dtype's share; `analyze calibrate` on a Blackwell machine replaces them all.
 
 Links (for plans and serving across GPUs): bandwidth per GPU inside and across nodes and the
 fixed latency of a collective call, from `fxlens.rules.links` (datasheets, NCCL's and RCCL's
@@ -152,6 +158,7 @@ HOPPER_KERNELS: Mapping[str, float] = {MISALIGNED_GEMM: 0.1, ATTENTION_FORWARD: 
                                        ATTENTION_BACKWARD: 0.45, GROUPED_GEMM: 0.5}
 HOPPER_DTYPES: Mapping[str, float] = {"fp8": 0.65}
 BLACKWELL_KERNELS: Mapping[str, float] = {ATTENTION_FORWARD: 0.55, ATTENTION_BACKWARD: 0.45}
+BLACKWELL_DTYPES: Mapping[str, float] = {"bf16": 0.65, "fp16": 0.65}
 HOPPER_GRAPH_LAUNCH_S = 1.3e-6
 CONTEXT_BYTES = GIB
 
@@ -299,17 +306,18 @@ DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
     _gpu("b200", 180, (75, 1125, 2250, 2250, 4500, 4500), 7.7,
          "NVIDIA Blackwell datasheet, individual GPU specifications (HGX B200, 1,000 W, 180 GB "
          "HBM3e, 7.7 TB/s; dense = sparse / 2)", net.DGX_B200, BLACKWELL_KERNELS,
-         reported_gib=178.35, multiprocessors=148),
+         reported_gib=178.35, dtypes=BLACKWELL_DTYPES, multiprocessors=148),
     _gpu("gb200", 186, (80, 1250, 2500, 2500, 5000, 5000), 8.0,
          "NVIDIA GB200 NVL72 datasheet (per GPU: the rack's figures / 72; 13.4 TB HBM3e, "
          "576 TB/s; dense = sparse / 2)", net.GB200_NVL72, BLACKWELL_KERNELS,
-         multiprocessors=152),
+         dtypes=BLACKWELL_DTYPES, multiprocessors=152),
     _gpu("b300", 270, (75, 1100, 2250, 2250, 4500, 150), 7.7,
          "NVIDIA Blackwell Ultra datasheet, individual GPU specifications (HGX B300, 270 GB "
-         "HBM3e; dense figures)", net.DGX_B300, BLACKWELL_KERNELS, multiprocessors=160),
+         "HBM3e; dense figures)", net.DGX_B300, BLACKWELL_KERNELS, dtypes=BLACKWELL_DTYPES,
+         multiprocessors=160),
     _gpu("gb300", 279, (80, 1250, 2500, 2500, 5000, 165), 8.0,
          "NVIDIA GB300 NVL72 datasheet (per GPU: 279 GB HBM3e, 8 TB/s; dense figures)",
-         net.GB300_NVL72, BLACKWELL_KERNELS, multiprocessors=160),
+         net.GB300_NVL72, BLACKWELL_KERNELS, dtypes=BLACKWELL_DTYPES, multiprocessors=160),
     # Ampere: no FP8. A100 SXM bandwidth: 1,555 GB/s (40 GB), 2,039 GB/s (80 GB).
     _gpu("a100-40gb", 40, (19.5, 156, 312, 312, 0, 624), 1.555,
          "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 40 GB HBM2; dense figures)",
