@@ -74,6 +74,8 @@ class SweepSpec:
     precision: str | None = None
     optimizer: str = "adamw"
     loss_dtype: str = "fp32"
+    mtp: int = 0
+    mtp_shared: bool = False
     checkpoint: bool = False
     tokens: int | None = None
     price: float | None = None
@@ -89,7 +91,7 @@ class SweepSpec:
             train=self.train or self.plan, plan=self.plan, gpus=self.gpus, search=self.search,
             max_gpus=self.max_gpus, micro_batches=self.micro_batches,
             precision=self.precision, optimizer=self.optimizer, loss_dtype=self.loss_dtype,
-            checkpoint=self.checkpoint,
+            mtp=self.mtp, mtp_shared=self.mtp_shared, checkpoint=self.checkpoint,
             tokens=self.tokens, price=self.price, device=point.device,
             strategy=point.strategy, fusion=False)
 

@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     shared.add_argument("--precision", choices=PRECISIONS)
     shared.add_argument("--optimizer", default="adamw", choices=OPTIMIZERS)
     shared.add_argument("--loss-dtype", choices=LOSS_DTYPES, default="fp32")
+    shared.add_argument("--mtp", type=int, metavar="N", help="MTP depths trained (analyze's)")
+    shared.add_argument("--mtp-shared", action="store_true")
     shared.add_argument("--checkpoint", action="store_true")
     shared.add_argument("--plan", action="store_true", help="a parallel plan per point")
     shared.add_argument("--gpus", type=positive_int)
@@ -117,6 +119,7 @@ def points_and_spec(args: argparse.Namespace) -> tuple[list[Any], Any]:
                      search=args.search, max_gpus=args.max_gpus,
                      micro_batches=args.micro_batches, precision=args.precision,
                      optimizer=args.optimizer, loss_dtype=args.loss_dtype,
+                     mtp=args.mtp or 0, mtp_shared=args.mtp_shared,
                      checkpoint=args.checkpoint, tokens=args.tokens,
                      price=args.price, entry=args.entry)
     points = grid(args.targets, sets, args.batch or [None], args.seq_len or [None], devices,

@@ -133,3 +133,14 @@ def test_a_model_that_is_no_causal_lm_is_refused_in_user_terms() -> None:
             mtp_attached(model, 1):
         pass
     assert [name for name, _ in model.named_children()] == ["0"]
+
+
+def test_a_sweep_passes_mtp_on_and_checks_it_before_any_point() -> None:
+    from fxlens.cli.sweep import build_parser, points_and_spec
+    from fxlens.sweep import Point, SweepSpec
+
+    options = SweepSpec(train=True, mtp=2, mtp_shared=True).options(Point("hf:gpt2"))
+    assert (options.mtp, options.mtp_shared) == (2, True)
+    args = build_parser().parse_args(["hf:gpt2", "--mtp", "2"])
+    with pytest.raises(LoadError, match="add --train"):
+        points_and_spec(args)
