@@ -144,7 +144,7 @@ def test_the_search_drops_and_times_as_the_whole_estimate_would(deep: ModelFacts
 
 
 LAYOUTS = [("dp=1,pp=3", 8), ("dp=2,pp=4,v=2", 8), ("dp=2,pp=9", 16), ("dp=2,pp=3,ckpt", 8),
-           ("dp=1,tp=2,sp,pp=9,cp=2,zero=1", 4)]
+           ("dp=1,tp=2,sp,pp=9,cp=2,zero=1", 4), ("dp=2,pp=3,layout=Et|tt|tt|tt|t|tL", 8)]
 
 
 def _every_stage(facts: ModelFacts, s: Strategy) -> list[tuple[int, list[Unit]]]:
