@@ -43,6 +43,10 @@ def _mtp(ctx: Context, module: nn.Module) -> AbstractContextManager[Any]:
     for the recording only (`fxlens.analyzer.capture.mtp`)."""
     if not ctx.options.mtp:
         return nullcontext()
+    inputs = ctx.loaded.step_inputs
+    if not (isinstance(inputs, Mapping) and {"input_ids", "labels"} <= set(inputs)):
+        raise LoadError("--mtp: the step must train a causal LM on input_ids and labels (an "
+                        "hf: preset, or a model file whose inputs are a dict with both)")
     return mtp_attached(module, ctx.options.mtp, ctx.options.mtp_shared)
 
 

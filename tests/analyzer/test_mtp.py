@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pytest
@@ -144,3 +144,10 @@ def test_a_sweep_passes_mtp_on_and_checks_it_before_any_point() -> None:
     args = build_parser().parse_args(["hf:gpt2", "--mtp", "2"])
     with pytest.raises(LoadError, match="add --train"):
         points_and_spec(args)
+
+
+def test_a_step_without_labels_is_refused_before_its_capture() -> None:
+    loaded = replace(load_preset("llama-3.1-8b", TINY, 1, TOKENS), training_inputs=None)
+    with pytest.raises(LoadError, match="input_ids and labels"):
+        run_context(Context(loaded, AnalysisOptions(train=True, mtp=1, fusion=False),
+                            lambda _: None))
