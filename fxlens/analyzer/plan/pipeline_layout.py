@@ -24,6 +24,10 @@ What runs after the blocks (``post``: the final norm, the head, the loss, and th
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
 
 SYMBOLS = "etml"
 SLOTS = "slots"
@@ -100,9 +104,14 @@ def layout_problems(layout: str, pp: int, v: int, blocks: int) -> list[str]:
     return found
 
 
+def by_rank(chunks: Sequence[T], pp: int) -> list[list[T]]:
+    """Per pipeline rank, its chunks in layer order: rank r runs virtual stages r, r + pp, …"""
+    return [[chunks[j] for j in range(rank, len(chunks), pp)] for rank in range(pp)]
+
+
 def rank_contents(stages: tuple[str, ...], pp: int) -> list[str]:
-    """Per pipeline rank, the symbols of its chunks in layer order (rank r: stages r, r + pp…)."""
-    return ["".join(stages[j] for j in range(rank, len(stages), pp)) for rank in range(pp)]
+    """Per pipeline rank, the symbols of its chunks in layer order."""
+    return ["".join(chunks) for chunks in by_rank(stages, pp)]
 
 
 def slots_layout(blocks: int, virtual_stages: int) -> tuple[str, ...]:

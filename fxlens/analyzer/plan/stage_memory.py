@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from fxlens.analyzer.core.sections import PlanMemory
 from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.compression import Matrix, on_gpu, powersgd_bytes, quantized_bytes
-from fxlens.analyzer.plan.pipeline_layout import SLOTS, resolved
+from fxlens.analyzer.plan.pipeline_layout import SLOTS, by_rank, resolved
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
 from fxlens.analyzer.plan.transfers import Group, Links
@@ -92,7 +92,7 @@ def _laid_out(pre: list[Unit], blocks: list[Unit], post: list[Unit], layout: tup
             chunk += pre if symbol == "e" else post if symbol == "l" else (
                 [next(order)] if symbol == "t" else [])
         chunks.append(chunk)
-    return [[u for j in range(rank, len(chunks), pp) for u in chunks[j]] for rank in range(pp)]
+    return [[u for chunk in held for u in chunk] for held in by_rank(chunks, pp)]
 
 
 def split_key(s: Strategy) -> tuple[int, str | None, int]:
