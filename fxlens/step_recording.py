@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from fxlens import checks
 from fxlens.analyzer.capture import hf_loss
-from fxlens.analyzer.capture.mtp import mtp_attached
+from fxlens.analyzer.capture.mtp import mtp_attached, untrained_note
 from fxlens.analyzer.capture.training import TrainingGraph, capture_training
 from fxlens.analyzer.capture.types import Autocast
 from fxlens.analyzer.core.errors import LoadError
@@ -34,8 +35,12 @@ def record_training_step(ctx: Context, module: nn.Module,
     precision, cast = step_cast(ctx)
     on_gpu = ctx.targets_gpu()
     with _loss(ctx, module), _mtp(ctx, module):
-        return capture_training(module, ctx.loaded.step_inputs, ctx.registry, cast, on_step,
+        step = capture_training(module, ctx.loaded.step_inputs, ctx.registry, cast, on_step,
                                 fused_attention=on_gpu, autocast=_autocast(precision, on_gpu))
+    note = untrained_note(module, ctx.options.mtp)
+    if note is None:
+        return step
+    return replace(step, graph=replace(step.graph, notes=(*step.graph.notes, note)))
 
 
 def _mtp(ctx: Context, module: nn.Module) -> AbstractContextManager[Any]:

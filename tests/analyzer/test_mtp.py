@@ -10,7 +10,7 @@ import pytest
 from torch import nn
 
 from fxlens.analyzer.capture.hf import load_preset
-from fxlens.analyzer.capture.mtp import mtp_attached
+from fxlens.analyzer.capture.mtp import declared_depths, mtp_attached, untrained_note
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.core.graph import Graph
 from fxlens.analyzer.core.report import Report
@@ -151,3 +151,26 @@ def test_a_step_without_labels_is_refused_before_its_capture() -> None:
     with pytest.raises(LoadError, match="input_ids and labels"):
         run_context(Context(loaded, AnalysisOptions(train=True, mtp=1, fusion=False),
                             lambda _: None))
+
+
+@pytest.mark.parametrize(("preset", "declared"), [
+    ("deepseek-v3", 1), ("kimi-k2", 0), ("nemotron-3-super-120b-a12b", 1),
+    ("nemotron-3-nano-30b-a3b", 0), ("llama-3.1-8b", 0)])
+def test_the_mtp_layers_a_config_declares_are_read_as_published(preset: str,
+                                                                 declared: int) -> None:
+    # config.json as published: DeepSeek-V3 and Nemotron-3 Super num_nextn_predict_layers 1;
+    # Kimi K2 0 (moonshotai/Kimi-K2-Instruct); Nemotron-3 Nano 0; Llama none
+    assert declared_depths(load_preset(preset, allow_large=True).module) == declared
+
+
+def test_a_step_that_leaves_the_declared_mtp_out_says_so_on_its_first_screen() -> None:
+    loaded = load_preset("llama-3.1-8b", TINY, 1, TOKENS, dtype="bfloat16")
+    loaded.module.config.num_nextn_predict_layers = 2
+    for mtp, said in ((0, True), (2, False)):
+        report = run_context(Context(loaded, AnalysisOptions(train=True, mtp=mtp, fusion=False),
+                                     lambda _: None))
+        notes = [n for n in report.model.capture_notes if "multi-token prediction" in n]
+        assert bool(notes) == said
+    assert notes == [] and untrained_note(loaded.module, 0) == (
+        "the config declares 2 multi-token prediction layers, which transformers does not "
+        "build: not in this step (--mtp 2 trains them beside the LM)")

@@ -35,6 +35,8 @@ from torch import nn
 
 from fxlens.analyzer.core.errors import LoadError
 
+# the names configs give the MTP layers they declare (DeepSeek-V3, GLM, Nemotron 3; Qwen3-Next)
+DECLARED = ("num_nextn_predict_layers", "num_mtp_layers", "mtp_num_hidden_layers")
 LAYER_LISTS = ("layers", "h", "blocks")                        # Llama …, GPT-2, others
 FINAL_NORMS = ("norm", "norm_f", "final_layernorm", "ln_f")     # Llama …, NemotronH, Phi, GPT-2
 
@@ -147,3 +149,24 @@ def _keep_kwargs(seen: dict[int, dict[str, Any]], index: int) -> Any:
     def keep(_module: nn.Module, _args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         seen[index] = dict(kwargs)
     return keep
+
+
+def declared_depths(model: Any) -> int:
+    """The MTP layers `model`'s config declares (0: none or no config)."""
+    config = getattr(model, "config", None)
+    for name in DECLARED:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return max(value, 0)
+    return 0
+
+
+def untrained_note(model: Any, depths: int) -> str | None:
+    """What a step without ``--mtp`` leaves out when the config declares MTP layers."""
+    declared = declared_depths(model)
+    if depths or not declared:
+        return None
+    layers = "layer" if declared == 1 else "layers"
+    return (f"the config declares {declared} multi-token prediction {layers}, which "
+            f"transformers does not build: not in this step (--mtp {declared} trains "
+            f"{'it' if declared == 1 else 'them'} beside the LM)")
