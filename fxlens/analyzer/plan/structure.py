@@ -56,6 +56,8 @@ from fxlens.analyzer.plan.workload import (
     module_parts,
     module_split_share,
     routed_rows,
+    router_modules,
+    router_s,
     saved_by_module,
     unit_attention,
     unit_times,
@@ -91,6 +93,7 @@ class Unit:
     attention: UnitAttention = UnitAttention()
     expert_gemms: tuple[ExpertGemm, ...] = ()  # not in the split or replicated seconds
     expert_work: ExpertWork = ExpertWork()     # other expert-weight-sized ops, likewise
+    router_s: tuple[float, float] = (0.0, 0.0)  # the routers' forward and backward (in whole)
     parts: tuple[ModulePart, ...] = ()         # per module of a block: selective recompute
     matrices: tuple[Matrix, ...] = ()          # trainable ≥ 2-D parameters, for PowerSGD
 
@@ -258,6 +261,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
         return (expert_gemms(graph, nodes, knowledge.grouped_gemm_ops, node_times,
                              fp8_scaling),
                 expert_work(graph, nodes, expert_sized, all_times))
+    routers = router_modules(graph, expert_params, expert_count(graph, expert_params))
     params_by_unit = _params_by_unit(graph, of_node, unit_names)
     param_shapes = {p.name: p.spec.shape for p in graph.params if not p.is_buffer}
     flops = {n.id: n.flops for n in report.nodes}
@@ -295,6 +299,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             expert_gemms=expert_gemms(graph, members[name], knowledge.grouped_gemm_ops,
                                       node_times, fp8_scaling),
             expert_work=expert_work(graph, members[name], expert_sized, all_times),
+            router_s=router_s(graph, members[name], routers, times),
             matrices=gradient_matrices((param_shapes.get(p, ()), k) for p, k in kinds.items()),
             parts=module_parts(graph, name, members[name], split_nodes, times,
                                saved_in[name], expert_part, part_of) if name in blocks else (),

@@ -32,12 +32,16 @@ def is_block(unit: Unit | ModulePart) -> bool:
 def phase_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
     """One micro-batch of the unit's `phase` ("forward" or "backward") on one GPU
     (remembered on the unit per the degrees it reads)."""
-    return remembered(u.answers, (phase, *degrees(s)), lambda: _phase_s(s, u, phase))
+    gated = s.routing == "blocks"
+    return remembered(u.answers, (phase, gated, *degrees(s)), lambda: _phase_s(s, u, phase))
 
 
 def _phase_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
+    """`phase_s`; a benchmark's fake gate (``routing=blocks``) runs no router."""
     split, whole = ((u.forward_split_s, u.forward_whole_s) if phase == "forward"
                     else (u.backward_split_s, u.backward_whole_s))
+    if s.routing == "blocks" and isinstance(u, Unit):
+        whole -= u.router_s[0 if phase == "forward" else 1]
     whole /= s.tp if s.sp and is_block(u) else 1
     return (split / s.tp + whole) / s.cp + experts_s(s, u, phase)
 

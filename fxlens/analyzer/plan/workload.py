@@ -407,3 +407,29 @@ def routed_rows(graph: Graph, gemms: Iterable[tuple[Sequence[str], Iterable[Tens
              if spec is not None and len(spec.shape) >= 2 and "int" not in spec.dtype]
     return (sum(spec.nbytes for spec in specs),
             sum(spec.numel // max(spec.shape[-1], 1) for spec in specs))
+
+
+def router_modules(graph: Graph, expert_params: Collection[str], experts: int) -> frozenset[str]:
+    """The modules of a MoE's routers: owners of a 2-D weight, not an expert's, with one output
+    feature per expert (the gate's scores: Mixtral's and Qwen3's ``gate``, GPT-OSS's
+    ``router``, DeepSeek-V3's and Nemotron 3's ``gate``)."""
+    if not experts:
+        return frozenset()
+    return frozenset(p.owner for p in graph.params
+                     if not p.is_buffer and p.name not in expert_params
+                     and len(p.spec.shape) == 2 and p.spec.shape[0] == experts)
+
+
+def router_s(graph: Graph, members: Iterable[int], routers: Collection[str],
+             times: Mapping[int, float]) -> tuple[float, float]:
+    """Forward and backward seconds of `members`' nodes inside a router module."""
+    forward = backward = 0.0
+    for node_id in members:
+        node = graph.nodes[node_id]
+        if not any(node.module == r or node.module.startswith(r + ".") for r in routers):
+            continue
+        if node.phase == "forward":
+            forward += times.get(node_id, 0.0)
+        else:
+            backward += times.get(node_id, 0.0)
+    return forward, backward
