@@ -32,8 +32,9 @@ group spans nodes and ``alltoall`` inside one node, as published recipes choose.
 ``a2a-overlap`` hides each micro-batch's all-to-all behind another micro-batch's compute
 (Megatron-core's ``overlap_moe_expert_parallel_comm``, 1F1B forward/backward merging).
 ``routing=blocks`` gives each token k consecutive experts, as a benchmarking gate does
-(NeMo Automodel's ``fake_balanced_gate``); left out, ``balanced``: k experts drawn uniformly
-within the model's routing groups (`fxlens.analyzer.plan.routing`).
+(NeMo Automodel's ``fake_balanced_gate``, which has no weights: no router runs); left out,
+``balanced``: k experts drawn uniformly within the model's routing groups
+(`fxlens.analyzer.plan.routing`).
 
 Compression (`fxlens.analyzer.plan.compression`): ``gradq=int8|fp8`` gradient collectives in
 8 bits, ``powersgd=R`` DDP's all-reduce as rank-R factors, ``zeropp`` ZeRO++ (ZeRO-3's
