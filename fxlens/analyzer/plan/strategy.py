@@ -187,7 +187,6 @@ class Strategy:
             found.append("micro-batches must be ≥ 1")
         return found
 
-
     def _layout_problems(self) -> list[str]:
         if self.pp == 1:
             return ["layout= places layers on pipeline stages: it needs pp > 1"]
