@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
-from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef
+from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, ancestors
 from fxlens.analyzer.memory.liveness import Category, Storages, plan_storages
 from fxlens.analyzer.plan.fp8 import fp8_saved
 
@@ -420,13 +420,18 @@ def router_modules(graph: Graph, expert_params: Collection[str], experts: int) -
                      and len(p.spec.shape) == 2 and p.spec.shape[0] == experts)
 
 
-def router_s(graph: Graph, members: Iterable[int], routers: Collection[str],
+def router_s(graph: Graph, members: Iterable[int], routers: frozenset[str],
              times: Mapping[int, float]) -> tuple[float, float]:
     """Forward and backward seconds of `members`' nodes inside a router module."""
     forward = backward = 0.0
+    if not routers:
+        return forward, backward
+    inside: dict[str, bool] = {}     # per module path: it or a module above it is a router
     for node_id in members:
         node = graph.nodes[node_id]
-        if not any(node.module == r or node.module.startswith(r + ".") for r in routers):
+        if node.module not in inside:
+            inside[node.module] = not routers.isdisjoint(ancestors(node.module))
+        if not inside[node.module]:
             continue
         if node.phase == "forward":
             forward += times.get(node_id, 0.0)
