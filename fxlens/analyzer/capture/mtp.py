@@ -69,9 +69,8 @@ def mtp_attached(model: Any, depths: int, shared: bool = False) -> Iterator[Any]
     """`model` training `depths` MTP depths beside its own loss, inside the ``with`` block."""
     if depths < 1:
         raise LoadError(f"--mtp {depths}: at least one prediction depth")
-    parts = _parts(model)
-    originals = _depth_layers(model, parts["layers"])
-    norm = parts["norm"]
+    layers, norm = _parts(model)
+    originals = _depth_layers(model, layers)
     weight = next(originals[0].parameters())
     built = [MTPDepth(norm, [copy.deepcopy(layer) for layer in originals],
                       model.config.hidden_size, weight.dtype, weight.device)
@@ -113,7 +112,7 @@ def mtp_attached(model: Any, depths: int, shared: bool = False) -> Iterator[Any]
         hidden.clear()
 
 
-def _parts(model: Any) -> dict[str, Any]:
+def _parts(model: Any) -> tuple[nn.ModuleList, nn.Module]:
     """The decoder's layer list and final norm, as `transformers` causal LMs name them."""
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     layers = next((getattr(decoder, name) for name in LAYER_LISTS
@@ -124,7 +123,7 @@ def _parts(model: Any) -> dict[str, Any]:
             or not hasattr(model, "get_output_embeddings") or not hasattr(model, "config")):
         raise LoadError("--mtp: needs a transformers causal LM (a decoder with a layer list "
                         f"and a final norm); {type(model).__name__} is not one")
-    return {"layers": layers, "norm": norm}
+    return layers, norm
 
 
 def _depth_layers(model: Any, layers: nn.ModuleList) -> list[nn.Module]:
