@@ -16,6 +16,7 @@ the plan it goes with; the
 finite, non-negative figures), and those files even without ``--device``, so a broken one is
 never silently ignored. ``--plan``: a training step, a readable ``--strategy`` that agrees
 with ``--gpus``, GPU counts, micro-batches, batch and tokens at least 1, a price of 0 or more.
+``--mtp`` and ``--lora`` (with ``--lora-targets``): a training step, in range.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ def check_options(options: Any) -> None:
     if loss not in LOSS_DTYPES:
         raise LoadError(f"--loss-dtype {loss!r}: one of {', '.join(LOSS_DTYPES)}")
     _mtp(options)
+    _lora(options)
     device_memory(options.device_memory, options.devices_file)
     if getattr(options, "checkpoint_auto", False) or getattr(options, "checkpoint_budget", None):
         checkpoint_budget(options)
@@ -186,6 +188,27 @@ def _mtp(options: Any) -> None:
                         f"{MAX_MTP_DEPTHS}")
     if not options.train:
         raise LoadError("--mtp trains beside a training step: add --train (or --plan)")
+
+
+MAX_LORA_RANK = 65_536
+
+
+def _lora(options: Any) -> None:
+    """``--lora R`` fine-tunes adapters in a training step, R in 1 … `MAX_LORA_RANK`;
+    ``--lora-targets`` names their layers."""
+    rank, targets = getattr(options, "lora", 0), getattr(options, "lora_targets", ())
+    if rank is None or rank == 0:
+        if targets:
+            raise LoadError("--lora-targets: the layers --lora R adapts; add --lora R")
+        return
+    if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= MAX_LORA_RANK:
+        raise LoadError(f"--lora {rank!r}: the adapters' rank, 1 to {MAX_LORA_RANK:,}")
+    if not options.train:
+        raise LoadError("--lora fine-tunes in a training step: add --train (or --plan)")
+    bad = next((t for t in targets if not t.isidentifier()), None)
+    if bad is not None:
+        raise LoadError(f"--lora-targets: {bad!r} is not a layer name (names such as "
+                        "q_proj,v_proj, comma-separated)")
 
 
 def at_least_one(flag: str, value: int | None) -> None:

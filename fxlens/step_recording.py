@@ -1,8 +1,8 @@
 """The run's training step, recorded as `analyze --train` records it: the weights cast to the
 precision's working dtype (none for a model mixing dtypes on purpose without --precision),
 the precision's autocast (CUDA's op lists when the analysis targets a GPU, CPU's otherwise),
-the attention kernels of that device, the loss ``--loss-dtype`` asks for and the multi-token
-prediction depths of ``--mtp``. The pipeline
+the attention kernels of that device, the loss ``--loss-dtype`` asks for, the multi-token
+prediction depths of ``--mtp`` and the LoRA adapters of ``--lora``. The pipeline
 records the model so, and the pruning pass its pruned modules, so that both steps compare."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from torch import nn
 
 from fxlens import checks
 from fxlens.analyzer.capture import hf_loss
+from fxlens.analyzer.capture.lora import lora_attached
 from fxlens.analyzer.capture.mtp import mtp_attached, untrained_note
 from fxlens.analyzer.capture.training import TrainingGraph, capture_training
 from fxlens.analyzer.capture.types import Autocast
@@ -34,7 +35,7 @@ def record_training_step(ctx: Context, module: nn.Module,
     device it targets (the pruning pass records its pruned modules so)."""
     precision, cast = step_cast(ctx)
     on_gpu = ctx.targets_gpu()
-    with _loss(ctx, module), _mtp(ctx, module):
+    with _loss(ctx, module), _mtp(ctx, module), _lora(ctx, module):
         step = capture_training(module, ctx.loaded.step_inputs, ctx.registry, cast, on_step,
                                 fused_attention=on_gpu, autocast=_autocast(precision, on_gpu))
     note = untrained_note(module, ctx.options.mtp)
@@ -53,6 +54,14 @@ def _mtp(ctx: Context, module: nn.Module) -> AbstractContextManager[Any]:
         raise LoadError("--mtp: the step must train a causal LM on input_ids and labels (an "
                         "hf: preset, or a model file whose inputs are a dict with both)")
     return mtp_attached(module, ctx.options.mtp, ctx.options.mtp_shared)
+
+
+def _lora(ctx: Context, module: nn.Module) -> AbstractContextManager[Any]:
+    """The LoRA adapters ``--lora`` fine-tunes on the frozen model (the MTP depths' layers
+    included), attached for the recording only (`fxlens.analyzer.capture.lora`)."""
+    if not ctx.options.lora:
+        return nullcontext()
+    return lora_attached(module, ctx.options.lora, ctx.options.lora_targets or None)
 
 
 def _loss(ctx: Context, module: nn.Module) -> AbstractContextManager[None]:

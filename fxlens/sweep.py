@@ -76,6 +76,8 @@ class SweepSpec:
     loss_dtype: str = "fp32"
     mtp: int = 0
     mtp_shared: bool = False
+    lora: int = 0
+    lora_targets: tuple[str, ...] = ()
     checkpoint: bool = False
     tokens: int | None = None
     price: float | None = None
@@ -91,7 +93,8 @@ class SweepSpec:
             train=self.train or self.plan, plan=self.plan, gpus=self.gpus, search=self.search,
             max_gpus=self.max_gpus, micro_batches=self.micro_batches,
             precision=self.precision, optimizer=self.optimizer, loss_dtype=self.loss_dtype,
-            mtp=self.mtp, mtp_shared=self.mtp_shared, checkpoint=self.checkpoint,
+            mtp=self.mtp, mtp_shared=self.mtp_shared, lora=self.lora,
+            lora_targets=self.lora_targets, checkpoint=self.checkpoint,
             tokens=self.tokens, price=self.price, device=point.device,
             strategy=point.strategy, fusion=False)
 

@@ -17,6 +17,7 @@ from fxlens.cli.args import (
     PRECISIONS,
     SERVE_ONLY,
     count,
+    layer_names,
     non_negative_float,
     percent,
     positive_int,
@@ -65,6 +66,14 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
     training.add_argument("--mtp-shared", action="store_true",
                           help="with --mtp N: one depth's weights run N times (Nemotron 3's "
                                "repeated MTP layer)")
+    training.add_argument("--lora", type=positive_int, metavar="R",
+                          help="LoRA fine-tuning: rank-R adapters on the linear layers (all "
+                               "but the output head, or --lora-targets), the model's own "
+                               "weights frozen: no weight gradient, gradient or optimizer "
+                               "state for them")
+    training.add_argument("--lora-targets", type=layer_names, metavar="NAMES",
+                          help="with --lora R: the linear layers to adapt, by the last part "
+                               "of their name, comma-separated (q_proj,k_proj,v_proj,o_proj)")
     training.add_argument("--checkpoint", nargs="?", const="blocks", choices=CHECKPOINT_MODES,
                           metavar="auto",
                           help="activation checkpointing of the repeated blocks: alone, every "

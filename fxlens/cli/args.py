@@ -81,6 +81,16 @@ def batch_sizes(text: str) -> tuple[int, ...]:
     return tuple(dict.fromkeys(sizes))
 
 
+def layer_names(text: str) -> tuple[str, ...]:
+    """``q_proj,v_proj``: module names (Python identifiers), in the order given, no repeats."""
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    bad = next((name for name in names if not name.isidentifier()), None)
+    if not names or bad is not None:
+        raise argparse.ArgumentTypeError(
+            f"expected layer names like q_proj,v_proj, got {bad or text!r}")
+    return tuple(dict.fromkeys(names))
+
+
 def seconds(text: str) -> float:
     """A time: ``50ms``, ``0.05s``, ``0.05`` (seconds), ``500us``; above 0."""
     units = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0}

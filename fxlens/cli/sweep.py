@@ -31,6 +31,7 @@ from fxlens.cli.args import (
     Parser,
     count,
     key_value,
+    layer_names,
     non_negative_float,
     positive_int,
 )
@@ -78,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     shared.add_argument("--loss-dtype", choices=LOSS_DTYPES, default="fp32")
     shared.add_argument("--mtp", type=int, metavar="N", help="MTP depths trained (analyze's)")
     shared.add_argument("--mtp-shared", action="store_true")
+    shared.add_argument("--lora", type=positive_int, metavar="R",
+                        help="LoRA adapters' rank (analyze's)")
+    shared.add_argument("--lora-targets", type=layer_names, metavar="NAMES")
     shared.add_argument("--checkpoint", action="store_true")
     shared.add_argument("--plan", action="store_true", help="a parallel plan per point")
     shared.add_argument("--gpus", type=positive_int)
@@ -120,6 +124,7 @@ def points_and_spec(args: argparse.Namespace) -> tuple[list[Any], Any]:
                      micro_batches=args.micro_batches, precision=args.precision,
                      optimizer=args.optimizer, loss_dtype=args.loss_dtype,
                      mtp=args.mtp or 0, mtp_shared=args.mtp_shared,
+                     lora=args.lora or 0, lora_targets=args.lora_targets or (),
                      checkpoint=args.checkpoint, tokens=args.tokens,
                      price=args.price, entry=args.entry)
     points = grid(args.targets, sets, args.batch or [None], args.seq_len or [None], devices,

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from fxlens.analyzer.capture.lora import adapted_layers
 from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, dtype_bytes, repeated_blocks
@@ -72,6 +73,7 @@ class StepSettings:
     loss_dtype: str = "fp32"    # the loss the step was recorded with (`Training.loss_dtype`)
     mtp: int = 0                # multi-token prediction depths it trained (`Training.mtp`)
     mtp_shared: bool = False
+    lora: int = 0               # LoRA adapters' rank (`Training.lora`)
 
 
 def training_section(
@@ -122,6 +124,7 @@ def training_section(
                   needed_bytes=needed, with_checkpointing=checkpointing is not None)
     return Training(
         loss_dtype=settings.loss_dtype, mtp=settings.mtp, mtp_shared=settings.mtp_shared,
+        lora=settings.lora, lora_layers=adapted_layers(graph.params) if settings.lora else 0,
         precision=settings.precision_name,
         optimizer=settings.optimizer_name,
         forward_flops=flops["forward"],

@@ -13,7 +13,9 @@ token, so their payload is the tokens entering the unit × its width, not the ro
 (TensorRT-LLM, vLLM and Megatron reduce after the combine). A GEMM in ``post`` with no row
 partner (the LM head) is vocab-parallel with the loss after it; embedding tables are
 vocab-parallel too (one all-reduce of their output). Everything else (norms, routers, low-rank
-down-projections) is replicated.
+down-projections) is replicated. A low-rank bypass of a weight GEMM (a LoRA adapter,
+`low_rank_bypasses`) is not a pair of its own: it takes its base GEMM's split, so a row layer's
+adapter adds an all-reduce of R features, not of the unit's width.
 
 Between a row and its columns, a GEMM whose weight is batched by head (absorbed MLA's W_UK
 and W_UV) splits with its heads and the walk goes on through it; an attention's single-head
@@ -23,7 +25,7 @@ them to the projection that made them.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
@@ -114,20 +116,10 @@ def split_unit(graph: Graph, scope: set[int], terminal_column: bool,
     width = stream.shape[-1] if stream is not None else 0
     tokens = stream.numel // width if stream is not None and width > 0 else 0
     region: set[int] = set()
-    for row in (g for g in gemms.values() if g.out_features == width):
-        columns, seen = set(), set()
-        stack = [ref.node for ref in row.activations if _floating(graph, ref)]
-        while stack:
-            node_id = stack.pop()
-            if node_id in seen or node_id not in scope:
-                continue
-            seen.add(node_id)
-            if node_id in gemms and not gemms[node_id].head_batched:
-                columns.add(node_id)
-                continue
-            stack.extend(ref.node for ref in _per_head_inputs(graph, graph.nodes[node_id],
-                                                              knowledge)
-                         if _floating(graph, ref))
+    feeding = {g.node: _feeding(graph, g, gemms, scope, knowledge) for g in gemms.values()}
+    bypasses = low_rank_bypasses(gemms, feeding, lambda ref: _source(graph, ref, knowledge))
+    for row in (g for g in gemms.values() if g.out_features == width and g.node not in bypasses):
+        columns, seen = feeding[row.node]
         if columns:
             split.rows.add(row.node)
             split.columns |= columns
@@ -139,6 +131,10 @@ def split_unit(graph: Graph, scope: set[int], terminal_column: bool,
                 split.payloads[row.node] = _combined_bytes(graph, row, tokens)
             else:
                 split.payloads[row.node] = row.output_bytes
+    for down, base in bypasses.values():   # a row's adapter: its down GEMM reads the split input
+        if base in split.rows:
+            split.rows.add(down)
+            split.payloads[down] = gemms[down].output_bytes
     if terminal_column and not split.rows and gemms:
         head = max(gemms.values(), key=lambda g: g.out_features * g.in_features)
         split.columns.add(head.node)
@@ -156,6 +152,68 @@ def split_unit(graph: Graph, scope: set[int], terminal_column: bool,
         split.split_params.update(w for w in gemms[node_id].weights
                                   if len(graph_param_shape(graph, w)) >= 2)
     return split
+
+
+def _feeding(graph: Graph, gemm: Gemm, gemms: Mapping[int, Gemm], scope: set[int],
+             knowledge: ParallelKnowledge) -> tuple[set[int], set[int]]:
+    """The weight GEMMs that `gemm`'s input comes from, walking back along floating-point data
+    inside `scope` (through per-head attention inputs), and the nodes the walk crossed."""
+    found, seen = set(), set()
+    stack = [ref.node for ref in gemm.activations if _floating(graph, ref)]
+    while stack:
+        node_id = stack.pop()
+        if node_id in seen or node_id not in scope:
+            continue
+        seen.add(node_id)
+        if node_id in gemms and not gemms[node_id].head_batched:
+            found.add(node_id)
+            continue
+        stack.extend(ref.node for ref in _per_head_inputs(graph, graph.nodes[node_id], knowledge)
+                     if _floating(graph, ref))
+    return found, seen
+
+
+def low_rank_bypasses(gemms: Mapping[int, Gemm],
+                      feeding: Mapping[int, tuple[set[int], set[int]]],
+                      source: Callable[[TensorRef], TensorRef] = lambda ref: ref,
+                      ) -> dict[int, tuple[int, int]]:
+    """LoRA's adapters, found from structure: an up GEMM (R → out) fed by one down GEMM
+    (in → R) alone, where the down GEMM reads the input of a base GEMM of the same output width
+    and R is below both widths (`source`: the tensor an activation views or casts, as each
+    GEMM reshapes its input for itself). By up GEMM: (its down GEMM, the base GEMM). The pair
+    takes its base's split: beside a column GEMM the up GEMM is a column and the down one
+    replicated; beside a row GEMM the down GEMM splits by rows (its all-reduce carries R
+    features) and the up one is replicated (Megatron-Bridge's ``ParallelLinearAdapter``)."""
+    readers: dict[TensorRef, list[int]] = {}
+    for gemm in gemms.values():
+        for ref in gemm.activations:
+            readers.setdefault(source(ref), []).append(gemm.node)
+    found = {}
+    for up in gemms.values():
+        fed = feeding[up.node][0]
+        if len(fed) != 1:
+            continue
+        down = gemms[next(iter(fed))]
+        rank = down.out_features
+        if up.in_features != rank or rank >= down.in_features or rank >= up.out_features:
+            continue
+        base = next((b for ref in down.activations for b in readers[source(ref)]
+                     if b != down.node and gemms[b].out_features == up.out_features), None)
+        if base is not None:
+            found[up.node] = (down.node, base)
+    return found
+
+
+def _source(graph: Graph, ref: TensorRef, knowledge: ParallelKnowledge) -> TensorRef:
+    """The tensor `ref` is a view or cast of (itself when it is neither)."""
+    for _ in range(8):
+        node = graph.nodes[ref.node]
+        refs = list(node.input_refs())
+        if node.kind is not NodeKind.CALL or node.packet not in knowledge.weight_path_ops \
+                or not refs:
+            break
+        ref = refs[0]
+    return ref
 
 
 def _combined_bytes(graph: Graph, row: Gemm, tokens: int) -> int:

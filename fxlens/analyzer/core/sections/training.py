@@ -128,17 +128,23 @@ class Training(Section):
     loss_dtype: str = "fp32"            # "logits": a transformers LM's loss without the cast
     mtp: int = 0                        # multi-token prediction depths trained (``--mtp``)
     mtp_shared: bool = False            # one depth's weights run `mtp` times
+    lora: int = 0                       # LoRA adapters' rank (``--lora``; 0: none)
+    lora_layers: int = 0                # the linear layers they adapt
 
     @property
     def recipe(self) -> str:
         """What the step was recorded as: ``amp-bf16 · adamw``, and the loss when it is not
-        the model's own, and the multi-token prediction depths it trained."""
+        the model's own, the multi-token prediction depths it trained and its LoRA adapters."""
         loss = " · loss in the logits' dtype" if self.loss_dtype == "logits" else ""
         mtp = ""
         if self.mtp:
             mtp = f" · +{self.mtp} MTP depth{'s' if self.mtp > 1 else ''}"
             mtp += " (one depth's weights)" if self.mtp_shared and self.mtp > 1 else ""
-        return f"{self.precision} · {self.optimizer}{loss}{mtp}"
+        lora = ""
+        if self.lora:
+            layers = "layer" if self.lora_layers == 1 else "layers"
+            lora = f" · LoRA r{self.lora} on {self.lora_layers:,} {layers}, weights frozen"
+        return f"{self.precision} · {self.optimizer}{loss}{mtp}{lora}"
 
     @property
     def state_bytes(self) -> int:

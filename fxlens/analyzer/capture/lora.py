@@ -1,0 +1,128 @@
+"""LoRA fine-tuning (``--lora R``): low-rank adapters trained beside a frozen model, the step
+that PEFT, NeMo and Megatron-Bridge run when they fine-tune with LoRA (Hu et al. 2021,
+arXiv:2106.09685).
+
+Each targeted linear layer ``y = W x`` gains two trainable matrices, A (in → R) and B (R → out),
+and computes ``y = W x + s · B(A x)`` with s = alpha / R; every weight of the model is frozen.
+The step then has no weight gradient for W (its backward still runs the input gradient for the
+layers below), no gradient, master copy or optimizer state for the model's weights, and a
+data-parallel reduction of the adapters' gradients only.
+
+Targets (``targets``): the names of the linear layers to adapt, matched against the last part
+of each module's path as PEFT matches ``target_modules`` (``q_proj`` adapts every
+``….q_proj``); None adapts every ``nn.Linear`` but the output head (PEFT's ``all-linear``).
+Megatron's fused layers map to Hugging Face names as: ``linear_qkv`` → q_proj, k_proj, v_proj
+(NB: one adapter there, three here: the A GEMMs read the input three times, 2·T·h·R FLOPs
+each, under 1 % of a layer); ``linear_proj`` → o_proj; ``linear_fc1`` → gate_proj, up_proj;
+``linear_fc2`` → down_proj. Experts stored as one 3-D weight (transformers' fused MoE
+experts) are not ``nn.Linear`` and take no adapter. No dropout on the adapter's input (the
+recipes' 0.0; a dropout would add one pointwise op per adapter).
+
+`lora_attached(model, rank, targets)` adds the adapters for the length of a ``with`` block
+(child modules ``lora_A`` and ``lora_B`` of each targeted layer, a forward hook adding their
+output, the model's weights frozen) and takes them away after, every ``requires_grad`` restored:
+the user's module is left as it was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from fxlens.analyzer.core.errors import LoadError
+from fxlens.checks import MAX_LORA_RANK
+
+ALPHA = 32.0          # the scale s = ALPHA / rank: one multiply whatever its value
+
+ADAPTER_A = ".lora.lora_A.weight"     # the name of an adapted layer's A matrix, under the layer
+
+
+def adapted_layers(params: Iterable[Any]) -> int:
+    """How many layers of a recorded step carry an adapter (params: with a ``name``)."""
+    return sum(p.name.endswith(ADAPTER_A) for p in params)
+
+
+def targets_of(model: nn.Module, names: Sequence[str] | None) -> list[tuple[str, nn.Linear]]:
+    """The linear layers ``--lora`` adapts, in module order: those whose last name is one of
+    `names`, or (None) every ``nn.Linear`` but the output head."""
+    head_of = getattr(model, "get_output_embeddings", None)
+    head = head_of() if callable(head_of) else None
+    linears = [(path, m) for path, m in model.named_modules()
+               if isinstance(m, nn.Linear) and m is not head]
+    if names is None:
+        if not linears:
+            raise LoadError("--lora: the model has no linear layer to adapt")
+        return linears
+    leaf = {path.rsplit(".", 1)[-1] for path, _ in linears}
+    unknown = [name for name in names if name not in leaf]
+    if unknown:
+        hint = difflib.get_close_matches(unknown[0], sorted(leaf), n=3)
+        raise LoadError(f"--lora-targets: no linear layer named {unknown[0]!r}"
+                        + (f" (did you mean {', '.join(hint)}?)" if hint else "")
+                        + f"; the model's linear layers are named {_listed(sorted(leaf))}")
+    return [(path, m) for path, m in linears if path.rsplit(".", 1)[-1] in names]
+
+
+class Adapter(nn.Module):
+    """A layer's two low-rank matrices and their scale: ``s · B(A x)``."""
+
+    def __init__(self, layer: nn.Linear, rank: int) -> None:
+        super().__init__()
+        weight = layer.weight
+        self.lora_A = nn.Linear(layer.in_features, rank, bias=False, dtype=weight.dtype,
+                                device=weight.device)
+        self.lora_B = nn.Linear(rank, layer.out_features, bias=False, dtype=weight.dtype,
+                                device=weight.device)
+        self.scaling = ALPHA / rank
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lora_B(self.lora_A(x)) * self.scaling
+
+
+@contextlib.contextmanager
+def lora_attached(model: nn.Module, rank: int,
+                  targets: Sequence[str] | None = None) -> Iterator[nn.Module]:
+    """`model` with rank-`rank` adapters on its `targets` and its own weights frozen, inside
+    the ``with`` block."""
+    if not 1 <= rank <= MAX_LORA_RANK:
+        raise LoadError(f"--lora {rank}: the adapters' rank, 1 to {MAX_LORA_RANK:,}")
+    layers = targets_of(model, targets)
+    too_wide = next(((p, m) for p, m in layers if rank >= min(m.in_features, m.out_features)),
+                    None)
+    if too_wide is not None:
+        path, layer = too_wide
+        raise LoadError(f"--lora {rank}: not low rank for {path} ({layer.in_features} → "
+                        f"{layer.out_features}); a rank under both widths")
+    trainable = {name: p.requires_grad for name, p in model.named_parameters()}
+    adapters = [Adapter(layer, rank) for _, layer in layers]
+    hooks = []
+    for (_, layer), adapter in zip(layers, adapters, strict=True):
+        layer.add_module("lora", adapter)
+        hooks.append(layer.register_forward_hook(_add_adapter))
+    mine = {id(p) for adapter in adapters for p in adapter.parameters()}
+    for param in model.parameters():
+        param.requires_grad_(id(param) in mine)
+    try:
+        yield model
+    finally:
+        for hook in hooks:
+            hook.remove()
+        for _, layer in layers:
+            del layer.lora
+        for name, param in model.named_parameters():
+            param.requires_grad_(trainable[name])
+
+
+def _add_adapter(layer: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
+    adapter = layer.get_submodule("lora")
+    return output + adapter(args[0])
+
+
+def _listed(names: list[str], most: int = 12) -> str:
+    shown = ", ".join(names[:most])
+    return shown + (f" and {len(names) - most} more" if len(names) > most else "")

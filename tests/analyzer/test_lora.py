@@ -1,0 +1,146 @@
+"""``--lora R``: LoRA adapters fine-tuned on a frozen model (`fxlens.analyzer.capture.lora`),
+against closed forms: the adapters' parameters, the step's FLOPs without the weights'
+gradients, state for the adapters only, and Megatron's tensor-parallel split of each adapter
+(`fxlens.analyzer.plan.tensor_split.low_rank_bypasses`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from torch import nn
+
+from fxlens.analyzer.capture.hf import load_preset
+from fxlens.analyzer.capture.lora import lora_attached, targets_of
+from fxlens.analyzer.core.errors import LoadError
+from fxlens.analyzer.core.sections import Training
+from fxlens.analyzer.plan.structure import ModelFacts
+from fxlens.checks import MAX_LORA_RANK, check_options
+from fxlens.pipeline import AnalysisOptions, Context, run_context
+from fxlens.plan_pass import plan_facts
+from tests.analyzer.test_plan import H100
+
+H, FFN, KV, VOCAB, LAYERS, TOKENS, RANK = 256, 512, 128, 1024, 2, 64, 8
+TINY = {"num_hidden_layers": str(LAYERS), "hidden_size": str(H), "intermediate_size": str(FFN),
+        "num_attention_heads": "4", "num_key_value_heads": "2", "vocab_size": str(VOCAB)}
+# (in, out) of each of a Llama layer's linear layers
+SHAPES = {"q_proj": (H, H), "k_proj": (H, KV), "v_proj": (H, KV), "o_proj": (H, H),
+          "gate_proj": (H, FFN), "up_proj": (H, FFN), "down_proj": (FFN, H)}
+
+
+def llama() -> Any:
+    return load_preset("llama-3.1-8b", TINY, 1, TOKENS, dtype="bfloat16")
+
+
+def run(lora: int = 0, targets: tuple[str, ...] = (), **plan: Any) -> tuple[Context, Any]:
+    ctx = Context(llama(), AnalysisOptions(train=True, lora=lora, lora_targets=targets,
+                                           fusion=False, **plan), lambda _: None)
+    return ctx, run_context(ctx)
+
+
+def adapter_params(names: tuple[str, ...] = tuple(SHAPES)) -> int:
+    return LAYERS * sum(RANK * (SHAPES[n][0] + SHAPES[n][1]) for n in names)
+
+
+def test_adapters_are_rank_r_pairs_and_the_model_is_left_as_it_was() -> None:
+    module = llama().module
+    names = [n for n, _ in module.named_modules()]
+    trainable = {n: p.requires_grad for n, p in module.named_parameters()}
+    with lora_attached(module, RANK) as model:
+        added = sum(p.numel() for n, p in model.named_parameters() if ".lora." in n)
+        assert added == adapter_params()                      # all linear layers but the head
+        assert {n for n, p in model.named_parameters() if p.requires_grad} == {
+            n for n, _ in model.named_parameters() if ".lora." in n}
+    assert [n for n, _ in module.named_modules()] == names
+    assert {n: p.requires_grad for n, p in module.named_parameters()} == trainable
+    assert not any(m._forward_hooks for m in module.modules())
+
+
+def test_the_step_trains_the_adapters_only() -> None:
+    _, full = run()
+    _, lora = run(RANK)
+    full_t, lora_t = full.require(Training), lora.require(Training)
+    assert lora_t.states.trainable_numel == adapter_params()
+    assert lora_t.states.grad_bytes == 2 * adapter_params()                 # bf16 gradients
+    assert lora_t.recipe.endswith(f"LoRA r{RANK} on {LAYERS * len(SHAPES)} layers, "
+                                  "weights frozen")
+    # forward: the model's own plus 2·T·R·(in + out) per adapter, and its scale and sum
+    gemms = 2 * TOKENS * adapter_params()
+    assert gemms <= lora_t.forward_flops - full_t.forward_flops <= 1.5 * gemms
+    # backward: no weight gradient of the frozen weights, which every linear layer's
+    # 2·T·in·out of the full step had
+    frozen_wgrad = 2 * TOKENS * LAYERS * sum(i * o for i, o in SHAPES.values())
+    assert lora_t.backward_flops < full_t.backward_flops - 0.9 * frozen_wgrad
+
+
+def test_targets_are_matched_by_their_last_name() -> None:
+    _, report = run(RANK, ("q_proj", "v_proj"))
+    training = report.require(Training)
+    assert training.states.trainable_numel == adapter_params(("q_proj", "v_proj"))
+    assert f"on {2 * LAYERS} layers" in training.recipe
+
+
+def test_an_unknown_target_names_the_models_layers() -> None:
+    module = llama().module
+    with pytest.raises(LoadError, match="no linear layer named 'qkv_proj'.*q_proj"):
+        targets_of(module, ["qkv_proj"])
+
+
+def test_a_rank_as_wide_as_a_layer_is_refused() -> None:
+    module = nn.Sequential(nn.Linear(16, 8))
+    with pytest.raises(LoadError, match="not low rank"), lora_attached(module, 8):
+        pass
+    assert not any(p.requires_grad is False for p in module.parameters())
+
+
+@pytest.mark.parametrize(("settings", "says"), [
+    ({"train": True, "lora": -1}, "1 to"),
+    ({"train": True, "lora": MAX_LORA_RANK + 1}, "1 to"),
+    ({"train": True, "lora": True}, "1 to"),
+    ({"lora": 8}, "add --train"),
+    ({"train": True, "lora_targets": ("q_proj",)}, "add --lora R"),
+    ({"train": True, "lora": 8, "lora_targets": ("q_proj", "v-proj")}, "not a layer name"),
+])
+def test_lora_options_that_cannot_work_are_refused(settings: dict[str, Any], says: str) -> None:
+    with pytest.raises(LoadError, match=says):
+        check_options(AnalysisOptions(**settings))
+
+
+def test_the_cli_reads_targets_and_refuses_a_bad_rank_at_once() -> None:
+    from fxlens.cli.analyze import build_parser
+
+    args = build_parser().parse_args(["hf:gpt2", "--train", "--lora", "16",
+                                      "--lora-targets", "q_proj, v_proj,q_proj"])
+    assert (args.lora, args.lora_targets) == (16, ("q_proj", "v_proj"))
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["hf:gpt2", "--lora", "0"])
+
+
+def facts(lora: int) -> ModelFacts:
+    ctx, report = run(lora, plan=True, strategy="tp=2", gpus=2)
+    return plan_facts(ctx, report, H100)
+
+
+def test_a_row_layers_adapter_reduces_its_rank_not_the_hidden_size() -> None:
+    # Megatron's split: beside a column layer (q, k, v, gate, up) the adapter's B splits by
+    # columns and its A is whole; beside a row layer (o, down) A splits by rows and all-reduces
+    # T·R values, B is whole. Without that, B would read as a row of its own: T·H more.
+    plain, adapted = facts(0), facts(RANK)
+    blocks = [(p, a) for p, a in zip(plain.units, adapted.units, strict=True)
+              if p.name not in ("pre", "post")]
+    assert len(blocks) == LAYERS
+    for p, a in blocks:
+        assert (p.row_gemms, a.row_gemms) == (2, 4)
+        assert a.tp_reduces == p.tp_reduces + 2
+        assert a.tp_reduce_bytes - p.tp_reduce_bytes == 2 * TOKENS * RANK * 2     # bf16
+
+
+def test_a_sweep_passes_lora_on_and_checks_it_before_any_point() -> None:
+    from fxlens.cli.sweep import build_parser, points_and_spec
+    from fxlens.sweep import Point, SweepSpec
+
+    options = SweepSpec(train=True, lora=16, lora_targets=("q_proj",)).options(Point("hf:gpt2"))
+    assert (options.lora, options.lora_targets) == (16, ("q_proj",))
+    args = build_parser().parse_args(["hf:gpt2", "--lora", "16"])
+    with pytest.raises(LoadError, match="add --train"):
+        points_and_spec(args)
