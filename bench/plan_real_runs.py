@@ -94,6 +94,9 @@ def command(run: dict[str, Any], strategy: str, out: Path, mode: str) -> list[st
     if run["model"].get("mtp"):        # the multi-token prediction depths the recipe trains
         argv += ["--mtp", str(run["model"]["mtp"])]
         argv += ["--mtp-shared"] if run["model"].get("mtp_shared") else []
+    if run["model"].get("lora"):       # LoRA fine-tuning: the adapters' rank and layers
+        lora = run["model"]["lora"]
+        argv += ["--lora", str(lora["rank"]), "--lora-targets", ",".join(lora["targets"])]
     for key, value in (run["model"].get("overrides") or {}).items():
         argv += ["--set", f"{key}={json.dumps(value)}"]
     return argv

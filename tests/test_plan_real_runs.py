@@ -89,3 +89,21 @@ def test_a_row_with_a_pipeline_layout_places_its_models_layers_and_mtp() -> None
         argv = plan_real_runs.command(run, "dp=1", Path("out.json"), "fused")
         assert argv[argv.index("--mtp") + 1] == str(run["model"]["mtp"])
         assert ("--mtp-shared" in argv) == bool(run["model"].get("mtp_shared"))
+
+
+def test_a_lora_row_fine_tunes_its_recipes_adapters_on_layers_its_preset_has() -> None:
+    """A LoRA row passes its recipe's rank and target layers (`--lora R --lora-targets`), each
+    target a linear layer of its preset's decoder (Megatron's fused QKV written as the three
+    projections), and only LoRA rows do."""
+    from fxlens.cli.args import layer_names
+
+    llama_linears = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                     "down_proj"}
+    lora = [r for r in RUNS if r["model"].get("lora")]
+    assert lora and all("-lora-" in r["name"] for r in lora)
+    assert not [r for r in RUNS if "-lora-" in r["name"] and not r["model"].get("lora")]
+    for run in lora:
+        argv = plan_real_runs.command(run, "dp=1", Path("out.json"), "fused")
+        assert int(argv[argv.index("--lora") + 1]) == run["model"]["lora"]["rank"] >= 1
+        targets = layer_names(argv[argv.index("--lora-targets") + 1])
+        assert set(targets) <= llama_linears and {"q_proj", "k_proj", "v_proj"} <= set(targets)
