@@ -16,7 +16,7 @@ the plan it goes with; the
 finite, non-negative figures), and those files even without ``--device``, so a broken one is
 never silently ignored. ``--plan``: a training step, a readable ``--strategy`` that agrees
 with ``--gpus``, GPU counts, micro-batches, batch and tokens at least 1, a price of 0 or more.
-``--mtp`` and ``--lora`` (with ``--lora-targets``): a training step, in range.
+``--mtp``, ``--lora`` (with ``--lora-targets``) and ``--packed``: a training step, in range.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def check_options(options: Any) -> None:
         raise LoadError(f"--loss-dtype {loss!r}: one of {', '.join(LOSS_DTYPES)}")
     _mtp(options)
     _lora(options)
+    _packed(options)
     device_memory(options.device_memory, options.devices_file)
     if getattr(options, "checkpoint_auto", False) or getattr(options, "checkpoint_budget", None):
         checkpoint_budget(options)
@@ -209,6 +210,17 @@ def _lora(options: Any) -> None:
     if bad is not None:
         raise LoadError(f"--lora-targets: {bad!r} is not a layer name (names such as "
                         "q_proj,v_proj, comma-separated)")
+
+
+def _packed(options: Any) -> None:
+    """``--packed L`` packs a training step's sequences from samples of L ≥ 1 tokens."""
+    sample = getattr(options, "packed", 0)
+    if sample is None or sample == 0:
+        return
+    if isinstance(sample, bool) or not isinstance(sample, int) or sample < 1:
+        raise LoadError(f"--packed {sample!r}: the samples' length in tokens, at least 1")
+    if not options.train:
+        raise LoadError("--packed trains on packed sequences: add --train (or --plan)")
 
 
 def at_least_one(flag: str, value: int | None) -> None:

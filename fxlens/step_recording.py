@@ -2,7 +2,8 @@
 precision's working dtype (none for a model mixing dtypes on purpose without --precision),
 the precision's autocast (CUDA's op lists when the analysis targets a GPU, CPU's otherwise),
 the attention kernels of that device, the loss ``--loss-dtype`` asks for, the multi-token
-prediction depths of ``--mtp`` and the LoRA adapters of ``--lora``. The pipeline
+prediction depths of ``--mtp``, the LoRA adapters of ``--lora`` and the packed samples of
+``--packed``. The pipeline
 records the model so, and the pruning pass its pruned modules, so that both steps compare."""
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def record_training_step(ctx: Context, module: nn.Module,
     on_gpu = ctx.targets_gpu()
     with _loss(ctx, module), _mtp(ctx, module), _lora(ctx, module):
         step = capture_training(module, ctx.loaded.step_inputs, ctx.registry, cast, on_step,
-                                fused_attention=on_gpu, autocast=_autocast(precision, on_gpu))
+                                fused_attention=on_gpu, autocast=_autocast(precision, on_gpu),
+                                packed=ctx.options.packed)
     note = untrained_note(module, ctx.options.mtp)
     if note is None:
         return step

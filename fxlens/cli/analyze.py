@@ -102,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         methods=tuple(args.method or METHODS), strict=args.strict,
         train=args.train, precision=args.precision, optimizer=args.optimizer,
         loss_dtype=args.loss_dtype, mtp=args.mtp or 0, mtp_shared=args.mtp_shared,
-        lora=args.lora or 0, lora_targets=args.lora_targets or (),
+        lora=args.lora or 0, lora_targets=args.lora_targets or (), packed=args.packed or 0,
         device_memory=args.device_mem, checkpoint=args.checkpoint == "blocks",
         checkpoint_auto=args.checkpoint == "auto", checkpoint_budget=args.checkpoint_budget,
         checkpoint_granularity=args.checkpoint_granularity,

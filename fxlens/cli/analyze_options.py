@@ -74,6 +74,10 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
     training.add_argument("--lora-targets", type=layer_names, metavar="NAMES",
                           help="with --lora R: the linear layers to adapt, by the last part "
                                "of their name, comma-separated (q_proj,k_proj,v_proj,o_proj)")
+    training.add_argument("--packed", type=positive_int, metavar="L",
+                          help="sequences packed from samples of L tokens (SFT's packed "
+                               "datasets): causal attention runs within each sample, as "
+                               "varlen kernels run it (THD, cu_seqlens)")
     training.add_argument("--checkpoint", nargs="?", const="blocks", choices=CHECKPOINT_MODES,
                           metavar="auto",
                           help="activation checkpointing of the repeated blocks: alone, every "

@@ -88,7 +88,7 @@ class _FusedDropout(TorchFunctionMode):
                            ) -> Any:
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
-            args, kwargs = _autocast(args, kwargs)
+            args, kwargs = autocast_args(args, kwargs)
             try:
                 out = _fused(*args, **kwargs)
             except TypeError:    # arguments not as SDPA takes them: it says what is wrong
@@ -98,7 +98,7 @@ class _FusedDropout(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _autocast(args: tuple[Any, ...], kwargs: dict[str, Any]
+def autocast_args(args: tuple[Any, ...], kwargs: dict[str, Any]
               ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The floating tensors in autocast's dtype while CPU autocast is on, as autocast casts
     the composite's (on its lower-precision list); the fused op it may become is on none, so

@@ -63,6 +63,7 @@ from fxlens.analyzer.capture.chain import (
 from fxlens.analyzer.capture.fake_runs import fake_then_real
 from fxlens.analyzer.capture.fused_attention import fused_attention_kernels
 from fxlens.analyzer.capture.fx_convert import type_name, user_frame
+from fxlens.analyzer.capture.packed import packed_attention, packed_note
 from fxlens.analyzer.capture.recorder import Recorder, module_tracking
 from fxlens.analyzer.capture.step_blocks import StandIns
 from fxlens.analyzer.capture.types import Autocast
@@ -86,6 +87,7 @@ class _Settings:
     dtype: str | None                  # weights and floating inputs cast to it
     fused_attention: bool
     autocast: Autocast | None
+    packed: int = 0                    # attention within samples of this many tokens
 
 
 @dataclass(frozen=True)
@@ -107,6 +109,7 @@ def capture_training(
     stand_ins: bool = True,
     fused_attention: bool = True,
     autocast: Autocast | None = None,
+    packed: int = 0,
 ) -> TrainingGraph:
     """Record one training step; `dtype` (e.g. "bfloat16") is the working precision of
     weights and activations, the model's own when None. With `stand_ins`, the backward of
@@ -114,8 +117,9 @@ def capture_training(
     same either way. With `fused_attention`, attention with dropout runs the fused kernel, as
     on a GPU (`fused_attention_kernels`); without, the math path a CPU takes. With
     `autocast`, the forward runs under ``torch.autocast`` in its dtype (`dtype` is then the
-    weights' own, e.g. "float32")."""
-    settings = _Settings(dtype, fused_attention, autocast)
+    weights' own, e.g. "float32"). With `packed`, causal self-attention runs within samples of
+    that many tokens (`packed_attention`)."""
+    settings = _Settings(dtype, fused_attention, autocast, packed)
     args, kwargs = (tuple(inputs), {}) if isinstance(inputs, (tuple, list)) else ((), dict(inputs))
     on_step("recording the training step")
     with _train_mode(module):
@@ -134,7 +138,8 @@ def capture_training(
         tied=tied_names(module),
         capture_method="joint forward+backward recorded at dispatch level",
         module_types={p: type_name(type(m)) for p, m in module.named_modules()},
-        roles=recorded.roles, notes=(f"recorded on {tensors}", *_autocast_note(autocast)),
+        roles=recorded.roles, notes=(f"recorded on {tensors}", *_autocast_note(autocast),
+                                     *_packed_notes(recorded.nodes, packed)),
     )
     return TrainingGraph(graph, tuple(dict.fromkeys(recorded.saved)),
                          tuple(dict.fromkeys(recorded.outputs)))
@@ -192,7 +197,7 @@ def _record_once(
     # recomputes its forward (under the autocast state it saved). Autocast itself is on for
     # the forward alone (`fxlens.analyzer.capture.autocast`).
     with (module_tracking(module, recorder.module_stack), tensors, recorder, installed,
-          fused_attention_kernels(settings.fused_attention),
+          fused_attention_kernels(settings.fused_attention), packed_attention(settings.packed),
           autocast_kernels(settings.autocast), libraries_as_eager()):
         with (torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
               autocast_forward(settings.autocast)):
@@ -213,6 +218,10 @@ def _record_once(
     return _Recorded(recorder.nodes, saved, {recorder.ref(t.grad): "gradient"
                                              for t in state.values() if t.grad is not None},
                      returned)
+
+
+def _packed_notes(nodes: list[Node], packed: int) -> tuple[str, ...]:
+    return (packed_note((n.target for n in nodes), packed),) if packed else ()
 
 
 def _autocast_note(autocast: Autocast | None) -> tuple[str, ...]:

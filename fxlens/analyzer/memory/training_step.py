@@ -74,6 +74,7 @@ class StepSettings:
     mtp: int = 0                # multi-token prediction depths it trained (`Training.mtp`)
     mtp_shared: bool = False
     lora: int = 0               # LoRA adapters' rank (`Training.lora`)
+    packed: int = 0             # samples' length of packed sequences (`Training.packed`)
 
 
 def training_section(
@@ -125,6 +126,7 @@ def training_section(
     return Training(
         loss_dtype=settings.loss_dtype, mtp=settings.mtp, mtp_shared=settings.mtp_shared,
         lora=settings.lora, lora_layers=adapted_layers(graph.params) if settings.lora else 0,
+        packed=settings.packed,
         precision=settings.precision_name,
         optimizer=settings.optimizer_name,
         forward_flops=flops["forward"],

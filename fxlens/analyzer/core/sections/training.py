@@ -130,11 +130,13 @@ class Training(Section):
     mtp_shared: bool = False            # one depth's weights run `mtp` times
     lora: int = 0                       # LoRA adapters' rank (``--lora``; 0: none)
     lora_layers: int = 0                # the linear layers they adapt
+    packed: int = 0                     # sequences packed from samples of this many tokens
 
     @property
     def recipe(self) -> str:
         """What the step was recorded as: ``amp-bf16 · adamw``, and the loss when it is not
-        the model's own, the multi-token prediction depths it trained and its LoRA adapters."""
+        the model's own, the multi-token prediction depths it trained, its LoRA adapters and
+        its packed samples."""
         loss = " · loss in the logits' dtype" if self.loss_dtype == "logits" else ""
         mtp = ""
         if self.mtp:
@@ -144,7 +146,8 @@ class Training(Section):
         if self.lora:
             layers = "layer" if self.lora_layers == 1 else "layers"
             lora = f" · LoRA r{self.lora} on {self.lora_layers:,} {layers}, weights frozen"
-        return f"{self.precision} · {self.optimizer}{loss}{mtp}{lora}"
+        packed = f" · packed samples of {self.packed:,} tokens" if self.packed else ""
+        return f"{self.precision} · {self.optimizer}{loss}{mtp}{lora}{packed}"
 
     @property
     def state_bytes(self) -> int:
