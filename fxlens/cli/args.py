@@ -16,7 +16,8 @@ METHODS = ("export", "make_fx", "record")       # fxlens.analyzer.capture.chain.
 PRECISIONS = ("fp32", "bf16", "amp-bf16", "amp-fp16", "autocast-bf16", "autocast-fp16",
               "fp8")                                          # fxlens.pipeline.PRECISIONS
 SERVE_ONLY = ("w8a16", "w4a16", "fp8-dense")    # fxlens.rules.serving.SERVE_ONLY (--serve)
-OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adam8bit")  # …OPTIMIZERS
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adam8bit",   # …OPTIMIZERS
+              "adamw-bf16")
 LOSS_DTYPES = ("fp32", "logits")     # fxlens.rules.training.LOSS_DTYPES
 VIEWS = ("summary", "modules", "top-ops", "memory", "training", "checkpoint", "kv-cache",
          "roofline", "validation", "fusion", "quant", "plan", "prune",

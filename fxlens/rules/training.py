@@ -54,6 +54,12 @@ Optimizer state, per trainable parameter of ``n`` elements (``s`` = bytes of the
     adafactor  factored v: (n/C + n/R)·s for a (…, R, C) parameter, n·s for a vector; no
                first moment (torch.optim.Adafactor has none; transformers' Adafactor
                defaults to beta1=None)
+    adamw-bf16 2 copies in bf16: 2·n·2 B, whatever the precision's state dtype, the master
+               copy as the precision keeps it: DeepSeek-V3's recipe (technical report,
+               arXiv:2412.19437, §3.3.3, low-precision optimizer states: both moments in
+               BF16, the master weights in FP32), Megatron-core's precision-aware optimizer with
+               ``exp_avg_dtype``/``exp_avg_sq_dtype`` bf16 (Megatron-Bridge's DeepSeek-V3,
+               Moonlight and OLMoE recipes)
     adam8bit   bitsandbytes Adam8bit: per moment 1 B/element + one fp32 absmax per block of
                256 elements (2 · (1 + 4/256) ≈ 2.03 B/param); tensors under 4096 elements
                keep fp32 states (``min_8bit_size``). Source: bitsandbytes
@@ -208,6 +214,7 @@ class OptimizerSpec:
     source: str = ""
     step_accesses: int | None = None          # per element, foreach step; None: one pass
     foreach_temporaries: int = 0              # state-sized copies of *all* parameters
+    moments_dtype: str | None = None          # its states' own dtype (None: the precision's)
 
     def _quantized(self, spec: TensorSpec) -> BlockQuantization | None:
         q = self.quantization
@@ -229,7 +236,7 @@ class OptimizerSpec:
             per_moment = spec.numel * q.bytes_per_element + blocks * dtype_bytes(q.stats_dtype)
             return int(self.full_moments * per_moment)
         dtype = self.quantization.fallback_dtype if self.quantization else state_dtype
-        return int(self.state_elements(spec) * dtype_bytes(dtype))
+        return int(self.state_elements(spec) * dtype_bytes(self.moments_dtype or dtype))
 
     def step_flops(self, spec: TensorSpec) -> int:
         """FLOPs of one optimizer step on one trainable parameter."""
@@ -261,6 +268,7 @@ class Optimizer(str, Enum):
     ADAMW = "adamw"
     ADAFACTOR = "adafactor"
     ADAM8BIT = "adam8bit"
+    ADAMW_BF16 = "adamw-bf16"
 
     @property
     def spec(self) -> OptimizerSpec:
@@ -295,6 +303,11 @@ OPTIMIZERS: dict[Optimizer, OptimizerSpec] = {
     Optimizer.ADAM8BIT: OptimizerSpec(
         2, ADAM_STEP_FLOPS, quantization=BlockQuantization(ADAM8BIT_BLOCK),
         source="bitsandbytes.optim.Adam8bit (block-wise, v0.44+)"),
+    Optimizer.ADAMW_BF16: OptimizerSpec(
+        2, ADAMW_STEP_FLOPS, step_accesses=ADAMW_STEP_ACCESSES, foreach_temporaries=1,
+        moments_dtype="bfloat16",
+        source="AdamW with bf16 moments (DeepSeek-V3, arXiv:2412.19437 §3.3.3; Megatron-core "
+               "--exp-avg-dtype/--exp-avg-sq-dtype bf16)"),
 }
 
 

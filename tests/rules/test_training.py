@@ -107,6 +107,16 @@ def test_optimizer_state_takes_the_state_dtype() -> None:
     assert Optimizer.ADAFACTOR.spec.state_bytes(T(R, C), "bfloat16") == (R + C) * 2
 
 
+def test_adamw_bf16_keeps_its_moments_in_bf16_and_the_master_as_the_precision_does() -> None:
+    # DeepSeek-V3's recipe: amp-bf16 keeps its fp32 master (4 B), the moments 2 × 2 B
+    spec = Optimizer.ADAMW_BF16.spec
+    assert spec.state_bytes(T(R, C), "float32") == 2 * n * 2
+    assert spec.step_flops(T(R, C)) == Optimizer.ADAMW.spec.step_flops(T(R, C))
+    amp = Precision.AMP_BF16.spec
+    assert amp.master_bytes(T(R, C)) == n * 4
+    assert Optimizer("adamw-bf16") is Optimizer.ADAMW_BF16
+
+
 def test_adafactor_factoring() -> None:
     assert factored_elements((R, C)) == R + C
     assert factored_elements((C,)) == C                   # vectors keep a full second moment

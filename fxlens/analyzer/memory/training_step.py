@@ -171,7 +171,8 @@ def _optimizer_temporaries(graph: Graph, precision: PrecisionPolicy,
     trainable = [p for p in graph.params if not p.is_buffer and p.requires_grad]
     largest = max((precision.master_bytes(p.spec) or precision.weight_bytes(p.spec)
                    for p in trainable), default=0)
-    every = sum(p.spec.numel for p in trainable) * dtype_bytes(precision.state_dtype)
+    state_dtype = optimizer.moments_dtype or precision.state_dtype
+    every = sum(p.spec.numel for p in trainable) * dtype_bytes(state_dtype)
     copies = optimizer.foreach_temporaries if foreach else 0
     return max(OPTIMIZER_TEMPORARIES * largest, int(copies * every))
 
