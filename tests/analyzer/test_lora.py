@@ -144,3 +144,14 @@ def test_a_sweep_passes_lora_on_and_checks_it_before_any_point() -> None:
     args = build_parser().parse_args(["hf:gpt2", "--lora", "16"])
     with pytest.raises(LoadError, match="add --train"):
         points_and_spec(args)
+
+
+def test_a_diff_across_recipes_says_the_recipe_differs() -> None:
+    from fxlens.analyzer.review.diff import compare
+
+    _, full = run()
+    _, lora = run(RANK)
+    notes = compare(full, lora).notes
+    assert any(n.startswith("training recipe differs: amp-bf16 · adamw (old) vs ")
+               and f"LoRA r{RANK}" in n for n in notes)
+    assert not any("recipe" in n for n in compare(full, full).notes)

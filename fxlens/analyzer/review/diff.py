@@ -375,6 +375,9 @@ def _notes(old: Report, new: Report) -> tuple[str, ...]:
     if old.model.capture_method != new.model.capture_method:
         notes.append(f"capture method differs: {old.model.capture_method} (old) vs "
                      f"{new.model.capture_method} (new)")
+    before, after = old.get(Training), new.get(Training)
+    if before is not None and after is not None and before.recipe != after.recipe:
+        notes.append(f"training recipe differs: {before.recipe} (old) vs {after.recipe} (new)")
     return tuple(notes)
 
 
