@@ -83,7 +83,7 @@ def command(run: dict[str, Any], strategy: str, out: Path, mode: str) -> list[st
     argv = [sys.executable, "-m", "fxlens", f"hf:{run['model']['preset']}",
             "--seq-len", str(run["seq_len"]), "--batch", str(run["micro_batch_size"]),
             "--precision", run.get("training_precision") or PRECISION[run["precision"]],
-            "--optimizer", "adamw",
+            "--optimizer", run.get("optimizer", "adamw"),
             "--plan", "--strategy", strategy, "--micro-batches", str(micro),
             "--device", run["device"], "--allow-large", "--no-pages", "--json", str(out),
             "--out", str(out.parent / "report")]
