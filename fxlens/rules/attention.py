@@ -164,6 +164,8 @@ FUSED_FORWARD = (
     aten._scaled_dot_product_efficient_attention,
     aten._scaled_dot_product_cudnn_attention,
 )
+RAW_FORWARD = (aten._flash_attention_forward, aten._efficient_attention_forward)   # (B, T, H, d)
+RAW_BACKWARD = (aten._flash_attention_backward, aten._efficient_attention_backward)
 FUSED_BACKWARD = (
     aten._scaled_dot_product_flash_attention_backward,
     aten._scaled_dot_product_flash_attention_for_cpu_backward,

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from fxlens.analyzer.plan.types import ParallelKnowledge
-from fxlens.rules.attention import FUSED_BACKWARD, FUSED_FORWARD
+from fxlens.rules.attention import FUSED_BACKWARD, FUSED_FORWARD, RAW_BACKWARD, RAW_FORWARD
 from fxlens.rules.views import VIEW_OPS
 
 aten = torch.ops.aten
@@ -23,6 +23,8 @@ PARALLEL = ParallelKnowledge(
     weight_path_ops=VIEW_OPS | {"aten._to_copy", "aten.to", "aten.clone", "aten.contiguous",
                                 "aten._to_dtype", "aten.type_as"},
     embedding_ops=frozenset({"aten.embedding"}),
+    # the raw flash and memory-efficient kernels too: packed sequences' varlen attention
     attention_ops=frozenset(str(op) for op in (*FUSED_FORWARD, *FUSED_BACKWARD,
-                                               aten._scaled_dot_product_attention_math)),
+                                               aten._scaled_dot_product_attention_math,
+                                               *RAW_FORWARD, *RAW_BACKWARD)),
 )

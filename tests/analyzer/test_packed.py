@@ -12,7 +12,7 @@ from fxlens.analyzer.capture.hf import load_preset
 from fxlens.analyzer.capture.packed import sample_starts
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.core.report import Report
-from fxlens.analyzer.core.sections import Training
+from fxlens.analyzer.core.sections import Plan, Training
 from fxlens.checks import check_options
 from fxlens.pipeline import AnalysisOptions, Context, run_context
 from fxlens.rules.attention import Attn, backward_flops, causal_scores, forward_flops
@@ -113,3 +113,17 @@ def test_the_cli_and_a_sweep_take_packed() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["hf:gpt2", "--packed", "0"])
     assert SweepSpec(train=True, packed=256).options(Point("hf:gpt2")).packed == 256
+
+
+def test_context_parallelism_passes_the_samples_keys_and_values_round_the_ring() -> None:
+    # the varlen kernel is attention to the plan: under cp its K/V go round the ring as the
+    # rows' would (TE's context parallelism splits each packed sample over the ranks)
+    def ring(packed: int) -> Any:
+        loaded = load_preset("llama-3.1-8b", TINY, 1, 64, dtype="bfloat16")
+        options = AnalysisOptions(train=True, plan=True, strategy="dp=1,cp=2", gpus=2,
+                                  packed=packed, fusion=False, device="h100")
+        plan = run_context(Context(loaded, options, lambda _: None)).require(Plan)
+        return next(c for c in plan.layouts[0].collectives if c.cause.startswith("ring"))
+
+    whole, packed = ring(0), ring(16)
+    assert (packed.bytes, packed.calls) == (whole.bytes, whole.calls)
