@@ -375,9 +375,10 @@ def _notes(old: Report, new: Report) -> tuple[str, ...]:
     if old.model.capture_method != new.model.capture_method:
         notes.append(f"capture method differs: {old.model.capture_method} (old) vs "
                      f"{new.model.capture_method} (new)")
-    before, after = old.get(Training), new.get(Training)
-    if before is not None and after is not None and before.recipe != after.recipe:
-        notes.append(f"training recipe differs: {before.recipe} (old) vs {after.recipe} (new)")
+    old_step, new_step = old.get(Training), new.get(Training)
+    if old_step is not None and new_step is not None and old_step.recipe != new_step.recipe:
+        notes.append(f"training recipe differs: {old_step.recipe} (old) vs {new_step.recipe} "
+                     "(new)")
     return tuple(notes)
 
 
