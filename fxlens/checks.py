@@ -192,15 +192,20 @@ def _mtp(options: Any) -> None:
 
 
 MAX_LORA_RANK = 65_536
+LORA_BASES = (None, "nf4")      # fxlens.analyzer.capture.lora.BASES
 
 
 def _lora(options: Any) -> None:
     """``--lora R`` fine-tunes adapters in a training step, R in 1 … `MAX_LORA_RANK`;
     ``--lora-targets`` names their layers."""
     rank, targets = getattr(options, "lora", 0), getattr(options, "lora_targets", ())
+    base = getattr(options, "lora_base", None)
+    if base not in LORA_BASES:
+        raise LoadError(f"--lora-base {base!r}: one of {', '.join(b for b in LORA_BASES if b)}")
     if rank is None or rank == 0:
-        if targets:
-            raise LoadError("--lora-targets: the layers --lora R adapts; add --lora R")
+        if targets or base:
+            flag = "--lora-targets: the layers" if targets else "--lora-base: the base weights"
+            raise LoadError(f"{flag} --lora R fine-tunes on; add --lora R")
         return
     if isinstance(rank, bool) or not isinstance(rank, int) or not 1 <= rank <= MAX_LORA_RANK:
         raise LoadError(f"--lora {rank!r}: the adapters' rank, 1 to {MAX_LORA_RANK:,}")

@@ -108,6 +108,7 @@ class AnalysisOptions:
     mtp_shared: bool = False            # one depth's weights run `mtp` times
     lora: int = 0                       # LoRA adapters' rank (0: the model's weights trained)
     lora_targets: tuple[str, ...] = ()  # the linear layers they adapt (none: all but the head)
+    lora_base: str | None = None        # "nf4": the frozen linear weights in 4 bits (QLoRA)
     packed: int = 0                     # sequences packed from samples of this many tokens
     device_memory: str | None = None    # "80GiB" or a GPU name ("h100")
     checkpoint: bool = False            # every repeated block (the what-if)
@@ -243,7 +244,7 @@ class TrainingStep:
             device_bytes=device_bytes, checkpoint=options.checkpoint,
             foreach=ctx.targets_gpu(),   # torch.optim's default on a GPU, not on a CPU
             loss_dtype=options.loss_dtype, mtp=options.mtp, mtp_shared=options.mtp_shared,
-            lora=options.lora, packed=options.packed,
+            lora=options.lora, lora_base=options.lora_base, packed=options.packed,
         )
         training = training_section(ctx.step, report, memory, ctx.registry, settings)
         # one GPU's fixes; with --plan the plan's layouts are the answer (and the fix finder's

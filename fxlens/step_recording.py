@@ -17,7 +17,7 @@ from torch import nn
 
 from fxlens import checks
 from fxlens.analyzer.capture import hf_loss
-from fxlens.analyzer.capture.lora import lora_attached
+from fxlens.analyzer.capture.lora import lora_attached, nf4_note
 from fxlens.analyzer.capture.mtp import mtp_attached, untrained_note
 from fxlens.analyzer.capture.training import TrainingGraph, capture_training
 from fxlens.analyzer.capture.types import Autocast
@@ -40,10 +40,13 @@ def record_training_step(ctx: Context, module: nn.Module,
         step = capture_training(module, ctx.loaded.step_inputs, ctx.registry, cast, on_step,
                                 fused_attention=on_gpu, autocast=_autocast(precision, on_gpu),
                                 packed=ctx.options.packed)
-    note = untrained_note(module, ctx.options.mtp)
-    if note is None:
+    notes = [untrained_note(module, ctx.options.mtp)]
+    if ctx.options.lora_base == "nf4":
+        notes.append(nf4_note(module))
+    kept = tuple(n for n in notes if n is not None)
+    if not kept:
         return step
-    return replace(step, graph=replace(step.graph, notes=(*step.graph.notes, note)))
+    return replace(step, graph=replace(step.graph, notes=(*step.graph.notes, *kept)))
 
 
 def _mtp(ctx: Context, module: nn.Module) -> AbstractContextManager[Any]:
@@ -63,7 +66,8 @@ def _lora(ctx: Context, module: nn.Module) -> AbstractContextManager[Any]:
     included), attached for the recording only (`fxlens.analyzer.capture.lora`)."""
     if not ctx.options.lora:
         return nullcontext()
-    return lora_attached(module, ctx.options.lora, ctx.options.lora_targets or None)
+    return lora_attached(module, ctx.options.lora, ctx.options.lora_targets or None,
+                         ctx.options.lora_base)
 
 
 def _loss(ctx: Context, module: nn.Module) -> AbstractContextManager[None]:

@@ -78,6 +78,7 @@ class SweepSpec:
     mtp_shared: bool = False
     lora: int = 0
     lora_targets: tuple[str, ...] = ()
+    lora_base: str | None = None
     packed: int = 0
     checkpoint: bool = False
     tokens: int | None = None
@@ -95,7 +96,8 @@ class SweepSpec:
             max_gpus=self.max_gpus, micro_batches=self.micro_batches,
             precision=self.precision, optimizer=self.optimizer, loss_dtype=self.loss_dtype,
             mtp=self.mtp, mtp_shared=self.mtp_shared, lora=self.lora,
-            lora_targets=self.lora_targets, packed=self.packed, checkpoint=self.checkpoint,
+            lora_targets=self.lora_targets, lora_base=self.lora_base, packed=self.packed,
+            checkpoint=self.checkpoint,
             tokens=self.tokens, price=self.price, device=point.device,
             strategy=point.strategy, fusion=False)
 

@@ -82,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     shared.add_argument("--lora", type=positive_int, metavar="R",
                         help="LoRA adapters' rank (analyze's)")
     shared.add_argument("--lora-targets", type=layer_names, metavar="NAMES")
+    shared.add_argument("--lora-base", choices=("nf4",))
     shared.add_argument("--packed", type=positive_int, metavar="L",
                         help="sequences packed from samples of L tokens (analyze's)")
     shared.add_argument("--checkpoint", action="store_true")
@@ -127,7 +128,7 @@ def points_and_spec(args: argparse.Namespace) -> tuple[list[Any], Any]:
                      optimizer=args.optimizer, loss_dtype=args.loss_dtype,
                      mtp=args.mtp or 0, mtp_shared=args.mtp_shared,
                      lora=args.lora or 0, lora_targets=args.lora_targets or (),
-                     packed=args.packed or 0,
+                     lora_base=args.lora_base, packed=args.packed or 0,
                      checkpoint=args.checkpoint, tokens=args.tokens,
                      price=args.price, entry=args.entry)
     points = grid(args.targets, sets, args.batch or [None], args.seq_len or [None], devices,

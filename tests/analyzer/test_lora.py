@@ -32,9 +32,9 @@ def llama() -> Any:
     return load_preset("llama-3.1-8b", TINY, 1, TOKENS, dtype="bfloat16")
 
 
-def run(lora: int = 0, targets: tuple[str, ...] = (), **plan: Any) -> tuple[Context, Any]:
+def run(lora: int = 0, targets: tuple[str, ...] = (), **settings: Any) -> tuple[Context, Any]:
     ctx = Context(llama(), AnalysisOptions(train=True, lora=lora, lora_targets=targets,
-                                           fusion=False, **plan), lambda _: None)
+                                           fusion=False, **settings), lambda _: None)
     return ctx, run_context(ctx)
 
 
@@ -155,3 +155,65 @@ def test_a_diff_across_recipes_says_the_recipe_differs() -> None:
     assert any(n.startswith("training recipe differs: amp-bf16 · adamw (old) vs ")
                and f"LoRA r{RANK}" in n for n in notes)
     assert not any("recipe" in n for n in compare(full, full).notes)
+
+
+# --- QLoRA: the frozen linear weights in NF4 (fxlens.analyzer.capture.nf4) ---------------------
+
+
+def test_nf4_takes_the_qlora_papers_4_127_bits_per_weight() -> None:
+    from fxlens.analyzer.capture.nf4 import nf4_bytes
+
+    n = 4096 * 4096       # codes n/2, one 8-bit absmax per 64, one fp32 scale per 256 of them
+    assert nf4_bytes(n) == n // 2 + n // 64 + 4 * (n // 64 // 256)
+    assert round(8 * nf4_bytes(n) / n, 3) == 4.127
+
+
+def test_a_qlora_step_holds_nf4_weights_and_dequantizes_them_at_each_use() -> None:
+    from fxlens.analyzer.capture.nf4 import nf4_bytes
+
+    module = llama().module
+    names = [n for n, _ in module.named_parameters()]
+    ctx, qlora = run(RANK, lora_base="nf4")
+    _, lora = run(RANK)
+    linears = LAYERS * len(SHAPES)
+    numels = [i * o for i, o in SHAPES.values()] * LAYERS
+    states = qlora.require(Training).states
+    assert states.buffer_bytes - lora.require(Training).states.buffer_bytes == sum(
+        nf4_bytes(n) for n in numels)
+    assert states.frozen_numel == lora.require(Training).states.frozen_numel - sum(numels)
+    assert states.trainable_numel == adapter_params()
+    dequants = [n for n in qlora.nodes if n.target.startswith("fxlens_nf4.dequantize")]
+    forward = [n for n in dequants if n.phase == "forward"]
+    assert len(forward) == linears
+    # the backward dequantizes again for each input gradient it computes: every layer's but
+    # the first layer's q, k and v projections, whose input (the normed embedding) needs none
+    assert len(dequants) - linears == linears - 3
+    assert sorted(n.bytes_read + n.bytes_written for n in forward) == sorted(
+        nf4_bytes(n) + 2 * n for n in numels)
+    assert qlora.require(Training).recipe.endswith("NF4 weights frozen (QLoRA)")
+    assert any("held in NF4" in note for note in ctx.step.graph.notes)   # type: ignore[union-attr]
+    # the user's module is left as it was
+    restored = ctx.loaded.module
+    assert [n for n, _ in restored.named_parameters()] == names
+    assert not any(n.endswith("weight_nf4") for n, _ in restored.named_buffers())
+    assert not any("forward" in vars(m) for m in restored.modules())
+
+
+def test_the_dequantize_op_runs_on_real_tensors() -> None:
+    import torch
+
+    from fxlens.analyzer.capture.nf4 import dequantize
+
+    codes = torch.randint(0, 256, (4 * 64 // 2,), dtype=torch.uint8)
+    absmax = torch.randint(0, 128, (4,), dtype=torch.uint8)
+    scale = torch.ones(1).view(torch.int32)           # a float32 scale held as its bits
+    weight = dequantize(codes, absmax, scale, 4, 64)
+    assert weight.shape == (4, 64) and weight.dtype == torch.bfloat16
+    assert float(weight.abs().max()) <= 1.0
+
+
+def test_lora_base_without_lora_or_unknown_is_refused() -> None:
+    with pytest.raises(LoadError, match="add --lora R"):
+        check_options(AnalysisOptions(train=True, lora_base="nf4"))
+    with pytest.raises(LoadError, match="one of nf4"):
+        check_options(AnalysisOptions(train=True, lora=8, lora_base="int3"))

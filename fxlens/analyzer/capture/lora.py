@@ -34,12 +34,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from fxlens.analyzer.capture.nf4 import nf4_bytes, nf4_weights
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.checks import MAX_LORA_RANK
 
 ALPHA = 32.0          # the scale s = ALPHA / rank: one multiply whatever its value
 
 ADAPTER_A = ".lora.lora_A.weight"     # the name of an adapted layer's A matrix, under the layer
+BASES = (None, "nf4")                 # the frozen weights as the model holds them, or NF4
 
 
 def adapted_layers(params: Iterable[Any]) -> int:
@@ -85,13 +87,17 @@ class Adapter(nn.Module):
 
 
 @contextlib.contextmanager
-def lora_attached(model: nn.Module, rank: int,
-                  targets: Sequence[str] | None = None) -> Iterator[nn.Module]:
+def lora_attached(model: nn.Module, rank: int, targets: Sequence[str] | None = None,
+                  base: str | None = None) -> Iterator[nn.Module]:
     """`model` with rank-`rank` adapters on its `targets` and its own weights frozen, inside
-    the ``with`` block."""
+    the ``with`` block; `base` ``"nf4"``: every linear layer but the head holds its weight
+    in 4-bit NormalFloat (QLoRA, `fxlens.analyzer.capture.nf4`)."""
+    if base not in BASES:
+        raise LoadError(f"--lora-base {base!r}: one of {', '.join(b for b in BASES if b)}")
     if not 1 <= rank <= MAX_LORA_RANK:
         raise LoadError(f"--lora {rank}: the adapters' rank, 1 to {MAX_LORA_RANK:,}")
     layers = targets_of(model, targets)
+    quantized = [m for _, m in targets_of(model, None)] if base == "nf4" else []
     too_wide = next(((p, m) for p, m in layers if rank >= min(m.in_features, m.out_features)),
                     None)
     if too_wide is not None:
@@ -108,7 +114,8 @@ def lora_attached(model: nn.Module, rank: int,
     for param in model.parameters():
         param.requires_grad_(id(param) in mine)
     try:
-        yield model
+        with nf4_weights(quantized):
+            yield model
     finally:
         for hook in hooks:
             hook.remove()
@@ -116,6 +123,15 @@ def lora_attached(model: nn.Module, rank: int,
             del layer.lora
         for name, param in model.named_parameters():
             param.requires_grad_(trainable[name])
+
+
+def nf4_note(model: nn.Module) -> str:
+    """What the report says of a QLoRA step's 4-bit weights, which it holds as buffers."""
+    weights = [m.weight.numel() for _, m in targets_of(model, None)]
+    stored = sum(nf4_bytes(n) for n in weights)
+    return (f"QLoRA: the weights of {len(weights):,} linear layers ({sum(weights):,} parameters) "
+            f"held in NF4, {stored:,} bytes (4.127 bits each, double-quantized), as buffers: "
+            "not in the parameter count")
 
 
 def _add_adapter(layer: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:

@@ -74,6 +74,7 @@ class StepSettings:
     mtp: int = 0                # multi-token prediction depths it trained (`Training.mtp`)
     mtp_shared: bool = False
     lora: int = 0               # LoRA adapters' rank (`Training.lora`)
+    lora_base: str | None = None  # their frozen weights' format (`Training.lora_base`)
     packed: int = 0             # samples' length of packed sequences (`Training.packed`)
 
 
@@ -126,7 +127,7 @@ def training_section(
     return Training(
         loss_dtype=settings.loss_dtype, mtp=settings.mtp, mtp_shared=settings.mtp_shared,
         lora=settings.lora, lora_layers=adapted_layers(graph.params) if settings.lora else 0,
-        packed=settings.packed,
+        packed=settings.packed, lora_base=settings.lora_base,
         precision=settings.precision_name,
         optimizer=settings.optimizer_name,
         forward_flops=flops["forward"],

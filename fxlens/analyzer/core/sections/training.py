@@ -130,6 +130,7 @@ class Training(Section):
     mtp_shared: bool = False            # one depth's weights run `mtp` times
     lora: int = 0                       # LoRA adapters' rank (``--lora``; 0: none)
     lora_layers: int = 0                # the linear layers they adapt
+    lora_base: str | None = None        # "nf4": the frozen linear weights in 4 bits (QLoRA)
     packed: int = 0                     # sequences packed from samples of this many tokens
 
     @property
@@ -145,7 +146,8 @@ class Training(Section):
         lora = ""
         if self.lora:
             layers = "layer" if self.lora_layers == 1 else "layers"
-            lora = f" · LoRA r{self.lora} on {self.lora_layers:,} {layers}, weights frozen"
+            frozen = "NF4 weights frozen (QLoRA)" if self.lora_base == "nf4" else "weights frozen"
+            lora = f" · LoRA r{self.lora} on {self.lora_layers:,} {layers}, {frozen}"
         packed = f" · packed samples of {self.packed:,} tokens" if self.packed else ""
         return f"{self.precision} · {self.optimizer}{loss}{mtp}{lora}{packed}"
 
