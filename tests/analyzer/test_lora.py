@@ -88,7 +88,7 @@ def test_an_unknown_target_names_the_models_layers() -> None:
 
 def test_a_rank_as_wide_as_a_layer_is_refused() -> None:
     module = nn.Sequential(nn.Linear(16, 8))
-    with pytest.raises(LoadError, match="not low rank"), lora_attached(module, 8):
+    with pytest.raises(LoadError, match="not low rank for any"), lora_attached(module, 8):
         pass
     assert not any(p.requires_grad is False for p in module.parameters())
 
@@ -217,3 +217,13 @@ def test_lora_base_without_lora_or_unknown_is_refused() -> None:
         check_options(AnalysisOptions(train=True, lora_base="nf4"))
     with pytest.raises(LoadError, match="one of nf4"):
         check_options(AnalysisOptions(train=True, lora=8, lora_base="int3"))
+
+
+def test_all_linear_leaves_a_layer_narrower_than_the_rank_and_a_named_one_is_refused() -> None:
+    # Mixtral-like: a router with 8 outputs beside 64-wide projections
+    model = nn.ModuleDict({"proj": nn.Linear(64, 64), "gate": nn.Linear(64, 8)})
+    with lora_attached(model, 16) as adapted:
+        assert hasattr(adapted["proj"], "lora") and not hasattr(adapted["gate"], "lora")
+    with pytest.raises(LoadError, match="not low rank for gate"), \
+            lora_attached(model, 16, ["gate"]):
+        pass

@@ -10,7 +10,9 @@ data-parallel reduction of the adapters' gradients only.
 
 Targets (``targets``): the names of the linear layers to adapt, matched against the last part
 of each module's path as PEFT matches ``target_modules`` (``q_proj`` adapts every
-``….q_proj``); None adapts every ``nn.Linear`` but the output head (PEFT's ``all-linear``).
+``….q_proj``); None adapts every ``nn.Linear`` but the output head (PEFT's ``all-linear``)
+and those no wider than the rank (Mixtral's router, 8 outputs, under rank 16); a named layer
+that narrow is refused.
 Megatron's fused layers map to Hugging Face names as: ``linear_qkv`` → q_proj, k_proj, v_proj
 (NB: one adapter there, three here: the A GEMMs read the input three times, 2·T·h·R FLOPs
 each, under 1 % of a layer); ``linear_proj`` → o_proj; ``linear_fc1`` → gate_proj, up_proj;
@@ -98,6 +100,11 @@ def lora_attached(model: nn.Module, rank: int, targets: Sequence[str] | None = N
         raise LoadError(f"--lora {rank}: the adapters' rank, 1 to {MAX_LORA_RANK:,}")
     layers = targets_of(model, targets)
     quantized = [m for _, m in targets_of(model, None)] if base == "nf4" else []
+    if targets is None:   # every linear layer: those narrower than the rank (a router's) are left
+        layers = [(p, m) for p, m in layers if rank < min(m.in_features, m.out_features)]
+        if not layers:
+            raise LoadError(f"--lora {rank}: not low rank for any linear layer of the model; "
+                            "a rank under their widths")
     too_wide = next(((p, m) for p, m in layers if rank >= min(m.in_features, m.out_features)),
                     None)
     if too_wide is not None:
