@@ -8,10 +8,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import torch
 from torch import nn
 
 from fxlens.analyzer.capture.hf import load_preset
 from fxlens.analyzer.capture.lora import lora_attached, targets_of
+from fxlens.analyzer.capture.nf4 import dequantize, nf4_bytes
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.analyzer.core.sections import Training
 from fxlens.analyzer.plan.structure import ModelFacts
@@ -161,16 +163,12 @@ def test_a_diff_across_recipes_says_the_recipe_differs() -> None:
 
 
 def test_nf4_takes_the_qlora_papers_4_127_bits_per_weight() -> None:
-    from fxlens.analyzer.capture.nf4 import nf4_bytes
-
     n = 4096 * 4096       # codes n/2, one 8-bit absmax per 64, one fp32 scale per 256 of them
     assert nf4_bytes(n) == n // 2 + n // 64 + 4 * (n // 64 // 256)
     assert round(8 * nf4_bytes(n) / n, 3) == 4.127
 
 
 def test_a_qlora_step_holds_nf4_weights_and_dequantizes_them_at_each_use() -> None:
-    from fxlens.analyzer.capture.nf4 import nf4_bytes
-
     module = llama().module
     names = [n for n, _ in module.named_parameters()]
     ctx, qlora = run(RANK, lora_base="nf4")
@@ -200,10 +198,6 @@ def test_a_qlora_step_holds_nf4_weights_and_dequantizes_them_at_each_use() -> No
 
 
 def test_the_dequantize_op_runs_on_real_tensors() -> None:
-    import torch
-
-    from fxlens.analyzer.capture.nf4 import dequantize
-
     codes = torch.randint(0, 256, (4 * 64 // 2,), dtype=torch.uint8)
     absmax = torch.randint(0, 128, (4,), dtype=torch.uint8)
     scale = torch.ones(1).view(torch.int32)           # a float32 scale held as its bits
@@ -227,3 +221,17 @@ def test_all_linear_leaves_a_layer_narrower_than_the_rank_and_a_named_one_is_ref
     with pytest.raises(LoadError, match="not low rank for gate"), \
             lora_attached(model, 16, ["gate"]):
         pass
+
+
+def test_gpt2s_conv1d_layers_are_linear_layers_to_adapt_and_to_quantize() -> None:
+    # transformers' Conv1D stores its weight (in, out): c_attn 768 → 2304, c_proj 768 → 768,
+    # c_fc 768 → 3072, the MLP's c_proj 3072 → 768 (PEFT adapts them as linear layers)
+    loaded = load_preset("gpt2", {"n_layer": "2"}, 1, 64, dtype="bfloat16")
+    layer = [(768, 2304), (768, 768), (768, 3072), (3072, 768)]
+    for base in (None, "nf4"):
+        ctx = Context(loaded, AnalysisOptions(train=True, lora=8, lora_base=base,
+                                              fusion=False), lambda _: None)
+        training = run_context(ctx).require(Training)
+        assert training.lora_layers == 2 * len(layer)
+        assert training.states.trainable_numel == 2 * sum(8 * (i + o) for i, o in layer)
+    assert training.states.buffer_bytes >= 2 * sum(nf4_bytes(i * o) for i, o in layer)

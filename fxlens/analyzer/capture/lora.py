@@ -2,8 +2,9 @@
 that PEFT, NeMo and Megatron-Bridge run when they fine-tune with LoRA (Hu et al. 2021,
 arXiv:2106.09685).
 
-Each targeted linear layer ``y = W x`` gains two trainable matrices, A (in → R) and B (R → out),
-and computes ``y = W x + s · B(A x)`` with s = alpha / R; every weight of the model is frozen.
+Each targeted linear layer ``y = W x`` (an ``nn.Linear``, or GPT-2's ``Conv1D``) gains two
+trainable matrices, A (in → R) and B (R → out), and computes ``y = W x + s · B(A x)`` with
+s = alpha / R; every weight of the model is frozen.
 The step then has no weight gradient for W (its backward still runs the input gradient for the
 layers below), no gradient, master copy or optimizer state for the model's weights, and a
 data-parallel reduction of the adapters' gradients only.
@@ -51,13 +52,24 @@ def adapted_layers(params: Iterable[Any]) -> int:
     return sum(p.name.endswith(ADAPTER_A) for p in params)
 
 
-def targets_of(model: nn.Module, names: Sequence[str] | None) -> list[tuple[str, nn.Linear]]:
+def widths(module: nn.Module) -> tuple[int, int] | None:
+    """(in, out) of a linear layer: an ``nn.Linear``, or `transformers`' ``Conv1D`` (GPT-2's,
+    its weight stored (in, out)); None for any other module."""
+    if isinstance(module, nn.Linear):
+        return module.in_features, module.out_features
+    weight = getattr(module, "weight", None)
+    if type(module).__name__ == "Conv1D" and isinstance(weight, torch.Tensor) and weight.dim() == 2:
+        return int(weight.shape[0]), int(weight.shape[1])
+    return None
+
+
+def targets_of(model: nn.Module, names: Sequence[str] | None) -> list[tuple[str, nn.Module]]:
     """The linear layers ``--lora`` adapts, in module order: those whose last name is one of
-    `names`, or (None) every ``nn.Linear`` but the output head."""
+    `names`, or (None) every linear layer (`widths`) but the output head."""
     head_of = getattr(model, "get_output_embeddings", None)
     head = head_of() if callable(head_of) else None
     linears = [(path, m) for path, m in model.named_modules()
-               if isinstance(m, nn.Linear) and m is not head]
+               if widths(m) is not None and m is not head]
     if names is None:
         if not linears:
             raise LoadError("--lora: the model has no linear layer to adapt")
@@ -75,12 +87,12 @@ def targets_of(model: nn.Module, names: Sequence[str] | None) -> list[tuple[str,
 class Adapter(nn.Module):
     """A layer's two low-rank matrices and their scale: ``s · B(A x)``."""
 
-    def __init__(self, layer: nn.Linear, rank: int) -> None:
+    def __init__(self, layer: nn.Module, rank: int) -> None:
         super().__init__()
-        weight = layer.weight
-        self.lora_A = nn.Linear(layer.in_features, rank, bias=False, dtype=weight.dtype,
+        weight, (width_in, width_out) = layer.get_parameter("weight"), _widths_of(layer)
+        self.lora_A = nn.Linear(width_in, rank, bias=False, dtype=weight.dtype,
                                 device=weight.device)
-        self.lora_B = nn.Linear(rank, layer.out_features, bias=False, dtype=weight.dtype,
+        self.lora_B = nn.Linear(rank, width_out, bias=False, dtype=weight.dtype,
                                 device=weight.device)
         self.scaling = ALPHA / rank
 
@@ -101,16 +113,16 @@ def lora_attached(model: nn.Module, rank: int, targets: Sequence[str] | None = N
     layers = targets_of(model, targets)
     quantized = [m for _, m in targets_of(model, None)] if base == "nf4" else []
     if targets is None:   # every linear layer: those narrower than the rank (a router's) are left
-        layers = [(p, m) for p, m in layers if rank < min(m.in_features, m.out_features)]
+        layers = [(p, m) for p, m in layers if rank < min(_widths_of(m))]
         if not layers:
             raise LoadError(f"--lora {rank}: not low rank for any linear layer of the model; "
                             "a rank under their widths")
-    too_wide = next(((p, m) for p, m in layers if rank >= min(m.in_features, m.out_features)),
-                    None)
+    too_wide = next(((p, m) for p, m in layers if rank >= min(_widths_of(m))), None)
     if too_wide is not None:
         path, layer = too_wide
-        raise LoadError(f"--lora {rank}: not low rank for {path} ({layer.in_features} → "
-                        f"{layer.out_features}); a rank under both widths")
+        width_in, width_out = _widths_of(layer)
+        raise LoadError(f"--lora {rank}: not low rank for {path} ({width_in} → {width_out}); "
+                        "a rank under both widths")
     trainable = {name: p.requires_grad for name, p in model.named_parameters()}
     adapters = [Adapter(layer, rank) for _, layer in layers]
     hooks = []
@@ -121,7 +133,7 @@ def lora_attached(model: nn.Module, rank: int, targets: Sequence[str] | None = N
     for param in model.parameters():
         param.requires_grad_(id(param) in mine)
     try:
-        with nf4_weights(quantized):
+        with nf4_weights([(m, *_widths_of(m)) for m in quantized]):
             yield model
     finally:
         for hook in hooks:
@@ -134,11 +146,17 @@ def lora_attached(model: nn.Module, rank: int, targets: Sequence[str] | None = N
 
 def nf4_note(model: nn.Module) -> str:
     """What the report says of a QLoRA step's 4-bit weights, which it holds as buffers."""
-    weights = [m.weight.numel() for _, m in targets_of(model, None)]
+    weights = [m.get_parameter("weight").numel() for _, m in targets_of(model, None)]
     stored = sum(nf4_bytes(n) for n in weights)
     return (f"QLoRA: the weights of {len(weights):,} linear layers ({sum(weights):,} parameters) "
             f"held in NF4, {stored:,} bytes (4.127 bits each, double-quantized), as buffers: "
             "not in the parameter count")
+
+
+def _widths_of(layer: nn.Module) -> tuple[int, int]:
+    found = widths(layer)
+    assert found is not None, f"{type(layer).__name__} is no linear layer"
+    return found
 
 
 def _add_adapter(layer: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:

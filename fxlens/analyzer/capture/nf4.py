@@ -23,6 +23,7 @@ the 4-bit weights (FSDP-QLoRA) is not planned: buffers are whole on every rank.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -83,19 +84,19 @@ class _MatMul4Bit(torch.autograd.Function):
         return grad @ weight, None, None, None, None, None, None
 
 
-def _forward(layer: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    rows, cols = layer.out_features, layer.in_features
+def _forward(layer: nn.Module, rows: int, cols: int, x: torch.Tensor) -> torch.Tensor:
     buffers = [layer.get_buffer(name) for name in BUFFERS]
     out = _MatMul4Bit.apply(x.to(COMPUTE_DTYPE), *buffers, layer.bias, rows, cols)
     return out.to(x.dtype)
 
 
 @contextlib.contextmanager
-def nf4_weights(layers: list[nn.Linear]) -> Iterator[None]:
-    """`layers` with NF4 weights (see the module docstring) inside the ``with`` block."""
+def nf4_weights(layers: list[tuple[nn.Module, int, int]]) -> Iterator[None]:
+    """`layers` (each with its input and output widths: an ``nn.Linear`` or GPT-2's
+    ``Conv1D``) holding NF4 weights (see the module docstring) inside the ``with`` block."""
     kept = []
-    for layer in layers:
-        weight = layer.weight
+    for layer, width_in, width_out in layers:
+        weight = layer.get_parameter("weight")
         blocks = math.ceil(weight.numel() / BLOCK)
         sizes = (math.ceil(weight.numel() / 2), blocks, math.ceil(blocks / SCALE_BLOCK))
         # the float32 scales held as their bits (int32): a step casts floating buffers to its
@@ -104,7 +105,7 @@ def nf4_weights(layers: list[nn.Linear]) -> Iterator[None]:
         del layer.weight
         for name, size, dtype in zip(BUFFERS, sizes, dtypes, strict=True):
             layer.register_buffer(name, torch.zeros(size, dtype=dtype, device=weight.device))
-        layer.forward = _forward.__get__(layer)   # type: ignore[method-assign]
+        layer.forward = functools.partial(_forward, layer, width_out, width_in)
         kept.append((layer, weight))
     try:
         yield
