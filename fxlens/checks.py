@@ -192,7 +192,7 @@ def _mtp(options: Any) -> None:
 
 
 MAX_LORA_RANK = 65_536
-LORA_BASES = (None, "nf4")      # fxlens.analyzer.capture.lora.BASES
+LORA_BASES = (None, "nf4", "fp8")      # fxlens.analyzer.capture.lora.BASES
 
 
 def _lora(options: Any) -> None:

@@ -108,7 +108,7 @@ class AnalysisOptions:
     mtp_shared: bool = False            # one depth's weights run `mtp` times
     lora: int = 0                       # LoRA adapters' rank (0: the model's weights trained)
     lora_targets: tuple[str, ...] = ()  # the linear layers they adapt (none: all but the head)
-    lora_base: str | None = None        # "nf4": the frozen linear weights in 4 bits (QLoRA)
+    lora_base: str | None = None        # the frozen linear weights in NF4 (QLoRA) or FP8
     packed: int = 0                     # sequences packed from samples of this many tokens
     device_memory: str | None = None    # "80GiB" or a GPU name ("h100")
     checkpoint: bool = False            # every repeated block (the what-if)

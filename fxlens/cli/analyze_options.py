@@ -74,10 +74,11 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
     training.add_argument("--lora-targets", type=layer_names, metavar="NAMES",
                           help="with --lora R: the linear layers to adapt, by the last part "
                                "of their name, comma-separated (q_proj,k_proj,v_proj,o_proj)")
-    training.add_argument("--lora-base", choices=("nf4",),
+    training.add_argument("--lora-base", choices=("nf4", "fp8"),
                           help="with --lora R: the frozen linear weights in 4-bit NormalFloat, "
-                               "double-quantized, dequantized to bf16 at each use (QLoRA, "
-                               "bitsandbytes)")
+                               "double-quantized, dequantized to bf16 at each use (nf4: QLoRA, "
+                               "bitsandbytes), or in FP8 alone (fp8: Transformer Engine's "
+                               "fp8_model_init, MLPerf's Llama 2 70B LoRA)")
     training.add_argument("--packed", type=positive_int, metavar="L",
                           help="sequences packed from samples of L tokens (SFT's packed "
                                "datasets): causal attention runs within each sample, as "

@@ -235,3 +235,18 @@ def test_gpt2s_conv1d_layers_are_linear_layers_to_adapt_and_to_quantize() -> Non
         assert training.lora_layers == 2 * len(layer)
         assert training.states.trainable_numel == 2 * sum(8 * (i + o) for i, o in layer)
     assert training.states.buffer_bytes >= 2 * sum(nf4_bytes(i * o) for i, o in layer)
+
+
+def test_fp8_base_weights_take_one_byte_and_the_backward_saves_them_not_their_cast() -> None:
+    # MLPerf's Llama 2 70B LoRA holds the frozen weights in FP8 alone (fp8_model_init)
+    module = llama().module
+    names = [(n, p.dtype) for n, p in module.named_parameters()]
+    ctx, fp8 = run(RANK, lora_base="fp8", precision="fp8")
+    _, plain = run(RANK, precision="fp8")
+    numel = LAYERS * sum(i * o for i, o in SHAPES.values())
+    before, after = plain.require(Training), fp8.require(Training)
+    assert before.states.weights_bytes - after.states.weights_bytes == 2 * numel   # 3 B → 1 B
+    # the backward keeps each weight's FP8 bytes, where autograd would keep its bf16 cast
+    assert after.saved_activation_bytes == before.saved_activation_bytes
+    assert after.recipe.endswith("FP8 weights frozen")
+    assert [(n, p.dtype) for n, p in ctx.loaded.module.named_parameters()] == names

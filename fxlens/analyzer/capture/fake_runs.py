@@ -31,6 +31,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from fxlens.analyzer.capture.chatter import torch_chatter_to_debug_log
 
 REAL_RUN_LIMIT_BYTES = 2 * 2**30
+CASTABLE = (torch.float64, torch.float32, torch.float16, torch.bfloat16)  # …CASTABLE_DTYPES
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -157,8 +158,10 @@ def fake_cpu(
 
 
 def cast_leaf(t: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    """`t` in `dtype` when it is floating point, still a leaf with its requires_grad."""
-    if dtype is None or not t.is_floating_point() or t.dtype == dtype:
+    """`t` in `dtype` when it is a castable floating-point tensor (float64/32/16, bfloat16;
+    an FP8 one keeps its dtype, as the precision policies keep it), still a leaf with its
+    requires_grad."""
+    if dtype is None or t.dtype not in CASTABLE or t.dtype == dtype:
         return t
     return t.detach().to(dtype).requires_grad_(t.requires_grad)
 

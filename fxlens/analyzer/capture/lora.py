@@ -37,6 +37,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from fxlens.analyzer.capture.fp8_weights import fp8_weights
 from fxlens.analyzer.capture.nf4 import nf4_bytes, nf4_weights
 from fxlens.analyzer.core.errors import LoadError
 from fxlens.checks import MAX_LORA_RANK
@@ -44,7 +45,7 @@ from fxlens.checks import MAX_LORA_RANK
 ALPHA = 32.0          # the scale s = ALPHA / rank: one multiply whatever its value
 
 ADAPTER_A = ".lora.lora_A.weight"     # the name of an adapted layer's A matrix, under the layer
-BASES = (None, "nf4")                 # the frozen weights as the model holds them, or NF4
+BASES = (None, "nf4", "fp8")          # the frozen weights as the model holds them, NF4, FP8
 
 
 def adapted_layers(params: Iterable[Any]) -> int:
@@ -105,13 +106,14 @@ def lora_attached(model: nn.Module, rank: int, targets: Sequence[str] | None = N
                   base: str | None = None) -> Iterator[nn.Module]:
     """`model` with rank-`rank` adapters on its `targets` and its own weights frozen, inside
     the ``with`` block; `base` ``"nf4"``: every linear layer but the head holds its weight
-    in 4-bit NormalFloat (QLoRA, `fxlens.analyzer.capture.nf4`)."""
+    in 4-bit NormalFloat (QLoRA, `fxlens.analyzer.capture.nf4`), ``"fp8"``: in FP8 alone
+    (`fxlens.analyzer.capture.fp8_weights`)."""
     if base not in BASES:
         raise LoadError(f"--lora-base {base!r}: one of {', '.join(b for b in BASES if b)}")
     if not 1 <= rank <= MAX_LORA_RANK:
         raise LoadError(f"--lora {rank}: the adapters' rank, 1 to {MAX_LORA_RANK:,}")
     layers = targets_of(model, targets)
-    quantized = [m for _, m in targets_of(model, None)] if base == "nf4" else []
+    quantized = [m for _, m in targets_of(model, None)] if base else []
     if targets is None:   # every linear layer: those narrower than the rank (a router's) are left
         layers = [(p, m) for p, m in layers if rank < min(_widths_of(m))]
         if not layers:
@@ -133,7 +135,7 @@ def lora_attached(model: nn.Module, rank: int, targets: Sequence[str] | None = N
     for param in model.parameters():
         param.requires_grad_(id(param) in mine)
     try:
-        with nf4_weights([(m, *_widths_of(m)) for m in quantized]):
+        with _stored(base, quantized):
             yield model
     finally:
         for hook in hooks:
@@ -151,6 +153,15 @@ def nf4_note(model: nn.Module) -> str:
     return (f"QLoRA: the weights of {len(weights):,} linear layers ({sum(weights):,} parameters) "
             f"held in NF4, {stored:,} bytes (4.127 bits each, double-quantized), as buffers: "
             "not in the parameter count")
+
+
+def _stored(base: str | None, layers: list[nn.Module]) -> contextlib.AbstractContextManager[None]:
+    """The frozen linear weights in `base`'s format for the ``with`` block."""
+    if base == "nf4":
+        return nf4_weights([(m, *_widths_of(m)) for m in layers])
+    if base == "fp8":
+        return fp8_weights([(m, not isinstance(m, nn.Linear)) for m in layers])
+    return contextlib.nullcontext()
 
 
 def _widths_of(layer: nn.Module) -> tuple[int, int]:

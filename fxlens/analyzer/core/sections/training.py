@@ -130,7 +130,7 @@ class Training(Section):
     mtp_shared: bool = False            # one depth's weights run `mtp` times
     lora: int = 0                       # LoRA adapters' rank (``--lora``; 0: none)
     lora_layers: int = 0                # the linear layers they adapt
-    lora_base: str | None = None        # "nf4": the frozen linear weights in 4 bits (QLoRA)
+    lora_base: str | None = None        # the frozen linear weights' format: "nf4", "fp8"
     packed: int = 0                     # sequences packed from samples of this many tokens
 
     @property
@@ -146,7 +146,8 @@ class Training(Section):
         lora = ""
         if self.lora:
             layers = "layer" if self.lora_layers == 1 else "layers"
-            frozen = "NF4 weights frozen (QLoRA)" if self.lora_base == "nf4" else "weights frozen"
+            frozen = {"nf4": "NF4 weights frozen (QLoRA)", "fp8": "FP8 weights frozen"}.get(
+                self.lora_base or "", "weights frozen")
             lora = f" · LoRA r{self.lora} on {self.lora_layers:,} {layers}, {frozen}"
         packed = f" · packed samples of {self.packed:,} tokens" if self.packed else ""
         return f"{self.precision} · {self.optimizer}{loss}{mtp}{lora}{packed}"
