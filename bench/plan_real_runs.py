@@ -97,6 +97,7 @@ def command(run: dict[str, Any], strategy: str, out: Path, mode: str) -> list[st
     if run["model"].get("lora"):       # LoRA fine-tuning: the adapters' rank and layers
         lora = run["model"]["lora"]
         argv += ["--lora", str(lora["rank"]), "--lora-targets", ",".join(lora["targets"])]
+        argv += ["--lora-base", lora["base"]] if lora.get("base") else []
     for key, value in (run["model"].get("overrides") or {}).items():
         argv += ["--set", f"{key}={json.dumps(value)}"]
     return argv
