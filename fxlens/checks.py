@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fxlens.analyzer.core.errors import LoadError
+from fxlens.analyzer.core.graph import is_module_name
 from fxlens.analyzer.memory.training_state import parse_bytes
 from fxlens.analyzer.plan.strategy import parse as parse_strategy
 from fxlens.rules.device_files import device_spec, load_devices
@@ -211,10 +212,10 @@ def _lora(options: Any) -> None:
         raise LoadError(f"--lora {rank!r}: the adapters' rank, 1 to {MAX_LORA_RANK:,}")
     if not options.train:
         raise LoadError("--lora fine-tunes in a training step: add --train (or --plan)")
-    bad = next((t for t in targets if not t.isidentifier()), None)
+    bad = next((t for t in targets if not is_module_name(t)), None)
     if bad is not None:
         raise LoadError(f"--lora-targets: {bad!r} is not a layer name (names such as "
-                        "q_proj,v_proj, comma-separated)")
+                        "q_proj,v_proj or mlp.down_proj, comma-separated)")
 
 
 def _packed(options: Any) -> None:

@@ -72,8 +72,9 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
                                "weights frozen: no weight gradient, gradient or optimizer "
                                "state for them")
     training.add_argument("--lora-targets", type=layer_names, metavar="NAMES",
-                          help="with --lora R: the linear layers to adapt, by the last part "
-                               "of their name, comma-separated (q_proj,k_proj,v_proj,o_proj)")
+                          help="with --lora R: the linear layers to adapt, by the tail of "
+                               "their name, comma-separated (q_proj,k_proj,v_proj,o_proj or "
+                               "mlp.down_proj)")
     training.add_argument("--lora-base", choices=("nf4", "fp8"),
                           help="with --lora R: the frozen linear weights in 4-bit NormalFloat, "
                                "double-quantized, dequantized to bf16 at each use (nf4: QLoRA, "

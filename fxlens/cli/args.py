@@ -12,6 +12,8 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
+from fxlens.analyzer.core.graph import is_module_name
+
 METHODS = ("export", "make_fx", "record")       # fxlens.analyzer.capture.chain.METHODS
 PRECISIONS = ("fp32", "bf16", "amp-bf16", "amp-fp16", "autocast-bf16", "autocast-fp16",
               "fp8")                                          # fxlens.pipeline.PRECISIONS
@@ -83,9 +85,10 @@ def batch_sizes(text: str) -> tuple[int, ...]:
 
 
 def layer_names(text: str) -> tuple[str, ...]:
-    """``q_proj,v_proj``: module names (Python identifiers), in the order given, no repeats."""
+    """``q_proj,v_proj`` or ``mlp.down_proj``: module names (dotted Python identifiers), in
+    the order given, no repeats."""
     names = [part.strip() for part in text.split(",") if part.strip()]
-    bad = next((name for name in names if not name.isidentifier()), None)
+    bad = next((name for name in names if not is_module_name(name)), None)
     if not names or bad is not None:
         raise argparse.ArgumentTypeError(
             f"expected layer names like q_proj,v_proj, got {bad or text!r}")

@@ -102,6 +102,7 @@ def test_a_rank_as_wide_as_a_layer_is_refused() -> None:
     ({"lora": 8}, "add --train"),
     ({"train": True, "lora_targets": ("q_proj",)}, "add --lora R"),
     ({"train": True, "lora": 8, "lora_targets": ("q_proj", "v-proj")}, "not a layer name"),
+    ({"train": True, "lora": 8, "lora_targets": ("mlp..down_proj",)}, "not a layer name"),
 ])
 def test_lora_options_that_cannot_work_are_refused(settings: dict[str, Any], says: str) -> None:
     with pytest.raises(LoadError, match=says):
@@ -250,3 +251,13 @@ def test_fp8_base_weights_take_one_byte_and_the_backward_saves_them_not_their_ca
     assert after.saved_activation_bytes == before.saved_activation_bytes
     assert after.recipe.endswith("FP8 weights frozen")
     assert [(n, p.dtype) for n, p in ctx.loaded.module.named_parameters()] == names
+
+
+def test_a_dotted_target_names_the_tail_of_a_path_as_peft_matches_it() -> None:
+    module = llama().module
+    down = [path for path, _ in targets_of(module, ["mlp.down_proj"])]
+    assert down == [f"model.layers.{i}.mlp.down_proj" for i in range(LAYERS)]
+    assert [p for p, _ in targets_of(module, ["layers.1.self_attn.q_proj"])] == [
+        "model.layers.1.self_attn.q_proj"]
+    with pytest.raises(LoadError, match="no linear layer named 'attn.down_proj'"):
+        targets_of(module, ["attn.down_proj"])

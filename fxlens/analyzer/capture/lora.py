@@ -9,11 +9,11 @@ The step then has no weight gradient for W (its backward still runs the input gr
 layers below), no gradient, master copy or optimizer state for the model's weights, and a
 data-parallel reduction of the adapters' gradients only.
 
-Targets (``targets``): the names of the linear layers to adapt, matched against the last part
-of each module's path as PEFT matches ``target_modules`` (``q_proj`` adapts every
-``….q_proj``); None adapts every ``nn.Linear`` but the output head (PEFT's ``all-linear``)
-and those no wider than the rank (Mixtral's router, 8 outputs, under rank 16); a named layer
-that narrow is refused.
+Targets (``targets``): the names of the linear layers to adapt, matched against the tail of
+each module's path as PEFT matches ``target_modules`` (``q_proj`` adapts every ``….q_proj``,
+``mlp.down_proj`` every ``….mlp.down_proj``); None adapts every linear layer but the output
+head (PEFT's ``all-linear``) and those no wider than the rank (Mixtral's router, 8 outputs,
+under rank 16); a named layer that narrow is refused.
 Megatron's fused layers map to Hugging Face names as: ``linear_qkv`` → q_proj, k_proj, v_proj
 (NB: one adapter there, three here: the A GEMMs read the input three times, 2·T·h·R FLOPs
 each, under 1 % of a layer); ``linear_proj`` → o_proj; ``linear_fc1`` → gate_proj, up_proj;
@@ -75,14 +75,19 @@ def targets_of(model: nn.Module, names: Sequence[str] | None) -> list[tuple[str,
         if not linears:
             raise LoadError("--lora: the model has no linear layer to adapt")
         return linears
-    leaf = {path.rsplit(".", 1)[-1] for path, _ in linears}
-    unknown = [name for name in names if name not in leaf]
+    unknown = [name for name in names if not any(_named(path, name) for path, _ in linears)]
     if unknown:
-        hint = difflib.get_close_matches(unknown[0], sorted(leaf), n=3)
+        leaf = sorted({path.rsplit(".", 1)[-1] for path, _ in linears})
+        hint = difflib.get_close_matches(unknown[0].rsplit(".", 1)[-1], leaf, n=3)
         raise LoadError(f"--lora-targets: no linear layer named {unknown[0]!r}"
                         + (f" (did you mean {', '.join(hint)}?)" if hint else "")
-                        + f"; the model's linear layers are named {_listed(sorted(leaf))}")
-    return [(path, m) for path, m in linears if path.rsplit(".", 1)[-1] in names]
+                        + f"; the model's linear layers are named {_listed(leaf)}")
+    return [(path, m) for path, m in linears if any(_named(path, name) for name in names)]
+
+
+def _named(path: str, name: str) -> bool:
+    """`path` is the module `name` names: the whole path or its dotted tail (PEFT's match)."""
+    return path == name or path.endswith("." + name)
 
 
 class Adapter(nn.Module):

@@ -43,6 +43,11 @@ def ancestors(path: str) -> list[str]:
     return [""] + [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
+def is_module_name(name: str) -> bool:
+    """A module path or its tail: identifiers (or list indices) joined by dots."""
+    return bool(name) and all(part.isidentifier() or part.isdigit() for part in name.split("."))
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """Shape, dtype, strides and device of one tensor; no data."""
