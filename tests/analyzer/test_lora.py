@@ -261,3 +261,16 @@ def test_a_dotted_target_names_the_tail_of_a_path_as_peft_matches_it() -> None:
         "model.layers.1.self_attn.q_proj"]
     with pytest.raises(LoadError, match="no linear layer named 'attn.down_proj'"):
         targets_of(module, ["attn.down_proj"])
+
+
+@pytest.mark.parametrize("base", ["nf4", "fp8"])
+def test_a_float32_layer_with_a_bias_runs_on_its_stored_base(base: str) -> None:
+    # bitsandbytes casts the input and the bias to its compute dtype (bf16) and the output
+    # back; the FP8 weight is cast to the input's dtype
+    model = nn.Sequential(nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64))
+    with lora_attached(model, 4, base=base) as adapted:
+        out = adapted(torch.randn(2, 64))
+        out.sum().backward()
+        assert out.dtype == torch.float32
+    assert [type(p) for p in model.parameters()] == [nn.Parameter] * 4
+    assert all(p.dtype == torch.float32 for p in model.parameters())

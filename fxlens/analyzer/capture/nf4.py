@@ -12,11 +12,11 @@ kernel reading the codes and scales and writing the bf16 weight (``fxlens_nf4::d
 costed by `fxlens.rules.nf4`), then the bf16 GEMM; the backward dequantizes again for the
 input gradient, as bitsandbytes' ``MatMul4Bit`` saves the quantized weight, not the bf16 one,
 and computes no weight gradient. The layer's input is cast to bf16 and its output back to the
-input's dtype (``Linear4bit.forward``).
+input's dtype, the bias cast to bf16 too (``Linear4bit.forward``).
 
 `nf4_weights(model)` swaps the weights for the length of a ``with`` block (each layer's
 ``weight`` parameter out, the buffers and a forward of its own in) and puts them back after.
-NB: a layer's ``bias`` stays in the model's dtype, as bitsandbytes keeps it; FSDP's sharding of
+NB: a layer's ``bias`` is held in the model's dtype, as bitsandbytes keeps it; FSDP's sharding of
 the 4-bit weights (FSDP-QLoRA) is not planned: buffers are whole on every rank.
 """
 
@@ -86,7 +86,8 @@ class _MatMul4Bit(torch.autograd.Function):
 
 def _forward(layer: nn.Module, rows: int, cols: int, x: torch.Tensor) -> torch.Tensor:
     buffers = [layer.get_buffer(name) for name in BUFFERS]
-    out = _MatMul4Bit.apply(x.to(COMPUTE_DTYPE), *buffers, layer.bias, rows, cols)
+    bias = layer.bias.to(COMPUTE_DTYPE) if isinstance(layer.bias, torch.Tensor) else None
+    out = _MatMul4Bit.apply(x.to(COMPUTE_DTYPE), *buffers, bias, rows, cols)
     return out.to(x.dtype)
 
 
