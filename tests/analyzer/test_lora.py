@@ -274,3 +274,16 @@ def test_a_float32_layer_with_a_bias_runs_on_its_stored_base(base: str) -> None:
         assert out.dtype == torch.float32
     assert [type(p) for p in model.parameters()] == [nn.Parameter] * 4
     assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_model_code_that_reads_a_quantized_layers_weight_dtype_still_records() -> None:
+    # T5's feed-forward reads `wo.weight.dtype` and casts its hidden states to it: an NF4
+    # layer answers bf16 (bitsandbytes' parameter does), and the float32 adapter takes its
+    # input cast to its own dtype, as PEFT casts it
+    loaded = load_preset("t5-small", {"num_layers": "1", "num_decoder_layers": "1"}, 1, 32)
+    ctx = Context(loaded, AnalysisOptions(train=True, lora=8, lora_base="nf4", fusion=False),
+                  lambda _: None)
+    training = run_context(ctx).require(Training)
+    assert training.lora_layers > 0 and training.recipe.endswith("NF4 weights frozen (QLoRA)")
+    wo = loaded.module.get_submodule("encoder.block.0.layer.1.DenseReluDense.wo")
+    assert isinstance(wo.weight, nn.Parameter) and wo.weight.dtype == torch.float32

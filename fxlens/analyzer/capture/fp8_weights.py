@@ -13,6 +13,9 @@ Llama 2 70B LoRA on 8 H100s (``dp=2,tp=4,sp``), where the weights' 32 GiB less p
 what makes the layout fit.
 
 `fp8_weights(layers)` swaps the weights for the length of a ``with`` block and puts them back.
+NB: a model that casts activations to a layer's weight dtype (T5's ``wo``) casts them to FP8
+here, where Transformer Engine's ``Float8Tensor`` answers bf16; such a model cannot record
+with ``--lora-base fp8``.
 """
 
 from __future__ import annotations

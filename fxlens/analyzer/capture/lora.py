@@ -103,7 +103,9 @@ class Adapter(nn.Module):
         self.scaling = ALPHA / rank
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lora_B(self.lora_A(x)) * self.scaling
+        """The adapter's term in its own dtype: the input cast to it first, as PEFT casts it
+        (T5 hands its ``wo`` bf16 inputs that a float32 adapter cannot multiply)."""
+        return self.lora_B(self.lora_A(x.to(self.lora_A.weight.dtype))) * self.scaling
 
 
 @contextlib.contextmanager
@@ -177,7 +179,7 @@ def _widths_of(layer: nn.Module) -> tuple[int, int]:
 
 def _add_adapter(layer: nn.Module, args: tuple[Any, ...], output: torch.Tensor) -> torch.Tensor:
     adapter = layer.get_submodule("lora")
-    return output + adapter(args[0])
+    return (output + adapter(args[0])).to(output.dtype)
 
 
 def _listed(names: list[str], most: int = 12) -> str:

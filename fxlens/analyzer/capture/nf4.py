@@ -106,6 +106,9 @@ def nf4_weights(layers: list[tuple[nn.Module, int, int]]) -> Iterator[None]:
         del layer.weight
         for name, size, dtype in zip(BUFFERS, sizes, dtypes, strict=True):
             layer.register_buffer(name, torch.zeros(size, dtype=dtype, device=weight.device))
+        # model code that reads the weight's dtype or shape (T5's `wo.weight.dtype`) sees the
+        # compute dtype, as bitsandbytes' quantized parameter answers; it holds no memory
+        layer.weight = torch.empty(weight.shape, dtype=COMPUTE_DTYPE, device="meta")
         layer.forward = functools.partial(_forward, layer, width_out, width_in)
         kept.append((layer, weight))
     try:
@@ -115,4 +118,5 @@ def nf4_weights(layers: list[tuple[nn.Module, int, int]]) -> Iterator[None]:
             del layer.forward
             for name in BUFFERS:
                 delattr(layer, name)
+            del layer.weight
             layer.weight = weight
