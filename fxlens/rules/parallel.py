@@ -23,6 +23,7 @@ PARALLEL = ParallelKnowledge(
     weight_path_ops=VIEW_OPS | {"aten._to_copy", "aten.to", "aten.clone", "aten.contiguous",
                                 "aten._to_dtype", "aten.type_as"},
     embedding_ops=frozenset({"aten.embedding"}),
+    dequantize_ops=frozenset({"fxlens_nf4.dequantize"}),
     # the raw flash and memory-efficient kernels too: packed sequences' varlen attention
     attention_ops=frozenset(str(op) for op in (*FUSED_FORWARD, *FUSED_BACKWARD,
                                                aten._scaled_dot_product_attention_math,

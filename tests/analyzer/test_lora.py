@@ -287,3 +287,16 @@ def test_model_code_that_reads_a_quantized_layers_weight_dtype_still_records() -
     assert training.lora_layers > 0 and training.recipe.endswith("NF4 weights frozen (QLoRA)")
     wo = loaded.module.get_submodule("encoder.block.0.layer.1.DenseReluDense.wo")
     assert isinstance(wo.weight, nn.Parameter) and wo.weight.dtype == torch.float32
+
+
+def test_qlora_layers_split_under_tensor_parallelism_as_their_bf16_selves() -> None:
+    # the GEMM after an NF4 dequantization is a weight GEMM (its weight the stored codes):
+    # the same row/column pairs, adapters beside them, as the bf16 layers
+    def units(base: str | None) -> list[tuple[int, int, int]]:
+        ctx, report = run(RANK, lora_base=base, plan=True, strategy="tp=2", gpus=2)
+        facts = plan_facts(ctx, report, H100)
+        return [(u.row_gemms, u.tp_reduces, u.tp_reduce_bytes) for u in facts.units
+                if u.name not in ("pre", "post")]
+
+    bf16 = units(None)
+    assert units("nf4") == bf16 and [rows for rows, _, _ in bf16] == [4] * LAYERS

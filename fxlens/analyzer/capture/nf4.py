@@ -16,8 +16,10 @@ input's dtype, the bias cast to bf16 too (``Linear4bit.forward``).
 
 `nf4_weights(model)` swaps the weights for the length of a ``with`` block (each layer's
 ``weight`` parameter out, the buffers and a forward of its own in) and puts them back after.
-NB: a layer's ``bias`` is held in the model's dtype, as bitsandbytes keeps it; FSDP's sharding of
-the 4-bit weights (FSDP-QLoRA) is not planned: buffers are whole on every rank.
+NB: a layer's ``bias`` is held in the model's dtype, as bitsandbytes keeps it. Under ``--plan``
+the GEMM after a dequantization is a weight GEMM, its weight the codes (tensor parallelism
+splits it as the bf16 layer, `fxlens.analyzer.plan.tensor_split.weight_param`); FSDP's sharding
+of the 4-bit weights (FSDP-QLoRA) is not planned: buffers are whole on every rank.
 """
 
 from __future__ import annotations

@@ -61,12 +61,16 @@ class TensorSplit:
 
 
 def weight_param(graph: Graph, ref: TensorRef, knowledge: ParallelKnowledge) -> str | None:
-    """The parameter `ref` is, seen through casts and views; None for an activation."""
+    """The parameter `ref` is, seen through casts and views (or the buffer a dequantization
+    made it from: an NF4 weight); None for an activation."""
     node = graph.nodes[ref.node]
+    dequantized = False
     for _ in range(8):
-        if node.kind is NodeKind.PARAM:
+        if node.kind is NodeKind.PARAM or (dequantized and node.kind is NodeKind.BUFFER):
             return node.target
-        if node.kind is not NodeKind.CALL or node.packet not in knowledge.weight_path_ops:
+        dequantized |= node.kind is NodeKind.CALL and node.packet in knowledge.dequantize_ops
+        if node.kind is not NodeKind.CALL or node.packet not in (
+                knowledge.weight_path_ops | knowledge.dequantize_ops):
             return None
         refs = list(node.input_refs())
         if not refs:

@@ -18,6 +18,9 @@ class ParallelKnowledge:
     weight_path_ops: frozenset[str]   # ops a weight may pass through on its way to a GEMM
     embedding_ops: frozenset[str]
     attention_ops: frozenset[str]     # attention kernels, forward and backward
+    # ops that make a weight from stored buffers (QLoRA's NF4 dequantization): the GEMM they
+    # feed is a weight GEMM, its weight named by the first buffer
+    dequantize_ops: frozenset[str] = frozenset()
 
 
 def remembered(answers: dict[Hashable, Any], question: Hashable, work: Callable[[], T]) -> T:
