@@ -193,7 +193,7 @@ def _mtp(options: Any) -> None:
 
 
 MAX_LORA_RANK = 65_536
-LORA_BASES = (None, "nf4", "fp8")      # fxlens.analyzer.capture.lora.BASES
+LORA_BASES = ("nf4", "fp8")     # the frozen weights' formats (fxlens.analyzer.capture.lora)
 
 
 def _lora(options: Any) -> None:
@@ -201,8 +201,8 @@ def _lora(options: Any) -> None:
     ``--lora-targets`` names their layers."""
     rank, targets = getattr(options, "lora", 0), getattr(options, "lora_targets", ())
     base = getattr(options, "lora_base", None)
-    if base not in LORA_BASES:
-        raise LoadError(f"--lora-base {base!r}: one of {', '.join(b for b in LORA_BASES if b)}")
+    if base is not None and base not in LORA_BASES:
+        raise LoadError(f"--lora-base {base!r}: one of {', '.join(LORA_BASES)}")
     if rank is None or rank == 0:
         if targets or base:
             flag = "--lora-targets: the layers" if targets else "--lora-base: the base weights"

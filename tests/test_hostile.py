@@ -566,7 +566,7 @@ def test_validate_on_and_its_deprecated_device_alias(capsys: pytest.CaptureFixtu
 
 
 def test_the_cli_choices_are_the_engines() -> None:
-    from fxlens import pipeline
+    from fxlens import checks, pipeline
     from fxlens.analyzer.capture.chain import METHODS
     from fxlens.cli import args, validate
     from fxlens.devices import DTYPES
@@ -577,6 +577,7 @@ def test_the_cli_choices_are_the_engines() -> None:
     assert args.PRECISIONS == pipeline.PRECISIONS
     assert args.OPTIMIZERS == pipeline.OPTIMIZERS
     assert args.LOSS_DTYPES == LOSS_DTYPES
+    assert args.LORA_BASES == checks.LORA_BASES
     assert args.VIEWS == VIEW_KEYS
     assert tuple(DTYPES) == validate.DTYPE_NAMES
 

@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from fxlens.cli.args import (
+    LORA_BASES,
     LOSS_DTYPES,
     OPTIMIZERS,
     PRECISIONS,
@@ -75,7 +76,7 @@ def _training_options(parser: argparse.ArgumentParser) -> None:
                           help="with --lora R: the linear layers to adapt, by the tail of "
                                "their name, comma-separated (q_proj,k_proj,v_proj,o_proj or "
                                "mlp.down_proj)")
-    training.add_argument("--lora-base", choices=("nf4", "fp8"),
+    training.add_argument("--lora-base", choices=LORA_BASES,
                           help="with --lora R: the frozen linear weights in 4-bit NormalFloat, "
                                "double-quantized, dequantized to bf16 at each use (nf4: QLoRA, "
                                "bitsandbytes), or in FP8 alone (fp8: Transformer Engine's "

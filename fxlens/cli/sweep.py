@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from fxlens.cli.args import (
+    LORA_BASES,
     LOSS_DTYPES,
     OPTIMIZERS,
     PRECISIONS,
@@ -82,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     shared.add_argument("--lora", type=positive_int, metavar="R",
                         help="LoRA adapters' rank (analyze's)")
     shared.add_argument("--lora-targets", type=layer_names, metavar="NAMES")
-    shared.add_argument("--lora-base", choices=("nf4", "fp8"))
+    shared.add_argument("--lora-base", choices=LORA_BASES)
     shared.add_argument("--packed", type=positive_int, metavar="L",
                         help="sequences packed from samples of L tokens (analyze's)")
     shared.add_argument("--checkpoint", action="store_true")

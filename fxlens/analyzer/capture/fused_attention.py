@@ -99,7 +99,7 @@ class _FusedDropout(TorchFunctionMode):
 
 
 def autocast_args(args: tuple[Any, ...], kwargs: dict[str, Any]
-              ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+                  ) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The floating tensors in autocast's dtype while CPU autocast is on, as autocast casts
     the composite's (on its lower-precision list); the fused op it may become is on none, so
     the cast is made here, before either runs (the composite then finds nothing to cast)."""

@@ -40,12 +40,11 @@ from torch import nn
 from fxlens.analyzer.capture.fp8_weights import fp8_weights
 from fxlens.analyzer.capture.nf4 import nf4_bytes, nf4_weights
 from fxlens.analyzer.core.errors import LoadError
-from fxlens.checks import MAX_LORA_RANK
+from fxlens.checks import LORA_BASES, MAX_LORA_RANK
 
 ALPHA = 32.0          # the scale s = ALPHA / rank: one multiply whatever its value
 
 ADAPTER_A = ".lora.lora_A.weight"     # the name of an adapted layer's A matrix, under the layer
-BASES = (None, "nf4", "fp8")          # the frozen weights as the model holds them, NF4, FP8
 
 
 def adapted_layers(params: Iterable[Any]) -> int:
@@ -115,8 +114,8 @@ def lora_attached(model: nn.Module, rank: int, targets: Sequence[str] | None = N
     the ``with`` block; `base` ``"nf4"``: every linear layer but the head holds its weight
     in 4-bit NormalFloat (QLoRA, `fxlens.analyzer.capture.nf4`), ``"fp8"``: in FP8 alone
     (`fxlens.analyzer.capture.fp8_weights`)."""
-    if base not in BASES:
-        raise LoadError(f"--lora-base {base!r}: one of {', '.join(b for b in BASES if b)}")
+    if base is not None and base not in LORA_BASES:
+        raise LoadError(f"--lora-base {base!r}: one of {', '.join(LORA_BASES)}")
     if not 1 <= rank <= MAX_LORA_RANK:
         raise LoadError(f"--lora {rank}: the adapters' rank, 1 to {MAX_LORA_RANK:,}")
     layers = targets_of(model, targets)
