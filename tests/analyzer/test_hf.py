@@ -83,6 +83,17 @@ PUBLISHED_PARAMS = {
     # give "550B total" (with the MTP layer's 11.2 B it would be 560.5 B).
     "nemotron-3-super-120b-a12b": 120_668_687_360,
     "nemotron-3-ultra-550b-a55b": 549_308_968_960,
+    # derived by hand from NeMo's configs (the NeMo-Framework-Launcher yaml each preset names;
+    # GPT-3 with the GPT-2 vocabulary of 50,257, tied): GPT-3 175B (the GPT-3 paper's 175.0 B),
+    # Nemotron-4 15B (its report's 3.2 B embedding + 12.5 B other parameters), Nemotron-4 340B
+    # (its report's 340 B; heads of 192), NeMo's Nemotron-8B (Nemotron-3 8B) and -22B
+    "gpt3-175b": 174_604_259_328,
+    "gpt3-20b": 20_256_221_184,
+    "gpt3-5b": 5_047_365_632,
+    "nemotron-4-340b": 341_029_195_776,
+    "nemotron-4-15b": 15_628_775_424,
+    "nemotron-8b": 8_540_135_424,
+    "nemotron-22b": 21_266_116_608,
 }
 
 # SDPA calls per forward: one per attention module (encoder-decoders add cross-attention).
@@ -131,7 +142,7 @@ def test_an_alias_builds_its_preset_and_says_so(alias: str) -> None:
 def test_preset_file_is_well_formed(name: str) -> None:
     raw = json.loads((hf.PRESET_DIR / f"{name}.json").read_text())
     preset = read_preset(name)
-    assert "/" in preset.source, "source is the hub id of the published config"
+    assert "/" in preset.source, "source: the hub id or repository path of the published config"
     family = preset.config_class.removesuffix("Config").removesuffix("Text")
     assert preset.model_class.startswith(family)
     assert set(raw) <= {"source", "config_class", "model_class", "input_kind", "dtype",

@@ -2,10 +2,12 @@
 
 Each preset is one JSON file in ``hf_presets/``: the config class and model class to build,
 the architecture fields copied from the published ``config.json`` of the model named in its
-``source`` field, the published dtype, the input kind and default input sizes. Nothing is ever
-downloaded: configs are built from those dicts, modules are built under
-``torch.device("meta")`` (no weights allocated, so a 70B config builds in a fraction of a
-second), and example inputs are meta tensors.
+``source`` field (or, for models published without one — GPT-3, NeMo's Nemotron — from the
+NeMo training config that path names, in the `transformers` class of the same architecture:
+GPT-2's for GPT-3, Nemotron's for Nemotron-4), the published dtype, the input kind and
+default input sizes. Nothing is ever downloaded: configs are built from those dicts, modules
+are built under ``torch.device("meta")`` (no weights allocated, so a 70B config builds in a
+fraction of a second), and example inputs are meta tensors.
 
 Choices made for capture: attention is forced to ``sdpa`` (one op per attention) unless the
 preset names another; GPT-OSS's attention sinks, which transformers runs only in its eager
@@ -70,7 +72,7 @@ class Preset:
     """One shipped preset, as read from its JSON file."""
 
     name: str
-    source: str                      # the hub id whose config.json the fields come from
+    source: str                      # the hub id (or repository path) of the config
     config_class: str                # e.g. "LlamaConfig"
     model_class: str                 # e.g. "LlamaForCausalLM"
     input_kind: InputKind
