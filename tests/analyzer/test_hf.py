@@ -94,16 +94,18 @@ PUBLISHED_PARAMS = {
     "nemotron-4-15b": 15_628_775_424,
     "nemotron-8b": 8_540_135_424,
     "nemotron-22b": 21_266_116_608,
+    "bloom-176b": 176_247_271_424,     # bigscience/bloom's model card: 176,247,271,424
 }
 
 # SDPA calls per forward: one per attention module (encoder-decoders add cross-attention).
 # Qwen3-Next: one softmax-attention layer in four (the others gated DeltaNet); GPT-OSS's
 # attention with sinks is captured as FlashAttention's kernel (`capture/hf_sinks.py`): none.
 # Nemotron-3 Nano: 6 attention layers of 52 (23 Mamba-2, 23 MoE); Super 8 of 88 (40 and 40);
-# Ultra 12 of 108 (48 and 48).
+# Ultra 12 of 108 (48 and 48). BLOOM's ALiBi attention runs transformers' eager matmuls: none.
 SDPA_CALLS = {"t5-small": 3 * 6, "whisper-tiny": 3 * 4, "qwen3-next-80b-a3b": 1,
               "gpt-oss-120b": 0, "gpt-oss-20b": 0, "nemotron-3-nano-30b-a3b": 6,
-              "nemotron-3-super-120b-a12b": 8, "nemotron-3-ultra-550b-a55b": 12}
+              "nemotron-3-super-120b-a12b": 8, "nemotron-3-ultra-550b-a55b": 12,
+              "bloom-176b": 0}
 
 
 def n_params(module: torch.nn.Module) -> int:
@@ -414,8 +416,11 @@ def narrowed(name: str) -> dict[str, str]:
     out = {k: v for k, v in NARROW.items() if k in config}
     if "q_lora_rank" in config or "head_dim" in config:   # head sizes do not follow hidden
         out["hidden_size"] = "256"
-    elif config.get("hidden_size", 0) > 1024:
-        out["hidden_size"] = str(config["num_attention_heads"] * 16)
+    else:
+        heads = config.get("num_attention_heads") or config.get("n_head")
+        for key in ("hidden_size", "n_embd"):      # GPT-2's (and GPT-3's) name for it
+            if config.get(key, 0) > 1024:
+                out[key] = str(heads * 16)
     if name == "gemma-3-1b":
         out["num_hidden_layers"] = "6"     # five sliding layers, one global
     if name == "qwen3-next-80b-a3b":
