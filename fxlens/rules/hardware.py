@@ -83,7 +83,11 @@ costs ≈ 2–5 µs of CPU time and PyTorch's eager dispatch ≈ 5–10 µs per 
 from Python on two H200 hosts (bench/gpu, 2026-11-27): 7.0–9.0 µs per ``torch.add``, 8.1–12.0
 per aten overload call, 1.3–2.9 per view, and an ``nn.Linear`` call 4.4 µs over the same
 ``F.linear`` call. `GPU_LAUNCH_S` = 10 µs, `HOST_FREE_S` = 2 µs, `HOST_MODULE_S` = 5 µs;
-`analyze calibrate` measures the machine's own.
+`analyze calibrate` measures the machine's own. A GB200's or GB300's host is a Grace CPU
+(Arm Neoverse V2), slower per call: one ``torch.nn.Linear`` forward (bf16, hidden 2,048, 8,192
+tokens) cost 37.08 µs of CPU time on a GB200 against 13.48 µs on a DGX H100's Xeon Platinum
+8480C (NVIDIA/TransformerEngine#2053, 2025-08-11; 33.17 µs on a GH200), so the Grace
+entries' host costs are the x86 ones × 37.08 / 13.48 (`GRACE_HOST`, 2.75).
 Kernel boundaries (`graph_launch_s`, what a serving step pays per kernel): a decode step
 replayed as one CUDA graph has no host launches, but each kernel still starts after the one
 before it has drained, a gap in which nothing moves. Measured on an H100 with CUDA graphs,
@@ -148,6 +152,7 @@ BANDWIDTH_EFFICIENCY = 0.8
 GPU_LAUNCH_S = 10e-6
 HOST_FREE_S = 2e-6
 HOST_MODULE_S = 5e-6
+GRACE_HOST = 37.08 / 13.48     # a Grace host's CPU time per call over a Xeon 8480C's
 CPU_LAUNCH_S = 5e-6
 MISALIGNED_GEMM = "gemm-misaligned"
 ATTENTION_FORWARD = "attention-forward"
@@ -266,15 +271,19 @@ _MAPPINGS = ("peak_flops", "kernel_efficiency", "dtype_efficiency")
 def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: float,
          source: str, links: Links, kernels: Mapping[str, float] | None = None,
          reported_gib: float = 0.0, dtypes: Mapping[str, float] | None = None,
-         multiprocessors: int = 0, graph_launch_s: float = 0.0) -> DeviceSpec:
+         multiprocessors: int = 0, graph_launch_s: float = 0.0,
+         host: float = 1.0) -> DeviceSpec:
     """`tflops`: dense TFLOP/s in `DTYPE_KEYS` order (fp32, tf32, bf16, fp16, fp8, int8);
     `kernels`: the kernel classes' shares of the peak (`KERNEL_CLASSES`); `reported_gib`:
-    the total the driver gives PyTorch where sourced (module docstring)."""
+    the total the driver gives PyTorch where sourced (module docstring); `host`: the host
+    CPU's time per call over an x86 server's (`GRACE_HOST` for Grace)."""
     assert len(tflops) == len(DTYPE_KEYS)
     peaks = {k: v * T for k, v in zip(DTYPE_KEYS, tflops, strict=True)}
     return DeviceSpec(name, memory_gib * GIB, source, peaks, bandwidth_tb_s * T,
                       reported_bytes=round(reported_gib * GIB), context_bytes=CONTEXT_BYTES,
                       multiprocessors=multiprocessors, graph_launch_s=graph_launch_s,
+                      launch_s=GPU_LAUNCH_S * host, host_free_s=HOST_FREE_S * host,
+                      host_module_s=HOST_MODULE_S * host,
                       kernel_efficiency=dict(kernels or {}), dtype_efficiency=dict(dtypes or {}),
                       gpus_per_node=links.gpus_per_node,
                       intra_node_bytes_per_s=links.intra_gb_s * GB,
@@ -310,14 +319,15 @@ DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
     _gpu("gb200", 186, (80, 1250, 2500, 2500, 5000, 5000), 8.0,
          "NVIDIA GB200 NVL72 datasheet (per GPU: the rack's figures / 72; 13.4 TB HBM3e, "
          "576 TB/s; dense = sparse / 2)", net.GB200_NVL72, BLACKWELL_KERNELS,
-         dtypes=BLACKWELL_DTYPES, multiprocessors=152),
+         dtypes=BLACKWELL_DTYPES, multiprocessors=152, host=GRACE_HOST),
     _gpu("b300", 270, (75, 1100, 2250, 2250, 4500, 150), 7.7,
          "NVIDIA Blackwell Ultra datasheet, individual GPU specifications (HGX B300, 270 GB "
          "HBM3e; dense figures)", net.DGX_B300, BLACKWELL_KERNELS, dtypes=BLACKWELL_DTYPES,
          multiprocessors=160),
     _gpu("gb300", 279, (80, 1250, 2500, 2500, 5000, 165), 8.0,
          "NVIDIA GB300 NVL72 datasheet (per GPU: 279 GB HBM3e, 8 TB/s; dense figures)",
-         net.GB300_NVL72, BLACKWELL_KERNELS, dtypes=BLACKWELL_DTYPES, multiprocessors=160),
+         net.GB300_NVL72, BLACKWELL_KERNELS, dtypes=BLACKWELL_DTYPES, multiprocessors=160,
+         host=GRACE_HOST),
     # Ampere: no FP8. A100 SXM bandwidth: 1,555 GB/s (40 GB), 2,039 GB/s (80 GB).
     _gpu("a100-40gb", 40, (19.5, 156, 312, 312, 0, 624), 1.555,
          "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 40 GB HBM2; dense figures)",

@@ -95,6 +95,15 @@ def test_a_tiny_op_is_launch_bound_and_a_view_is_free() -> None:
     assert view["totals"]["time_s"] == 0.0 and view["totals"]["launch_s"] == 0.0
 
 
+def test_a_launch_bound_model_is_slower_behind_a_grace_host() -> None:
+    """tiny_gpt's kernels are microseconds of work: its eager time is the host's, which on a
+    GB200 (Grace) is 37.08 / 13.48 of a B200's (x86) per call."""
+    report, graph = gpt()
+    x86, grace = (encode(roofline_section(report, graph, device(name)))["totals"]["time_s"]
+                  for name in ("b200", "gb200"))
+    assert 2.5 < grace / x86 <= 37.08 / 13.48 + 1e-9
+
+
 def test_missing_fp8_path_falls_back_to_bf16() -> None:
     assert TOY.peak("fp8") == (8e12, "bf16")
     assert dtype_key("float8_e4m3fn") == "fp8" and dtype_key("int8") == "int8"

@@ -21,6 +21,9 @@ from fxlens.rules.hardware import (
     DEVICES,
     DTYPE_KEYS,
     GEMM_EFFICIENCY,
+    GPU_LAUNCH_S,
+    HOST_FREE_S,
+    HOST_MODULE_S,
     DeviceSpec,
     device,
     host_cpu,
@@ -115,6 +118,21 @@ def test_aliases_and_unknown_names() -> None:
     assert device("a100") is DEVICES["a100-80gb"]
     with pytest.raises(ValueError, match="known devices: .*cpu.*h100"):
         device("h1000")
+
+
+def test_grace_hosted_gpus_pay_the_grace_cpus_time_per_call() -> None:
+    """TransformerEngine#2053: one nn.Linear forward cost 37.08 µs of CPU time on a GB200,
+    13.48 µs on a DGX H100's Xeon; the x86 servers keep the measured x86 figures."""
+    ratio = 37.08 / 13.48
+    for name in ("gb200", "gb300"):
+        spec = DEVICES[name]
+        assert spec.launch_s == pytest.approx(GPU_LAUNCH_S * ratio)
+        assert spec.host_free_s == pytest.approx(HOST_FREE_S * ratio)
+        assert spec.host_module_s == pytest.approx(HOST_MODULE_S * ratio)
+    for name in ("h100", "h200", "b200", "b300", "a100-80gb"):
+        spec = DEVICES[name]
+        assert (spec.launch_s, spec.host_free_s, spec.host_module_s) == (
+            GPU_LAUNCH_S, HOST_FREE_S, HOST_MODULE_S)
 
 
 def test_host_cpu_defaults_are_conservative_and_stated() -> None:
