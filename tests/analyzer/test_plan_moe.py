@@ -357,3 +357,30 @@ def test_layouts_offered_for_one_that_does_not_fit_keep_the_runs_routing() -> No
     offered = [parse(x.strategy, 8) for x in plan.layouts[1:]]
     assert any(s.ep > 1 for s in offered)
     assert all(s.routing == ("blocks" if s.ep > 1 else None) for s in offered)
+
+
+def test_experts_as_narrow_as_a_low_rank_pair_are_still_routed() -> None:
+    """Nemotron-3 Nano's experts (hidden → 1,856 → hidden, no gate) have the shape of a
+    LoRA adapter's down/up pair: taken for one (`tensor_split.low_rank_bypasses`), its
+    grouped GEMMs lost their row, and the plan its all-to-all (Megatron-Bridge's 8-GPU rows
+    read 1.41 s of expert traffic as 0). An adapter is a dense GEMM, never an expert."""
+    from fxlens.analyzer.capture.hf import load_preset
+    from fxlens.analyzer.core.loaded import LoadedModel
+    from fxlens.pipeline import AnalysisOptions, Context, run_context
+    from fxlens.plan_pass import plan_facts
+
+    small = {"hybrid_override_pattern": "ME", "hidden_size": "64", "num_attention_heads": "4",
+             "num_key_value_heads": "2", "head_dim": "16", "intermediate_size": "32",
+             "moe_intermediate_size": "32", "moe_shared_expert_intermediate_size": "48",
+             "n_routed_experts": "8", "num_experts_per_tok": "2", "mamba_num_heads": "8",
+             "mamba_head_dim": "16", "ssm_state_size": "16", "n_groups": "2",
+             "chunk_size": "8", "vocab_size": "256"}
+    loaded = load_preset("nemotron-3-nano-30b-a3b", small, seq_len=16, dtype="float32")
+    options = AnalysisOptions(train=True, plan=True, strategy="ddp", gpus=2, fusion=False)
+    ctx = Context(LoadedModel(loaded.module, loaded.inputs, "nano", "nano"), options,
+                  lambda _: None)
+    facts = plan_facts(ctx, run_context(ctx), H100)
+    moe = [u for u in facts.units if u.routed_rows]
+    assert len(moe) == 1 and moe[0].routed_rows == 2 * facts.tokens       # top-2
+    (a2a,) = [c for c in layout(facts, "dp=2,ep=2", 2).collectives if c.kind == "all-to-all"]
+    assert a2a.bytes == moe[0].routed_bytes > 0

@@ -121,7 +121,9 @@ def split_unit(graph: Graph, scope: set[int], terminal_column: bool,
     tokens = stream.numel // width if stream is not None and width > 0 else 0
     region: set[int] = set()
     feeding = {g.node: _feeding(graph, g, gemms, scope, knowledge) for g in gemms.values()}
-    bypasses = low_rank_bypasses(gemms, feeding, lambda ref: _source(graph, ref, knowledge))
+    dense = {n: g for n, g in gemms.items()      # adapters are dense GEMMs, never experts
+             if graph.nodes[n].packet not in knowledge.grouped_gemm_ops}
+    bypasses = low_rank_bypasses(dense, feeding, lambda ref: _source(graph, ref, knowledge))
     for row in (g for g in gemms.values() if g.out_features == width and g.node not in bypasses):
         columns, seen = feeding[row.node]
         if columns:
@@ -195,7 +197,7 @@ def low_rank_bypasses(gemms: Mapping[int, Gemm],
     found = {}
     for up in gemms.values():
         fed = feeding[up.node][0]
-        if len(fed) != 1:
+        if len(fed) != 1 or next(iter(fed)) not in gemms:
             continue
         down = gemms[next(iter(fed))]
         rank = down.out_features
