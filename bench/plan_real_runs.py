@@ -176,7 +176,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 # the summary lines' groups of rows: all, then by GPU generation
-FAMILIES = (("all", None), ("Hopper", ("h100",)), ("Blackwell", ("b200", "gb200", "b300", "gb300")))
+FAMILIES = (("all", None), ("Hopper", ("h100",)), ("Blackwell", ("b200", "gb200", "b300", "gb300")),
+            ("Ampere", ("a100-80gb", "a100-40gb")))
 
 
 def main() -> None:
