@@ -119,7 +119,9 @@ def test_every_required_preset_ships() -> None:
 
 # Family names users ask for (issue 19), each an alias of one shipped preset.
 REQUIRED_ALIASES = {"qwen3-moe": "qwen3-30b-a3b", "gemma-3": "gemma-3-1b",
-                    "phi-3": "phi-3-mini", "llama-3.3-70b": "llama-3.1-70b"}
+                    "phi-3": "phi-3-mini", "llama-3.3-70b": "llama-3.1-70b",
+                    "gpt3": "gpt3-175b", "gpt-3": "gpt3-175b", "bloom": "bloom-176b",
+                    "nemotron-4": "nemotron-4-340b"}
 
 
 def test_family_aliases_name_shipped_presets_and_shadow_none() -> None:

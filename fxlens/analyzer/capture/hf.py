@@ -86,12 +86,17 @@ class Preset:
 
 # A family name → the shipped preset it builds: Qwen3's MoE and Gemma-3 as text-only
 # decoders at the sizes most asked for (the 30B-A3B, whose architecture the 235B shares
-# with more layers and experts; the 1B, the text-only Gemma-3), Phi-3 as its mini.
+# with more layers and experts; the 1B, the text-only Gemma-3), Phi-3 as its mini; GPT-3,
+# BLOOM and Nemotron-4 as the one model their names mean (175B, 176B, 340B).
 ALIASES: Mapping[str, str] = {
     "qwen3-moe": "qwen3-30b-a3b",
     "gemma-3": "gemma-3-1b",
     "phi-3": "phi-3-mini",
     "llama-3.3-70b": "llama-3.1-70b",     # the same architecture and config, other weights
+    "gpt3": "gpt3-175b",
+    "gpt-3": "gpt3-175b",
+    "bloom": "bloom-176b",
+    "nemotron-4": "nemotron-4-340b",
 }
 
 
