@@ -189,7 +189,10 @@ def low_rank_bypasses(gemms: Mapping[int, Gemm],
     GEMM reshapes its input for itself). By up GEMM: (its down GEMM, the base GEMM). The pair
     takes its base's split: beside a column GEMM the up GEMM is a column and the down one
     replicated; beside a row GEMM the down GEMM splits by rows (its all-reduce carries R
-    features) and the up one is replicated (Megatron-Bridge's ``ParallelLinearAdapter``)."""
+    features) and the up one is replicated (Megatron-Bridge's ``ParallelLinearAdapter``).
+    `gemms`: the candidates, dense GEMMs only (`feeding` may name others, which are skipped):
+    a MoE's experts can have an adapter pair's shape (Nemotron-3 Nano's hidden → 1,856 →
+    hidden) and are never one."""
     readers: dict[TensorRef, list[int]] = {}
     for gemm in gemms.values():
         for ref in gemm.activations:
