@@ -3,8 +3,11 @@
 GEMM ops that multiply an activation by a weight (a Megatron column or row split applies to
 them), the grouped GEMM of MoE experts (a weight with a leading expert dimension), the ops a
 weight passes through on its way there (views, transposes, dtype casts under autocast), the
-embedding lookup (vocab-parallel), and the attention kernels (context parallelism resizes
-them).
+embedding lookup (vocab-parallel), the attention kernels (context parallelism resizes
+them), and what torchtitan's op-level checkpointing policy saves (``ckpt=ops``: its
+``_save_list`` in ``torchtitan/models/llama3/parallelize_llama.py`` — ``aten.mm`` every second
+one, the flash and memory-efficient attention kernels, ``reduce_scatter_tensor``, ``max``;
+cuDNN's attention and the CPU flash kernel a capture on CPU records stand for the GPU's).
 """
 
 from __future__ import annotations
@@ -28,4 +31,7 @@ PARALLEL = ParallelKnowledge(
     attention_ops=frozenset(str(op) for op in (*FUSED_FORWARD, *FUSED_BACKWARD,
                                                aten._scaled_dot_product_attention_math,
                                                *RAW_FORWARD, *RAW_BACKWARD)),
+    saved_ops=frozenset(str(op) for op in FUSED_FORWARD)
+    | {"aten.max", "_c10d_functional.reduce_scatter_tensor"},
+    alternate_saved_ops=frozenset({"aten.mm"}),
 )

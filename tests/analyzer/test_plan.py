@@ -218,6 +218,26 @@ def test_zero3_moves_3_psi_per_micro_batch(gpt: tuple[Report, ModelFacts]) -> No
     assert moved == 3 * 3 * 2 * psi(facts)
 
 
+def test_zero3_under_a_pipeline_gathers_once_and_holds_the_stage_whole(
+        gpt: tuple[Report, ModelFacts]) -> None:
+    """PyTorch's pipeline schedules run FSDP2 without resharding or gradient sync until the
+    last micro-batch: per step one gather of the stage's weights and one reduce-scatter of
+    its gradients (not 2m and m), and the stage's weights and gradients whole meanwhile."""
+    from fxlens.analyzer.plan.stage_memory import model_stages
+
+    _, facts = gpt
+    m = 3
+    planned = layout(facts, "dp=2,pp=2,zero=3", None, m)
+    stage = model_stages(facts, parse("dp=2,pp=2,zero=3", None, m))[planned.memory.stage]
+    weights = sum(u.states.weights_bytes for u in stage)
+    grads = sum(u.states.grad_bytes for u in stage)
+    assert planned.memory.gathered_bytes == weights + grads
+    zero3 = [c for c in planned.collectives if "ZeRO-3" in c.cause]
+    assert sorted((c.kind, c.calls) for c in zero3) == [("all-gather", 1),
+                                                       ("reduce-scatter", 1)]
+    assert sum(c.bytes for c in zero3) == pytest.approx(weights + grads, rel=0.01)
+
+
 def test_groups_leave_the_node_when_they_must(gpt: tuple[Report, ModelFacts]) -> None:
     _, facts = gpt
     inside = layout(facts, "ddp", 8).collectives[0]

@@ -173,6 +173,9 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     backward = sum(phase_s(s, u, "backward") for u in units)
     if s.checkpoint:
         recompute_s = sum(phase_s(s, u, "forward") for u in units if is_block(u))
+    elif s.checkpoint_ops:
+        recompute_s = sum(phase_s(s, facts.twin(u).op_policy, "forward") for u in units
+                          if is_block(u))
     else:
         recompute_s = sum(recomputed_s(s, facts.twin(u)) for u in units
                           if s.recompute and is_block(u))
@@ -216,7 +219,7 @@ def _expert_exposed_s(s: Strategy, all_to_all_s: float, forward_s: float,
     interleaved one the ``2(p − i − 1) + (v − 1)p + 1`` chunks it warms up (`in_flight`)."""
     if not s.a2a_overlap:
         return all_to_all_s
-    forward_passes = 4 if s.checkpoint else 2
+    forward_passes = 4 if s.checkpoint or s.checkpoint_ops else 2
     to_forward = all_to_all_s * forward_passes / (forward_passes + 2)
     steady = (max(0.0, to_forward - backward_s)
               + max(0.0, all_to_all_s - to_forward - forward_s))

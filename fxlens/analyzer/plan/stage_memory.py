@@ -7,7 +7,8 @@ optimizer) the optimizer state and master weights, stage 2 also the gradients, s
 the weights (Rajbhandari et al. 2020: DDP 16Ψ, ZeRO-1 4Ψ + 12Ψ/N_d, ZeRO-2 2Ψ + 14Ψ/N_d,
 ZeRO-3 16Ψ/N_d under AMP + Adam), plus under ZeRO-3 what FSDP holds unsharded: the weights of
 two units (the one computing and the one prefetched) and one unit's gradients (the
-reduce-scatter's input).
+reduce-scatter's input); under a pipeline, as PyTorch's pipeline schedules run FSDP2, the
+whole stage's weights and gradients (`fxlens.analyzer.plan.transfers.zero3_pipelined`).
 Activations: what the units of a stage save, on this GPU's 1/cp of the tokens, on 1/t of the
 features inside tensor-parallel pairs and everywhere with sequence parallel (Korthikanti et
 al. 2022); with full recompute only each block's input, plus one block's saved set while it
@@ -36,7 +37,7 @@ from fxlens.analyzer.plan.compression import Matrix, on_gpu, powersgd_bytes, qua
 from fxlens.analyzer.plan.pipeline_layout import SLOTS, by_rank, resolved
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
-from fxlens.analyzer.plan.transfers import Group, Links
+from fxlens.analyzer.plan.transfers import Group, Links, zero3_pipelined
 from fxlens.analyzer.plan.types import remembered
 from fxlens.analyzer.plan.unit_share import (
     degrees,
@@ -170,7 +171,7 @@ def stage_memory(facts: ModelFacts, s: Strategy, device: Links, index: int) -> S
         host = held.master_bytes + held.optimizer_bytes
         held = StateBytes(held.weights_bytes, 0, held.grad_bytes, 0, held.buffer_bytes)
     held_micro_batches = in_flight(s, index)
-    if s.checkpoint:
+    if s.checkpoint or s.checkpoint_ops:
         kept, recompute = _checkpointed(facts, s, units, index)
         activations = kept / c * held_micro_batches + recompute / c
     else:
@@ -185,8 +186,11 @@ def stage_memory(facts: ModelFacts, s: Strategy, device: Links, index: int) -> S
     if s.zero == 3 and shard.size > 1:
         unsharded = [unit_state(u, t, experts_on_gpu) for u in units]
         weights = sorted((u.weights_bytes for u in unsharded), reverse=True)
-        gathered = (sum(weights[:ZERO3_UNITS_GATHERED])
-                    + max((u.grad_bytes for u in unsharded), default=0))
+        if zero3_pipelined(s):     # the stage's weights and gradients whole for the step
+            gathered = sum(weights) + sum(u.grad_bytes for u in unsharded)
+        else:
+            gathered = (sum(weights[:ZERO3_UNITS_GATHERED])
+                        + max((u.grad_bytes for u in unsharded), default=0))
     buckets = DDP_BUCKETS_IN_FLIGHT * DDP_BUCKET_BYTES if s.zero < 3 and s.dp * c > 1 else 0
     mine = (on_gpu([m for u in units for m in u.matrices], t, experts_on_gpu) if s.powersgd
             else [])    # only PowerSGD reads the matrices
@@ -223,17 +227,23 @@ def _stage_states(facts: ModelFacts, s: Strategy, units: Sequence[Unit], index: 
 
 def _checkpointed(facts: ModelFacts, s: Strategy, units: Sequence[Unit], index: int
                   ) -> tuple[float, float]:
-    """Under full recompute, one micro-batch's kept bytes on the stage (each block's input,
-    everything the other units save) and the largest block's saved set, before cp."""
+    """Under full recompute (or ``ckpt=ops``), one micro-batch's kept bytes on the stage (each
+    block's input and what the op policy keeps of it, everything the other units save) and
+    the largest block's saved set, before cp."""
     seq_div = s.tp if s.sp else 1
 
+    def block_kept(u: Unit) -> float:
+        policy = saved_on_gpu(facts.twin(u).op_policy, s.tp, seq_div) if s.checkpoint_ops else 0
+        return u.input_bytes / seq_div + policy
+
     def work() -> tuple[float, float]:
-        kept = sum(u.input_bytes / seq_div if is_block(u) else saved_on_gpu(u, s.tp, seq_div)
+        kept = sum(block_kept(u) if is_block(u) else saved_on_gpu(u, s.tp, seq_div)
                    for u in units)
         recompute = max((saved_on_gpu(u, s.tp, seq_div) for u in units if is_block(u)),
                         default=0.0)
         return kept, recompute
-    return remembered(facts.answers, ("checkpointed", *split_key(s), index, s.tp, seq_div), work)
+    return remembered(facts.answers, ("checkpointed", s.checkpoint_ops, *split_key(s), index,
+                                      s.tp, seq_div), work)
 
 
 def _selective(facts: ModelFacts, s: Strategy, units: Sequence[Unit], index: int

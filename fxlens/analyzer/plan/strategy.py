@@ -15,14 +15,15 @@ replicates across nodes (FSDP's HYBRID_SHARD); ``sp`` sequence parallel (with tp
 activation recomputation of every repeated block (``ckpt`` or ``ckpt=full``), of some of
 its modules (``ckpt=norm+act``, ``ckpt=core_attn``, ``ckpt=self_attn.*``: kinds and globs as
 `fxlens.analyzer.plan.recompute` reads them), or of the modules that make the layout fit for
-the least recompute (``ckpt=auto``: `fxlens.analyzer.plan.auto_recompute`); ``offload``
-keeps the optimizer state and master weights in host memory; ``v`` virtual stages per GPU
-(interleaved 1F1B); ``layout=`` which virtual stage holds which layers, as Megatron-core
-writes it (``layout=Et*4|(t*4|)*14tmL``: `fxlens.analyzer.plan.pipeline_layout`; it sets v),
-or ``layout=slots`` (the embedding and the loss each a layer's slot of the even split); left
-out, the blocks split evenly, the embedding on the first stage and the head and loss on the
-last; ``micro_batches`` per step per data-parallel rank (gradient accumulation when
-pp = 1).
+the least recompute (``ckpt=auto``: `fxlens.analyzer.plan.auto_recompute`), or op by op as
+torchtitan's policy saves and recomputes (``ckpt=ops``: `fxlens.analyzer.plan.op_policy`);
+``offload`` keeps the optimizer state and master weights in host memory; ``v`` virtual
+stages per GPU (interleaved 1F1B); ``layout=`` which virtual stage holds which layers, as
+Megatron-core writes it (``layout=Et*4|(t*4|)*14tmL``: `fxlens.analyzer.plan.pipeline_layout`;
+it sets v), or ``layout=slots`` (the embedding and the loss each a layer's slot of the even
+split); left out, the blocks split evenly, the embedding on the first stage and the head and
+loss on the last; ``micro_batches`` per step per data-parallel rank (gradient accumulation
+when pp = 1).
 
 Expert routing: ``dispatch=alltoall`` sends each token once per chosen expert (Megatron-core's
 ``alltoall`` dispatcher); ``dispatch=deepep`` once per destination node across nodes and once
@@ -62,6 +63,7 @@ NAMED: dict[str, dict[str, int | bool | str]] = {
     "zeropp": {"zeropp": True},
 }
 GRADIENT_FORMATS = ("int8", "fp8")
+OPS = "ops"                      # ``ckpt=ops``: the op-level policy
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
 DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "v", "powersgd")
 MAX_DEGREE = 1 << 20
@@ -81,6 +83,7 @@ class Strategy:
     checkpoint: bool = False        # every repeated block recomputed
     recompute: tuple[str, ...] = () # selective: module kinds or path globs (plan/recompute.py)
     checkpoint_auto: bool = False   # the least recompute that fits (plan/auto_recompute.py)
+    checkpoint_ops: bool = False    # torchtitan's op-level policy (plan/op_policy.py)
     offload: bool = False
     v: int = 1
     micro_batches: int = 1
@@ -127,6 +130,8 @@ class Strategy:
             parts.append(f"ckpt={'+'.join(self.recompute)}")
         if self.checkpoint_auto:
             parts.append("ckpt=auto")
+        if self.checkpoint_ops:
+            parts.append("ckpt=ops")
         if self.gradq is not None:
             parts.append(f"gradq={self.gradq}")
         if self.powersgd:
@@ -158,6 +163,10 @@ class Strategy:
                          f"exclude each other: give one")
         if self.checkpoint_auto and (self.checkpoint or self.recompute):
             found.append("ckpt=auto chooses what to recompute: give it alone")
+        if (self.checkpoint_ops and (self.checkpoint or self.recompute or self.checkpoint_auto)
+                or OPS in self.recompute):
+            found.append("ckpt=ops (op-level selective recompute) excludes every other ckpt: "
+                         "give it alone")
         if self.gradq is not None and self.gradq not in GRADIENT_FORMATS:
             found.append(f"gradq={self.gradq}: gradient formats are "
                          f"{' and '.join(GRADIENT_FORMATS)}")
@@ -216,6 +225,8 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
                 _set(values, "checkpoint", True, text)
             elif key == "ckpt" and number == "auto":
                 _set(values, "checkpoint_auto", True, text)
+            elif key == "ckpt" and number == OPS:
+                _set(values, "checkpoint_ops", True, text)
             elif key == "ckpt":
                 _set(values, "recompute", _selective(number), text)
             elif key in ("dispatch", "gradq", "routing", "layout"):
@@ -251,7 +262,8 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
 def _set(values: dict[str, Any], key: str, value: Any, text: str) -> None:
     """One setting; the same one given twice (``tp=2,tp=4``, ``fsdp,zero=1``) is refused."""
     if key in values:
-        name = "ckpt" if key in ("checkpoint", "recompute", "checkpoint_auto") else key
+        name = ("ckpt" if key in ("checkpoint", "recompute", "checkpoint_auto", "checkpoint_ops")
+                else key)
         raise ValueError(f"{name} is given twice in {text!r}: give each setting once")
     values[key] = value
 

@@ -31,6 +31,7 @@ from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, block_of, rep
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.compression import Matrix, gradient_matrices
+from fxlens.analyzer.plan.op_policy import op_policy_part
 from fxlens.analyzer.plan.routing import ExpertRouting
 from fxlens.analyzer.plan.tensor_split import (
     entering,
@@ -95,6 +96,8 @@ class Unit:
     expert_work: ExpertWork = ExpertWork()     # other expert-weight-sized ops, likewise
     router_s: tuple[float, float] = (0.0, 0.0)  # the routers' forward and backward (in whole)
     parts: tuple[ModulePart, ...] = ()         # per module of a block: selective recompute
+    op_policy: ModulePart = ModulePart("")     # a block under ``ckpt=ops``: what it keeps
+                                               # (saved bytes) and recomputes (seconds)
     matrices: tuple[Matrix, ...] = ()          # trainable ≥ 2-D parameters, for PowerSGD
 
     @property
@@ -280,6 +283,12 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
         expert_reduced = sum(payloads[r] for r in experts)
         routed = routed_rows(graph, [(gemms[c].weights, gemms[c].activations)
                                      for c in splits[name].columns], expert_params)
+        unit_experts = expert_gemms(graph, members[name], knowledge.grouped_gemm_ops,
+                                    node_times, fp8_scaling)
+        unit_expert_work = expert_work(graph, members[name], expert_sized, all_times)
+        policy = (op_policy_part(graph, sorted(forward[name]), split_nodes, times, knowledge,
+                                 fusion is not None, unit_experts, unit_expert_work)
+                  if name in blocks else ModulePart(""))
         units.append(Unit(
             name=name, states_split=states["split"], states_whole=states["whole"],
             states_expert=states["expert"], saved_split_bytes=saved[name][0],
@@ -296,13 +305,12 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             row_gemms=len(splits[name].rows),
             attention=unit_attention(graph, members[name], knowledge.attention_ops,
                                      knowledge.weight_path_ops, node_times),
-            expert_gemms=expert_gemms(graph, members[name], knowledge.grouped_gemm_ops,
-                                      node_times, fp8_scaling),
-            expert_work=expert_work(graph, members[name], expert_sized, all_times),
+            expert_gemms=unit_experts, expert_work=unit_expert_work,
             router_s=router_s(graph, members[name], routers, times),
             matrices=gradient_matrices((param_shapes.get(p, ()), k) for p, k in kinds.items()),
             parts=module_parts(graph, name, members[name], split_nodes, times,
                                saved_in[name], expert_part, part_of) if name in blocks else (),
+            op_policy=policy,
         ))
     kept = tuple(u for u in units if u.name in blocks or u.flops or u.states.total)
     per_layer = expert_count(graph, expert_params)

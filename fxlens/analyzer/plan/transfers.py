@@ -241,7 +241,9 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
     routed = sum(u.routed_bytes for u in units)
     if s.ep == 1 or not routed:
         return []
-    passes = 6 if s.checkpoint else 4          # to the experts and back, forward and backward
+    # to the experts and back, forward and backward (and again when the forward is recomputed:
+    # ckpt=ops saves no all-to-all)
+    passes = 6 if s.checkpoint or s.checkpoint_ops else 4
     group = Group(s.ep, s.expert_tp)
     payload = routed / (s.tp * s.cp)           # this GPU's tokens, once per chosen expert
     moe_layers = sum(1 for u in units if u.routed_rows)
@@ -332,7 +334,8 @@ def _zero3(s: Strategy, device: Links, label: str, group: Group, inner: Group, g
            weights: float, element_bytes: float) -> list[Collective]:
     """ZeRO-3: the weights gathered in the forward and again in the backward, the gradients
     reduce-scattered, every micro-batch (ZeRO++: int8 forward gathers, backward gathers
-    inside the node, int4 gradients); hybrid: the shards all-reduced across nodes."""
+    inside the node, int4 gradients); under a pipeline once per step, as PyTorch's pipeline
+    schedules drive FSDP2 (`zero3_pipelined`); hybrid: the shards all-reduced across nodes."""
     m = s.micro_batches
     if s.zeropp:
         node = inner.node_share(device.gpus_per_node)
@@ -344,16 +347,26 @@ def _zero3(s: Strategy, device: Links, label: str, group: Group, inner: Group, g
                           quantized_bytes(grads, element_bytes, 4), m, device, True)]
     else:
         grads = quantized_bytes(grads, element_bytes, 8) if s.gradq else grads
-        out = [collective("all-gather", f"{label}weights (ZeRO-3)", inner, weights, 2 * m,
+        gathers, reduces = (1, 1) if zero3_pipelined(s) else (2 * m, m)
+        out = [collective("all-gather", f"{label}weights (ZeRO-3)", inner, weights, gathers,
                           device, True),
                collective("reduce-scatter", f"{label}gradients (ZeRO-3{_compression_tag(s)})",
-                          inner, grads, m, device, True)]
+                          inner, grads, reduces, device, True)]
     replicas = group.size // inner.size
     if replicas > 1:
         out.append(collective("all-reduce", f"{label}gradient shards (hybrid)",
                               Group(replicas, inner.stride * inner.size), grads / inner.size,
                               1, device, True))
     return out
+
+
+def zero3_pipelined(s: Strategy) -> bool:
+    """Whether ZeRO-3 runs under a pipeline as PyTorch's pipeline schedules drive FSDP2
+    (torchtitan, NeMo Automodel): each stage's weights stay gathered from its first forward to
+    its last backward (``reshard_after_forward=False``) and its gradients accumulate unsharded
+    until the last micro-batch's backward, which reduce-scatters them once (no gradient sync or
+    resharding before: ``torch.distributed.pipelining``'s ``backward_maybe_with_nosync``)."""
+    return s.zero == 3 and s.pp > 1 and not s.zeropp
 
 
 def pipeline_transfer(s: Strategy, device: Links, boundary_bytes: float) -> Collective | None:

@@ -21,6 +21,10 @@ class ParallelKnowledge:
     # ops that make a weight from stored buffers (QLoRA's NF4 dequantization): the GEMM they
     # feed is a weight GEMM, its weight named by the first buffer
     dequantize_ops: frozenset[str] = frozenset()
+    # ``ckpt=ops`` (`fxlens.analyzer.plan.op_policy`): ops whose outputs the policy saves, and
+    # those it saves every second one of (the 1st, 3rd, … in a block's forward)
+    saved_ops: frozenset[str] = frozenset()
+    alternate_saved_ops: frozenset[str] = frozenset()
 
 
 def remembered(answers: dict[Hashable, Any], question: Hashable, work: Callable[[], T]) -> T:
