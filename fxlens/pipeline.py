@@ -131,6 +131,7 @@ class AnalysisOptions:
     devices_file: str | None = None     # user JSON adding or overriding devices
     profile: str | None = None          # calibrated profile JSON (`analyze calibrate`)
     tf32: bool = False                  # fp32 matmuls may use TF32
+    attention_kernel: str | None = None # "cudnn" or "flash2"; None: the device's (cuDNN's)
     fused: bool = False                 # roofline over the predicted fused kernels
     fusion: bool = True                 # fusion findings and the fused-kernel model
     quant: bool = False                 # data-free quantization sensitivity per layer
@@ -199,6 +200,8 @@ class Context:
         if self.device is None and self.options.device is not None:
             self.device = resolve_device(self.options.device, self.options.devices_file,
                                          self.options.profile)
+            if self.options.attention_kernel:
+                self.device = self.device.with_attention(self.options.attention_kernel)
         return self.device
 
 

@@ -55,7 +55,11 @@ class PlanPass:
         ctx.on_step("laying the step out over GPUs")
         options = ctx.options
         spec = ctx.device_spec() or checks.resolve_device(checks.PLAN_DEVICE, options.devices_file,
-                                                   None)
+                                                   None).with_attention(
+                                                       options.attention_kernel or "")
+        _, budget = checks.device_memory(options.device_memory, options.devices_file)
+        if budget is not None and budget != spec.usable_bytes:   # --device-mem: every GPU's
+            spec = spec.with_usable(budget)                      # budget, as for one GPU
         facts = plan_facts(ctx, report, spec)
         try:
             strategy = (parse_strategy(options.strategy, options.gpus, options.micro_batches)
@@ -143,7 +147,9 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
 def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFacts
                       ) -> tuple[str, ...]:
     device = (f"device {spec.name}" + ("" if options.device else
-                                        " (the default; --device to choose)"))
+                                        " (the default; --device to choose)")
+              + (f"; attention on {ATTENTION_NAMES[options.attention_kernel]}"
+                 if options.attention_kernel else ""))
     batch = (f"the captured batch ({facts.samples} samples"
              + (f", {facts.tokens} tokens" if facts.tokens else "") + ") is one micro-batch")
     return (
@@ -172,6 +178,7 @@ def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFac
          "estimated",) if options.tokens and not facts.tokens else ())
 
 
+ATTENTION_NAMES = {"cudnn": "cuDNN's fused kernel", "flash2": "FlashAttention-2"}
 FP8_ASSUMPTION = ("fp8: the repeated blocks' GEMMs at the fp8 peak, each weight GEMM's "
                   "activation operand (forward) and output gradient (backward) quantized "
                   "in a pass of its own; GEMMs outside the blocks (the LM head) in bf16, as "

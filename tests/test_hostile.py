@@ -571,9 +571,11 @@ def test_the_cli_choices_are_the_engines() -> None:
     from fxlens.cli import args, validate
     from fxlens.devices import DTYPES
     from fxlens.reports.views import VIEW_KEYS
+    from fxlens.rules.hardware import ATTENTION_KERNELS
     from fxlens.rules.training import LOSS_DTYPES
 
     assert args.METHODS == METHODS
+    assert args.ATTENTION_KERNELS == ATTENTION_KERNELS
     assert args.PRECISIONS == pipeline.PRECISIONS
     assert args.OPTIMIZERS == pipeline.OPTIMIZERS
     assert args.LOSS_DTYPES == LOSS_DTYPES

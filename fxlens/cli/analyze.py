@@ -109,6 +109,7 @@ def run(args: argparse.Namespace) -> int:
         checkpoint_granularity=args.checkpoint_granularity,
         kv_cache=args.kv_cache, context=args.context,
         device=args.device, devices_file=args.devices, profile=args.profile, tf32=args.tf32,
+        attention_kernel=args.attention_kernel,
         fused=args.fused, quant=args.quant,
         calibrate=args.quant_calibrate or args.calibrate_deprecated,
         activations=args.activations, calibrate_metric=args.calibrate_metric,

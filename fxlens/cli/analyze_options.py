@@ -12,6 +12,7 @@ import argparse
 from pathlib import Path
 
 from fxlens.cli.args import (
+    ATTENTION_KERNELS,
     LORA_BASES,
     LOSS_DTYPES,
     OPTIMIZERS,
@@ -147,6 +148,11 @@ def _roofline_options(parser: argparse.ArgumentParser) -> None:
     roofline.add_argument("--profile", metavar="PATH",
                           help="calibrated profile (analyze calibrate) instead of the datasheet")
     roofline.add_argument("--tf32", action="store_true", help="fp32 matmuls may use TF32")
+    roofline.add_argument("--attention-kernel", choices=ATTENTION_KERNELS,
+                          help="the fused attention kernel the stack runs: cudnn (Transformer "
+                               "Engine's; PyTorch SDPA's on Hopper from torch 2.10; the "
+                               "default) or flash2 (FlashAttention-2: SDPA's on Hopper before "
+                               "torch 2.10), at the shares measured on the device")
     roofline.add_argument("--fused", action="store_true",
                           help="estimate over the predicted fused kernels (the fusion section); "
                                "with --plan also the activations fused kernels keep")

@@ -21,6 +21,7 @@ SERVE_ONLY = ("w8a16", "w4a16", "fp8-dense")    # fxlens.rules.serving.SERVE_ONL
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "adafactor", "adam8bit",   # …OPTIMIZERS
               "adamw-bf16")
 LOSS_DTYPES = ("fp32", "logits")     # fxlens.rules.training.LOSS_DTYPES
+ATTENTION_KERNELS = ("cudnn", "flash2")     # fxlens.rules.hardware.ATTENTION_KERNELS
 LORA_BASES = ("nf4", "fp8")          # fxlens.checks.LORA_BASES
 VIEWS = ("summary", "modules", "top-ops", "memory", "training", "checkpoint", "kv-cache",
          "roofline", "validation", "fusion", "quant", "plan", "prune",

@@ -51,6 +51,8 @@ def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> D
     values: dict[str, Any] = {k: _number(k, data[k]) for k in _NUMBERS if k in data}
     if "kernel_efficiency" in data:
         values["kernel_efficiency"] = _kernel_shares(data["kernel_efficiency"])
+    if "flash2_efficiency" in data:     # --attention-kernel flash2's shares
+        values["flash2_efficiency"] = _kernel_shares(data["flash2_efficiency"])
     if "dtype_efficiency" in data:
         values["dtype_efficiency"] = _dtype_shares(data["dtype_efficiency"])
     for whole in ("memory_bytes", "gpus_per_node", "reported_bytes", "context_bytes",

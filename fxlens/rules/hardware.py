@@ -61,7 +61,13 @@ lists that share in `kernel_efficiency` (a share of the *datasheet* peak, like t
   dense peak forward and 0.39–0.49 backward, FlashAttention-2 0.26–0.34 and 0.23–0.27; 0.55 and
   0.45 for the Hopper entries (cuDNN's at 8k tokens). Other GPUs are unmeasured and keep
   `compute_efficiency`; a calibrated profile measures GEMMs only, so attention runs at its
-  GEMM rate there.
+  GEMM rate there. Which fused kernel a stack runs is the user's (``--attention-kernel``,
+  `DeviceSpec.with_attention`): ``cudnn`` is each device's entry above; ``flash2``
+  (FlashAttention-2, PyTorch SDPA's choice on Hopper until cuDNN became its default again in
+  torch 2.10 with cuDNN ≥ 9.15 — pytorch/pytorch#138522 made cuDNN opt-in after 2.5; a Dec
+  2024 nightly's SDPA ran 329 TFLOP/s where cuDNN ran 631 on an H100, pytorch/pytorch#142132)
+  takes the FlashAttention-2 shares measured above, 0.30 forward and 0.25 backward on the
+  Hopper entries; elsewhere unmeasured, the device's entry stays.
 - ``gemm-grouped``: MoE experts' grouped GEMMs (``torch._grouped_mm``). Measured on an H200 by
   bench/gpu/moe.py (2026-11-27, bf16, one GPU's experts of the published Qwen3-235B and
   DeepSeek-V3 layouts: 4 experts × 4,096 rows, hidden 4,096–7,168), the SiLU·mul and the loss
@@ -161,6 +167,8 @@ GROUPED_GEMM = "gemm-grouped"
 KERNEL_CLASSES = (MISALIGNED_GEMM, ATTENTION_FORWARD, ATTENTION_BACKWARD, GROUPED_GEMM)
 HOPPER_KERNELS: Mapping[str, float] = {MISALIGNED_GEMM: 0.1, ATTENTION_FORWARD: 0.55,
                                        ATTENTION_BACKWARD: 0.45, GROUPED_GEMM: 0.5}
+HOPPER_FLASH2: Mapping[str, float] = {ATTENTION_FORWARD: 0.30, ATTENTION_BACKWARD: 0.25}
+ATTENTION_KERNELS = ("cudnn", "flash2")     # --attention-kernel; the first is every entry's
 HOPPER_DTYPES: Mapping[str, float] = {"fp8": 0.65}
 BLACKWELL_KERNELS: Mapping[str, float] = {ATTENTION_FORWARD: 0.55, ATTENTION_BACKWARD: 0.45}
 BLACKWELL_DTYPES: Mapping[str, float] = {"bf16": 0.65, "fp16": 0.65}
@@ -205,6 +213,7 @@ class DeviceSpec:
     multiprocessors: int = 0                 # SMs (CUs); 0: unknown
     collective_sms: int = 0                  # SMs an NCCL collective holds; 0: unknown
     context_bytes: int = 0                   # per process outside PyTorch's allocator
+    flash2_efficiency: Mapping[str, float] = field(default_factory=dict)   # --attention-kernel
 
     @property
     def driver_bytes(self) -> int:
@@ -220,6 +229,15 @@ class DeviceSpec:
     def with_usable(self, usable_bytes: int) -> DeviceSpec:
         """This device with exactly `usable_bytes` to allocate (a budget as given)."""
         return replace(self, memory_bytes=usable_bytes, reported_bytes=0, context_bytes=0)
+
+    def with_attention(self, kernel: str) -> DeviceSpec:
+        """This device running `kernel` (`ATTENTION_KERNELS`) as its fused attention: its
+        measured FlashAttention-2 shares for ``flash2`` (unchanged where unmeasured)."""
+        if kernel != "flash2" or not self.flash2_efficiency:
+            return self
+        return replace(self, kernel_efficiency={**self.kernel_efficiency,
+                                                **self.flash2_efficiency},
+                       source=f"{self.source}; attention on FlashAttention-2")
 
     def peak(self, key: str) -> tuple[float, str]:
         """Datasheet dense FLOP/s for dtype `key` and the key whose figure it is (after
@@ -265,14 +283,14 @@ class DeviceSpec:
                          else getattr(self, f.name)) for f in fields(self)}
 
 
-_MAPPINGS = ("peak_flops", "kernel_efficiency", "dtype_efficiency")
+_MAPPINGS = ("peak_flops", "kernel_efficiency", "dtype_efficiency", "flash2_efficiency")
 
 
 def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: float,
          source: str, links: Links, kernels: Mapping[str, float] | None = None,
          reported_gib: float = 0.0, dtypes: Mapping[str, float] | None = None,
          multiprocessors: int = 0, graph_launch_s: float = 0.0,
-         host: float = 1.0) -> DeviceSpec:
+         host: float = 1.0, flash2: Mapping[str, float] | None = None) -> DeviceSpec:
     """`tflops`: dense TFLOP/s in `DTYPE_KEYS` order (fp32, tf32, bf16, fp16, fp8, int8);
     `kernels`: the kernel classes' shares of the peak (`KERNEL_CLASSES`); `reported_gib`:
     the total the driver gives PyTorch where sourced (module docstring); `host`: the host
@@ -292,7 +310,7 @@ def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: 
                       collective_base_s=links.base_us * US,
                       intra_node_hop_s=links.intra_hop_us * US,
                       inter_node_hop_s=links.inter_hop_us * US,
-                      collective_sms=links.collective_sms)
+                      collective_sms=links.collective_sms, flash2_efficiency=dict(flash2 or {}))
 
 
 DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
@@ -301,15 +319,15 @@ DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
     _gpu("h100", 80, (67, 494.5, 989.5, 989.5, 1979, 1979), 3.35,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 SXM5, 80 GB HBM3; dense = sparse / 2)",
          net.DGX_H100, HOPPER_KERNELS, reported_gib=79.11, dtypes=HOPPER_DTYPES,
-         multiprocessors=132, graph_launch_s=HOPPER_GRAPH_LAUNCH_S),
+         multiprocessors=132, graph_launch_s=HOPPER_GRAPH_LAUNCH_S, flash2=HOPPER_FLASH2),
     _gpu("h100-pcie", 80, (51, 378, 756.5, 756.5, 1513, 1513), 2.0,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 PCIe, 80 GB HBM2e; dense = sparse / 2)",
          net.PCIE5_NODE, HOPPER_KERNELS, dtypes=HOPPER_DTYPES, multiprocessors=114,
-         graph_launch_s=HOPPER_GRAPH_LAUNCH_S),
+         graph_launch_s=HOPPER_GRAPH_LAUNCH_S, flash2=HOPPER_FLASH2),
     _gpu("h200", 141, (67, 494.5, 989.5, 989.5, 1979, 1979), 4.8,
          "NVIDIA H200 Tensor Core GPU Datasheet (H200 SXM, 141 GB HBM3e; dense = sparse / 2)",
          net.DGX_H100, HOPPER_KERNELS, reported_gib=139.80, dtypes=HOPPER_DTYPES,
-         multiprocessors=132, graph_launch_s=HOPPER_GRAPH_LAUNCH_S),
+         multiprocessors=132, graph_launch_s=HOPPER_GRAPH_LAUNCH_S, flash2=HOPPER_FLASH2),
     # Blackwell (see the module docstring for each figure's source). INT8 on Blackwell Ultra
     # (B300, GB300) runs at a small fraction of its FP8 rate.
     _gpu("b200", 180, (75, 1125, 2250, 2250, 4500, 4500), 7.7,

@@ -450,6 +450,18 @@ def test_plan_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert plan.layouts[0].run.cost == pytest.approx(plan.layouts[0].run.gpu_hours * 2)
 
 
+def test_device_mem_is_every_gpus_budget_in_the_plan(tmp_path: Path) -> None:
+    """``--device-mem 96GB`` beside ``--device h100``: the plan's fits verdicts read the
+    budget as given, as the one-GPU fit does, with the H100's links and peaks."""
+    from fxlens.cli.main import main
+
+    report = tmp_path / "r.json"
+    assert main([str(MODELS / "tiny_gpt.py"), "--plan", "--gpus", "2", "--device", "h100",
+                 "--device-mem", "96GB", "--no-pages", "--json", str(report)]) == 0
+    plan = load_report(report).require(Plan)
+    assert (plan.device, plan.device_bytes) == ("h100", 96 * 10**9)
+
+
 def test_a_device_without_links_is_refused_before_the_capture(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from fxlens.cli.main import main

@@ -91,6 +91,32 @@ def test_blackwell_attention_runs_at_its_sourced_share_and_other_kernels_at_the_
     assert b200.achievable_flops("fp8") == pytest.approx(GEMM_EFFICIENCY * 4500 * T)
 
 
+def test_flash_attention_2_takes_its_measured_hopper_shares_and_only_there() -> None:
+    """bench/gpu/attention.py on an H200: FlashAttention-2 0.26–0.34 of the dense peak
+    forward, 0.23–0.27 backward, where cuDNN's kernel (each entry's default) reached
+    0.47–0.62 and 0.39–0.49."""
+    for name in ("h100", "h200"):
+        cudnn = DEVICES[name]
+        flash2 = cudnn.with_attention("flash2")
+        assert flash2.achievable_flops("bf16", "attention-forward") == pytest.approx(
+            0.30 * 989.5 * T)
+        assert flash2.achievable_flops("bf16", "attention-backward") == pytest.approx(
+            0.25 * 989.5 * T)
+        assert flash2.achievable_flops("bf16") == cudnn.achievable_flops("bf16")
+        assert cudnn.with_attention("cudnn") == cudnn
+    b200 = DEVICES["b200"]       # no FlashAttention-2 figure measured: its entry stays
+    assert b200.with_attention("flash2") == b200
+    assert spec_from_json(DEVICES["h100"].to_json()) == DEVICES["h100"]
+
+
+def test_a_user_file_gives_a_device_its_flash_attention_2_shares(tmp_path: Path) -> None:
+    path = tmp_path / "devices.json"
+    path.write_text(json.dumps({"devices": {"a100": {"flash2_efficiency": {
+        "attention-forward": 0.6, "attention-backward": 0.5}}}}))
+    mine = load_devices(path)["a100-80gb"].with_attention("flash2")
+    assert mine.achievable_flops("bf16", "attention-backward") == pytest.approx(0.5 * 312 * T)
+
+
 @pytest.mark.parametrize(("driver_name", "entry"), [
     ("NVIDIA B200", "b200"), ("NVIDIA GB200", "gb200"), ("NVIDIA B300 SXM6 AC", "b300"),
     ("NVIDIA GB300", "gb300"), ("NVIDIA H200", "h200"), ("NVIDIA H100 80GB HBM3", "h100")])
