@@ -14,7 +14,10 @@ figures — the same for every row; nothing is fitted to a run. Each row is plan
 captured (the `transformers` program's ops and saved tensors) and with ``--fused`` (the
 predicted fused kernels timed, activations saved as fused kernels keep them), since every
 source runs fused kernels (Transformer Engine and Megatron's fusions, torch.compile for
-torchtitan). Rows fxlens cannot express yet are listed with the reason.
+torchtitan). A row may name its GPU's memory where it differs from the device entry's
+(``device_memory``: ``--device-mem``) and the fused attention its stack ran
+(``attention_kernel``: ``--attention-kernel``, FlashAttention-2 for PyTorch SDPA before torch
+2.10). Rows fxlens cannot express yet are listed with the reason.
 
     python bench/plan_real_runs.py [--only NAME …] [--out bench/plan_runs/results.json]
 
@@ -77,7 +80,8 @@ def strategy_of(run: dict[str, Any]) -> tuple[str | None, str]:
 MODES = ("eager", "fused")     # as captured; over the predicted fused kernels (--fused)
 
 
-def command(run: dict[str, Any], strategy: str, out: Path, mode: str) -> list[str]:
+def command(run: dict[str, Any], strategy: str, out: Path, mode: str,
+            devices: Path | None = None) -> list[str]:
     lay = run["layout"]
     micro = run["global_batch_size"] // (run["micro_batch_size"] * lay["dp"])
     argv = [sys.executable, "-m", "fxlens", f"hf:{run['model']['preset']}",
@@ -89,6 +93,12 @@ def command(run: dict[str, Any], strategy: str, out: Path, mode: str) -> list[st
             "--out", str(out.parent / "report")]
     if mode == "fused":
         argv.append("--fused")
+    if run.get("device_memory"):       # a variant with more memory than the named device's
+        argv += ["--device-mem", run["device_memory"]]
+    if run.get("attention_kernel"):    # the fused attention the stack ran (cuDNN's if unsaid)
+        argv += ["--attention-kernel", run["attention_kernel"]]
+    if devices is not None:            # a devices file overriding the rows' devices' figures
+        argv += ["--devices", str(devices)]
     if run.get("loss_dtype"):          # the recipe's loss (e.g. no fp32 cast of the logits)
         argv += ["--loss-dtype", run["loss_dtype"]]
     if run["model"].get("mtp"):        # the multi-token prediction depths the recipe trains
@@ -103,7 +113,7 @@ def command(run: dict[str, Any], strategy: str, out: Path, mode: str) -> list[st
     return argv
 
 
-def predict(run: dict[str, Any]) -> dict[str, Any]:
+def predict(run: dict[str, Any], devices: Path | None = None) -> dict[str, Any]:
     """The row with, per mode, fxlens's step, its error, the fits verdict and the peak. A run
     published as model TFLOP/s per GPU (Megatron's log line) is compared as a step: the
     model's FLOPs per step (fxlens's count of the forward and backward, each micro-batch of
@@ -113,6 +123,7 @@ def predict(run: dict[str, Any]) -> dict[str, Any]:
     row: dict[str, Any] = {"name": run["name"], "gpus": run["gpus"], "device": run["device"],
                            "measured_step_s": run["measured"].get("step_s"),
                            "measured_tflops": tflops,
+                           "measured_gib": run["measured"].get("memory_gib_reserved"),
                            "strategy": strategy, "source": run["source"]["url"]}
     published = row["measured_step_s"] is not None or tflops is not None
     if strategy is None or not published or not run["micro_batch_size"]:
@@ -123,8 +134,8 @@ def predict(run: dict[str, Any]) -> dict[str, Any]:
         with tempfile.TemporaryDirectory() as folder:
             out = Path(folder) / "report.json"
             started = time.perf_counter()
-            done = subprocess.run(command(run, strategy, out, mode), capture_output=True,
-                                  text=True)
+            done = subprocess.run(command(run, strategy, out, mode, devices),
+                                  capture_output=True, text=True)
             seconds = round(time.perf_counter() - started, 1)
             if done.returncode != 0:
                 row["skipped"] = f"fxlens failed: {done.stderr.strip().splitlines()[-1:]}"
@@ -160,6 +171,8 @@ def table(rows: list[dict[str, Any]]) -> str:
                       f"{'yes' if m['fits'] else 'no'} ({m['peak_gib']:.1f} GiB)"]
         derived = (f" ({r['measured_tflops']} TFLOP/s)" if r.get("measured_tflops")
                    and r["measured_step_s"] is not None else "")
+        if r.get("measured_gib"):      # the run's own memory reading
+            derived += f", {r['measured_gib']} GiB"
         lines.append(head + f"`{r['strategy']}` | {r['measured_step_s']:.2f} s{derived} | "
                      + " | ".join(cells) + " |")
     for mode in MODES:
@@ -176,7 +189,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 
 # the summary lines' groups of rows: all, then by GPU generation
-FAMILIES = (("all", None), ("Hopper", ("h100",)), ("Blackwell", ("b200", "gb200", "b300", "gb300")),
+FAMILIES = (("all", None), ("Hopper", ("h100", "h200")),
+            ("Blackwell", ("b200", "gb200", "b300", "gb300")),
             ("Ampere", ("a100-80gb", "a100-40gb")))
 
 
@@ -187,13 +201,17 @@ def main() -> None:
     parser.add_argument("--merge", action="store_true",
                         help="replace the --only rows in --out's results, keep the others, "
                              "and print the whole table")
+    parser.add_argument("--devices", type=Path,
+                        help="a devices file (analyze --devices) for every row: e.g. "
+                             "plan_runs/h100_grand_teton_nvl.json, the slow end of the "
+                             "torchtitan hardware's bracket")
     args = parser.parse_args()
     runs = json.loads((HERE / "runs.json").read_text())["runs"]
     rows = []
     for run in runs:
         if args.only and run["name"] not in args.only:
             continue
-        row = predict(run)
+        row = predict(run, args.devices)
         said = {m: round(row[m]["error"], 3) for m in MODES if m in row}
         print(f"{row['name']}: {said or row.get('skipped')}", file=sys.stderr)
         rows.append(row)
