@@ -522,6 +522,43 @@ def test_ring_attention_passes_k_and_v_round_the_ring(gpt: tuple[Report, ModelFa
     assert ring.time_s == pytest.approx(ring.calls * (send_s + ring.bytes / bandwidth))
 
 
+@pytest.mark.parametrize("cp, m", [(2, 1), (4, 3)])
+def test_ulysses_all_to_alls_move_q_k_v_and_the_output_per_layer(
+        gpt: tuple[Report, ModelFacts], cp: int, m: int) -> None:
+    """``cp_comm=a2a``: per layer and pass, this GPU's 1/cp of Q, K, V and the output goes
+    through all-to-alls (forward and backward: twice), none of it hidden."""
+    _, facts = gpt
+    blocks = [u for u in facts.units if u.name.startswith("blocks.")]
+    q = out = B * S * H * BF16
+    kv = 2 * B * S * H * BF16
+    assert all((u.attention.q_bytes, u.attention.out_bytes) == (q, out) for u in blocks)
+    planned = layout(facts, f"dp=1,cp={cp},cp_comm=a2a", m=m)
+    (a2a,) = [c for c in planned.collectives if "(cp" in c.cause]
+    assert a2a.kind == "all-to-all" and a2a.group == cp and not a2a.overlapped
+    assert a2a.calls * a2a.bytes == pytest.approx(2 * (q + kv + out) / cp * len(blocks) * m)
+    assert planned.time.context_parallel_s == pytest.approx(a2a.time_s)
+
+
+def test_kv_all_gathers_move_the_whole_sequences_k_and_v(gpt: tuple[Report, ModelFacts]
+                                                         ) -> None:
+    _, facts = gpt
+    blocks = [u for u in facts.units if u.name.startswith("blocks.")]
+    kv = 2 * B * S * H * BF16
+    gather, scatter = [c for c in layout(facts, "dp=1,cp=4,cp_comm=allgather", m=2).collectives
+                       if "(cp" in c.cause]
+    assert (gather.kind, scatter.kind) == ("all-gather", "reduce-scatter")
+    assert gather.bytes == scatter.bytes == kv
+    assert gather.calls == scatter.calls == len(blocks) * 2
+
+
+def test_cp_comm_needs_context_parallelism_and_a_known_exchange() -> None:
+    with pytest.raises(ValueError, match="needs cp > 1"):
+        parse("dp=2,cp_comm=a2a")
+    with pytest.raises(ValueError, match="p2p, a2a, allgather"):
+        parse("dp=2,cp=2,cp_comm=ulysses")
+    assert parse("dp=2,cp=2,cp_comm=a2a").label == "dp=2,cp=2,cp_comm=a2a"
+
+
 def test_context_parallel_ranks_share_zero_and_reduce_gradients(
         gpt: tuple[Report, ModelFacts]) -> None:
     """The GPUs of a context-parallel group hold the same weights: the optimizer shards and

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 
 from fxlens.analyzer.core.sections import Collective, PlanLayout, PlanMemory, PlanRun, PlanTime
 from fxlens.analyzer.plan.compression import powersgd_flops
+from fxlens.analyzer.plan.context_parallel import context_parallel
 from fxlens.analyzer.plan.overlap import exposed_s, halves_s
 from fxlens.analyzer.plan.stage_memory import (
     distinct_stages,
@@ -45,7 +46,6 @@ from fxlens.analyzer.plan.transfers import (
     data_parallel,
     expert_parallel,
     pipeline_transfer,
-    ring_attention,
     sm_slowdown_s,
     tensor_parallel,
 )
@@ -179,7 +179,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     else:
         recompute_s = sum(recomputed_s(s, facts.twin(u)) for u in units
                           if s.recompute and is_block(u))
-    ring, ring_exposed = ring_attention(s, device, units)
+    ring, ring_exposed = context_parallel(s, device, units)
     experts = expert_parallel(s, device, units, facts.tokens, facts.routing)
     gradients = data_parallel(s, device, dense, expert, shard, expert_shard,
                               facts.grad_element_bytes, mine)

@@ -25,6 +25,10 @@ split); left out, the blocks split evenly, the embedding on the first stage and 
 loss on the last; ``micro_batches`` per step per data-parallel rank (gradient accumulation
 when pp = 1).
 
+``cp_comm=`` how context-parallel GPUs exchange a layer's tokens (``p2p`` ring attention, the
+default; ``a2a`` head all-to-alls, DeepSpeed-Ulysses; ``allgather`` K/V gathers:
+`fxlens.analyzer.plan.context_parallel`).
+
 Expert routing: ``dispatch=alltoall`` sends each token once per chosen expert (Megatron-core's
 ``alltoall`` dispatcher); ``dispatch=deepep`` once per destination node across nodes and once
 per GPU inside one (DeepEP, Megatron-core's ``flex``; ``dispatch=hybridep``: the same
@@ -65,6 +69,7 @@ NAMED: dict[str, dict[str, int | bool | str]] = {
 GRADIENT_FORMATS = ("int8", "fp8")
 OPS = "ops"                      # ``ckpt=ops``: the op-level policy
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
+CP_COMMS = ("p2p", "a2a", "allgather")     # Megatron-core's cp_comm_type: ring, Ulysses, gather
 DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "v", "powersgd")
 MAX_DEGREE = 1 << 20
 
@@ -94,6 +99,7 @@ class Strategy:
     powersgd: int = 0               # PowerSGD rank of DDP's gradient all-reduce (0: off)
     zeropp: bool = False            # ZeRO++: int8 weight gathers, hpZ, int4 gradients
     layout: str | None = None       # Megatron's pipeline layout; None: blocks split evenly
+    cp_comm: str | None = None      # `CP_COMMS`; None: p2p (ring attention)
 
     @property
     def compresses(self) -> bool:
@@ -126,6 +132,8 @@ class Strategy:
             parts.append(f"dispatch={self.dispatch}")
         if self.routing is not None:
             parts.append(f"routing={self.routing}")
+        if self.cp_comm is not None:
+            parts.append(f"cp_comm={self.cp_comm}")
         if self.recompute:
             parts.append(f"ckpt={'+'.join(self.recompute)}")
         if self.checkpoint_auto:
@@ -182,6 +190,11 @@ class Strategy:
         if self.dispatch is not None and self.dispatch not in DISPATCHERS:
             found.append(f"dispatch={self.dispatch}: dispatchers are "
                          f"{', '.join(DISPATCHERS[:-1])} and {DISPATCHERS[-1]}")
+        if self.cp_comm is not None and self.cp_comm not in CP_COMMS:
+            found.append(f"cp_comm={self.cp_comm}: context-parallel exchanges are "
+                         f"{', '.join(CP_COMMS)}")
+        elif self.cp_comm is not None and self.cp == 1:
+            found.append("cp_comm= says how context-parallel GPUs exchange: it needs cp > 1")
         if self.routing is not None and self.routing not in ROUTINGS:
             found.append(f"routing={self.routing}: routings are {' and '.join(ROUTINGS)}")
         if (self.a2a_overlap or self.dispatch is not None or self.routing is not None) \
@@ -229,7 +242,7 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
                 _set(values, "checkpoint_ops", True, text)
             elif key == "ckpt":
                 _set(values, "recompute", _selective(number), text)
-            elif key in ("dispatch", "gradq", "routing", "layout"):
+            elif key in ("dispatch", "gradq", "routing", "layout", "cp_comm"):
                 _set(values, key, number, text)
             else:
                 _set(values, key, _degree(key, number), text)
@@ -271,7 +284,7 @@ def _set(values: dict[str, Any], key: str, value: Any, text: str) -> None:
 def _degree(key: str, number: str) -> int:
     if key not in DEGREES:
         raise ValueError(f"unknown degree {key!r}; known: {', '.join(DEGREES)}, and ckpt=, "
-                         f"dispatch=, gradq=, routing=")
+                         f"dispatch=, gradq=, routing=, layout=, cp_comm=")
     try:
         value = int(number)
     except ValueError:

@@ -14,11 +14,8 @@ layers the same GPUs of a stage as etp innermost, then ep, then expert dp.
 - Tensor parallel: one all-reduce of each pair's output in the forward and one of its input
   gradient in the backward (with sequence parallel a reduce-scatter and an all-gather, the
   same bytes), again in a recompute; payloads hold this GPU's tokens (÷ cp).
-- Context parallel (ring attention, Megatron-core's default ``p2p``): per layer, each GPU
-  passes its K/V chunk (1/cp of the sequence, its tp share of the heads, un-repeated under
-  grouped-query attention) round the ring cp − 1 times in the forward; the backward passes the
-  K/V and their gradients, twice the bytes. Each send overlaps the attention of the chunk
-  pair before it; only what the attention does not cover is exposed (`ring_exposed_s`).
+- Context parallel: `fxlens.analyzer.plan.context_parallel` (ring sends, head all-to-alls or
+  K/V all-gathers, as ``cp_comm=`` says).
 - Expert parallel: an all-to-all to the experts and one back, forward and backward (and in a
   recompute), of the token rows this GPU routes: each token once per chosen expert
   (``dispatch=alltoall``), or, as DeepEP sends them (``dispatch=deepep``, the default across
@@ -205,33 +202,6 @@ def _activation_reduces(s: Strategy, device: Links, cause: str, ways: int, reduc
         return [collective(kind, f"{cause} (sp)", group, payload, calls, device, False)
                 for kind in ("reduce-scatter", "all-gather")]
     return [collective("all-reduce", cause, group, payload, calls, device, False)]
-
-
-def ring_attention(s: Strategy, device: Links, units: Sequence[Unit]
-                   ) -> tuple[list[Collective], float]:
-    """The ring's K/V sends, and the seconds of them the attention does not hide (all
-    micro-batches)."""
-    layers = [u for u in units if u.attention.kv_bytes]
-    if s.cp == 1 or not layers:
-        return [], 0.0
-    group = Group(s.cp, s.tp)
-    bandwidth = device.link_bytes_per_s(group.within_node(device.gpus_per_node))
-    send_s = latency_s("p2p", group, device)         # each send's fixed latency
-    steps = s.cp - 1
-    forward_passes = 2 if s.checkpoint else 1
-    exposed = 0.0
-    chunk_total = 0.0
-    for u in layers:
-        chunk = u.attention.kv_bytes / (s.tp * s.cp)
-        chunk_total += chunk
-        per_step_fwd = u.attention.forward_s / (s.tp * s.cp) / s.cp
-        per_step_bwd = u.attention.backward_s / (s.tp * s.cp) / s.cp
-        exposed += steps * (forward_passes * max(0.0, send_s + chunk / bandwidth - per_step_fwd)
-                            + max(0.0, 2 * (send_s + chunk / bandwidth) - per_step_bwd))
-    chunk = chunk_total / len(layers)
-    calls = steps * len(layers) * (forward_passes + 2) * s.micro_batches
-    ring = collective("p2p", "ring attention K/V (cp)", group, chunk, calls, device, True)
-    return [ring], exposed * s.micro_batches
 
 
 def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: int,

@@ -115,6 +115,8 @@ class UnitAttention:
     forward_s: float = 0.0
     backward_s: float = 0.0
     kv_bytes: int = 0       # K and V read by the forward attention, un-repeated
+    q_bytes: int = 0        # its queries
+    out_bytes: int = 0      # its output
 
 
 def expert_gemms(graph: Graph, members: Iterable[int], grouped_ops: Collection[str],
@@ -140,7 +142,7 @@ def expert_gemms(graph: Graph, members: Iterable[int], grouped_ops: Collection[s
 def unit_attention(graph: Graph, members: Iterable[int], attention_ops: Collection[str],
                    view_ops: Collection[str], times: Mapping[int, Timed]) -> UnitAttention:
     forward = backward = 0.0
-    kv = 0
+    kv = q = out = 0
     for node_id in members:
         node = graph.nodes[node_id]
         if node.packet not in attention_ops:
@@ -150,9 +152,12 @@ def unit_attention(graph: Graph, members: Iterable[int], attention_ops: Collecti
             forward += seconds
             refs = list(node.input_refs())
             kv += sum(_unrepeated_bytes(graph, ref, view_ops) for ref in refs[1:3])
+            query = graph.spec(refs[0]) if refs else None
+            q += query.nbytes if query is not None else 0
+            out += node.outputs[0].nbytes if node.outputs and node.outputs[0] else 0
         else:
             backward += seconds
-    return UnitAttention(forward, backward, kv)
+    return UnitAttention(forward, backward, kv, q, out)
 
 
 COPY_CHAIN = 8    # views and copies walked back through, at most

@@ -56,7 +56,7 @@ class PlanTime:
     tokens_per_step: int
     tokens_per_s: float
     mfu: float
-    context_parallel_s: float = 0.0  # ring-attention sends the attention does not hide
+    context_parallel_s: float = 0.0  # context-parallel transfers the attention does not hide
     expert_parallel_exposed_s: float = 0.0  # the all-to-alls compute does not hide
     overlap_slowdown_s: float = 0.0  # compute slowed by the SMs hidden transfers hold
     recompute_s: float = 0.0        # of compute_s: the forwards run again (ckpt, ckpt=…)
