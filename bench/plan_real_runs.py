@@ -52,6 +52,8 @@ def strategy_of(run: dict[str, Any]) -> tuple[str | None, str]:
     for key, name in (("tp", "tp"), ("pp", "pp"), ("cp", "cp"), ("ep", "ep"), ("vp", "v")):
         if (lay.get(key) or 1) > 1:
             parts.append(f"{name}={lay[key]}")
+    if (lay.get("cp") or 1) > 1 and lay.get("cp_comm"):     # Megatron's cp_comm_type
+        parts.append(f"cp_comm={lay['cp_comm']}")
     if (lay.get("ep") or 1) > 1 and lay.get("etp"):
         parts.append(f"etp={lay['etp']}")
     if lay.get("fsdp"):
