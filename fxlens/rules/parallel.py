@@ -34,4 +34,5 @@ PARALLEL = ParallelKnowledge(
     saved_ops=frozenset(str(op) for op in FUSED_FORWARD)
     | {"aten.max", "_c10d_functional.reduce_scatter_tensor"},
     alternate_saved_ops=frozenset({"aten.mm"}),
+    residual_ops=frozenset({"aten.add"}),
 )

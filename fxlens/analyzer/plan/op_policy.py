@@ -20,13 +20,12 @@ the policy) are not in it; the row GEMMs' outputs stand for them.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
 from fxlens.analyzer.core.graph import Graph, Node
 from fxlens.analyzer.plan.types import ParallelKnowledge
 from fxlens.analyzer.plan.workload import ExpertGemm, ExpertWork, ModulePart
-
-RESIDUAL_OPS = frozenset({"aten.add"})
 
 
 def must_save(graph: Graph, forward: Sequence[int], knowledge: ParallelKnowledge
@@ -51,9 +50,11 @@ def op_policy_part(graph: Graph, forward: Sequence[int], split_nodes: Collection
     besides the block's input, forward seconds what it recomputes, the block's expert GEMMs
     and expert-sized work among it (`forward`: the block's forward nodes in execution order;
     `compiled`: keep only outputs the backward can use)."""
-    kept = must_save(graph, forward, knowledge)
+    saved = must_save(graph, forward, knowledge)
+    kept = saved
     if compiled:
-        kept = [n for n in kept if not _only_residual(graph, n, forward, knowledge)]
+        readers = _readers(graph, forward)
+        kept = [n for n in saved if not _only_residual(graph, n, readers, knowledge)]
     split = whole = 0
     for node_id in kept:
         size = sum(spec.nbytes for spec in graph.nodes[node_id].outputs if spec is not None)
@@ -61,8 +62,8 @@ def op_policy_part(graph: Graph, forward: Sequence[int], split_nodes: Collection
             split += size
         else:
             whole += size
-    saved_nodes = set(must_save(graph, forward, knowledge))
-    redone = [n for n in forward if n not in saved_nodes]
+    saved_set = set(saved)
+    redone = [n for n in forward if n not in saved_set]
     return ModulePart(
         name="", saved_split_bytes=split, saved_whole_bytes=whole,
         forward_split_s=sum(times.get(n, 0.0) for n in redone if n in split_nodes),
@@ -70,18 +71,26 @@ def op_policy_part(graph: Graph, forward: Sequence[int], split_nodes: Collection
         expert_gemms=expert_gemms, expert_work=expert_work)
 
 
-def _only_residual(graph: Graph, node_id: int, forward: Iterable[int],
+def _readers(graph: Graph, forward: Iterable[int]) -> dict[int, list[Node]]:
+    """The forward nodes reading each node's outputs, by the read node's id."""
+    found: defaultdict[int, list[Node]] = defaultdict(list)
+    for node_id in forward:
+        node = graph.nodes[node_id]
+        for source in {ref.node for ref in node.input_refs()}:
+            found[source].append(node)
+    return found
+
+
+def _only_residual(graph: Graph, node_id: int, readers: Mapping[int, list[Node]],
                    knowledge: ParallelKnowledge) -> bool:
     """Whether everything that reads `node_id`'s output in the forward, through views, is a
     residual addition (whose backward reads no input)."""
-    sources = {node_id}
-    readers: list[Node] = []
-    for other in forward:
-        node = graph.nodes[other]
-        if other <= node_id or not any(r.node in sources for r in node.input_refs()):
-            continue
-        if node.packet in knowledge.weight_path_ops:     # views and copies of it
-            sources.add(other)
-        else:
-            readers.append(node)
-    return bool(readers) and all(n.packet in RESIDUAL_OPS for n in readers)
+    ends: list[Node] = []
+    pending = [node_id]
+    while pending:
+        for reader in readers.get(pending.pop(), ()):
+            if reader.packet in knowledge.weight_path_ops:     # views and copies of it
+                pending.append(reader.id)
+            else:
+                ends.append(reader)
+    return bool(ends) and all(n.packet in knowledge.residual_ops for n in ends)

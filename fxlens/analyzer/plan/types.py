@@ -25,6 +25,7 @@ class ParallelKnowledge:
     # those it saves every second one of (the 1st, 3rd, … in a block's forward)
     saved_ops: frozenset[str] = frozenset()
     alternate_saved_ops: frozenset[str] = frozenset()
+    residual_ops: frozenset[str] = frozenset()   # additions whose backward reads no input
 
 
 def remembered(answers: dict[Hashable, Any], question: Hashable, work: Callable[[], T]) -> T:
