@@ -164,10 +164,11 @@ def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFac
         "a per-call latency (NCCL's model: a base and a hop per ring step); congestion not "
         "modelled",
         "gradient and ZeRO transfers overlap compute (DDP/ZeRO-1/2: the last micro-batch's "
-        "backward; ZeRO-3: all of it), ring-attention sends their attention, expert "
-        "all-to-alls another micro-batch's compute only with a2a-overlap (not in the "
-        "pipeline's warm-up and cool-down); tensor- and "
-        "pipeline-parallel transfers do not",
+        "backward; ZeRO-3: all of it), ring-attention sends their attention (cp_comm=a2a "
+        "and allgather exchanges do not), expert all-to-alls another micro-batch's compute "
+        "only with a2a-overlap (not in the pipeline's warm-up and cool-down), "
+        "tensor-parallel transfers their GEMMs only with tp-overlap; pipeline transfers "
+        "do not",
         "1F1B pipeline: bubble (p − 1)/v micro-batch times; stage i holds min(m, p − i) "
         "micro-batches of activations (interleaved, v > 1: Megatron's warm-up chunks)",
         "ranks laid out tp innermost, then cp, dp, pp outermost; experts over a stage's GPUs "

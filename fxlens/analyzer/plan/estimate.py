@@ -4,9 +4,10 @@ Memory per GPU: the fullest pipeline stage's (`fxlens.analyzer.plan.stage_memory
 
 Time: a micro-batch costs each stage its roofline time (split work over t, everything over
 cp: causal attention load-balanced as Megatron-core does, two chunks per GPU) plus its
-tensor-parallel transfers (on the critical path: not overlapped), its expert all-to-alls
-(likewise, unless ``a2a-overlap`` runs them beside another micro-batch's compute), the part of
-the ring-attention sends its attention does not hide, and a stage-to-stage transfer. Expert
+tensor-parallel transfers (on the critical path, unless ``tp-overlap`` runs them beside their
+GEMMs), its expert all-to-alls (likewise, unless ``a2a-overlap`` runs them beside another
+micro-batch's compute), the part of the context-parallel exchanges its attention does not hide
+(`fxlens.analyzer.plan.context_parallel`), and a stage-to-stage transfer. Expert
 GEMMs are re-sized for the GPU (`fxlens.analyzer.plan.workload.ExpertGemm`): 1/(t·cp) of the
 routed work, the weights of its 1/(ep·etp) of the experts; other ops sized like expert weights
 (their casts, gradient copies) run on its 1/(ep·etp). A 1F1B pipeline takes ``(m + (p − 1)/v)``
@@ -16,8 +17,8 @@ last one, ZeRO-1/2's weight gather the next step's first forwards, ZeRO-3 every 
 compute (`fxlens.analyzer.plan.overlap`) — and only the excess is exposed. The optimizer step
 scales with the state a GPU holds. Transfers: `fxlens.analyzer.plan.transfers`.
 Compute beside a hidden transfer runs on the SMs the transfer leaves it
-(`fxlens.analyzer.plan.transfers.sm_slowdown_s`: the expert all-to-alls and ring sends per
-stage, the gradient/ZeRO traffic per step).
+(`fxlens.analyzer.plan.transfers.sm_slowdown_s`: the expert all-to-alls, ring sends and
+overlapped tensor-parallel collectives per stage, the gradient/ZeRO traffic per step).
 NB: congestion, NCCL's tree algorithms and memory traffic competing with compute are
 not modelled (a collective's per-call latency is: `fxlens.analyzer.plan.transfers`); expert
 load is taken as balanced (every GPU receives its share of the routed rows).
@@ -48,6 +49,7 @@ from fxlens.analyzer.plan.transfers import (
     pipeline_transfer,
     sm_slowdown_s,
     tensor_parallel,
+    tensor_parallel_exposed_s,
 )
 from fxlens.analyzer.plan.unit_share import is_block, phase_s, recomputed_s
 
@@ -65,6 +67,7 @@ class _Stage:
     expert_parallel: list[Collective]
     context_parallel: list[Collective]
     ring_exposed_s: float           # every micro-batch
+    tensor_exposed_s: float         # every micro-batch: the tp collectives' exposed part
     expert_exposed_s: float         # every micro-batch
     sm_slowdown_s: float            # every micro-batch: compute beside hidden transfers
     data_parallel: list[Collective]
@@ -92,8 +95,8 @@ class _Stage:
     @property
     def blocking_s(self) -> float:
         """Transfers on the critical path, every micro-batch."""
-        return (sum(c.time_s for c in self.tensor_parallel) + self.expert_exposed_s
-                + self.ring_exposed_s + self.sm_slowdown_s)
+        return (self.tensor_exposed_s + self.expert_exposed_s + self.ring_exposed_s
+                + self.sm_slowdown_s)
 
 
 def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
@@ -122,6 +125,8 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
         recompute_s=max(evaluated, key=lambda e: e.compute_s).recompute_s,
         tensor_parallel_s=max(sum((c.time_s for c in e.tensor_parallel), 0.0)
                               for e in evaluated),
+        tensor_parallel_exposed_s=(max(e.tensor_exposed_s for e in evaluated)
+                                   if s.tp_overlap else None),
         expert_parallel_s=max(sum((c.time_s for c in e.expert_parallel), 0.0)
                               for e in evaluated),
         expert_parallel_exposed_s=max(e.expert_exposed_s for e in evaluated),
@@ -188,14 +193,19 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     nxt = parts[index + 1][0] if index + 1 < len(parts) and parts[index + 1] else None
     exposed = _expert_exposed_s(s, sum(c.time_s for c in experts), m * (forward + recompute_s),
                                 m * backward, index)
+    tp = tensor_parallel(s, device, units)
+    tp_s = sum(c.time_s for c in tp)
+    split_s = m * sum(u.forward_split_s + u.backward_split_s for u in units) / (s.tp * s.cp)
+    tp_exposed = tensor_parallel_exposed_s(s, tp_s, split_s)
     return _Stage(
         memory=stored.memory, compute_s=m * (forward + backward + recompute_s),
         backward_s=m * backward, recompute_s=m * recompute_s,
-        tensor_parallel=tensor_parallel(s, device, units),
+        tensor_parallel=tp, tensor_exposed_s=tp_exposed,
         expert_parallel=experts,
         expert_exposed_s=exposed,
         sm_slowdown_s=(sm_slowdown_s(experts, exposed, device)
-                       + sm_slowdown_s(ring, ring_exposed, device)),
+                       + sm_slowdown_s(ring, ring_exposed, device)
+                       + sm_slowdown_s(tp, tp_exposed, device)),
         context_parallel=ring, ring_exposed_s=ring_exposed,
         data_parallel=gradients,
         compression_s=(powersgd_flops(mine, s.powersgd) / facts.peak_flops

@@ -25,6 +25,9 @@ split); left out, the blocks split evenly, the embedding on the first stage and 
 loss on the last; ``micro_batches`` per step per data-parallel rank (gradient accumulation
 when pp = 1).
 
+``tp-overlap`` runs the tensor-parallel collectives beside the GEMMs they feed, in chunks
+(Megatron-core's ``tp_comm_overlap``, PyTorch's async TP): only what the GEMMs do not cover,
+and one chunk of it, stays exposed.
 ``cp_comm=`` how context-parallel GPUs exchange a layer's tokens (``p2p`` ring attention, the
 default; ``a2a`` head all-to-alls, DeepSpeed-Ulysses; ``allgather`` K/V gathers:
 `fxlens.analyzer.plan.context_parallel`).
@@ -64,7 +67,7 @@ NAMED: dict[str, dict[str, int | bool | str]] = {
     "fsdp": {"zero": 3}, "hsdp": {"zero": 3, "hybrid": True},
     "fsdp-hybrid": {"zero": 3, "hybrid": True}, "sp": {"sp": True}, "ckpt": {"checkpoint": True},
     "offload": {"offload": True}, "a2a-overlap": {"a2a_overlap": True},
-    "zeropp": {"zeropp": True},
+    "zeropp": {"zeropp": True}, "tp-overlap": {"tp_overlap": True},
 }
 GRADIENT_FORMATS = ("int8", "fp8")
 OPS = "ops"                      # ``ckpt=ops``: the op-level policy
@@ -100,6 +103,7 @@ class Strategy:
     zeropp: bool = False            # ZeRO++: int8 weight gathers, hpZ, int4 gradients
     layout: str | None = None       # Megatron's pipeline layout; None: blocks split evenly
     cp_comm: str | None = None      # `CP_COMMS`; None: p2p (ring attention)
+    tp_overlap: bool = False        # tp collectives overlapped with their GEMMs
 
     @property
     def compresses(self) -> bool:
@@ -150,7 +154,8 @@ class Strategy:
         parts += [name for name, on in (("sp", self.sp), ("ckpt", self.checkpoint),
                                         ("offload", self.offload),
                                         ("a2a-overlap", self.a2a_overlap),
-                                        ("zeropp", self.zeropp)) if on]
+                                        ("zeropp", self.zeropp),
+                                        ("tp-overlap", self.tp_overlap)) if on]
         return ",".join(parts)
 
     def problems(self) -> list[str]:
@@ -162,6 +167,8 @@ class Strategy:
             found.append("hybrid sharding is a ZeRO-3/FSDP layout")
         if self.sp and self.tp == 1:
             found.append("sequence parallel splits along tp: it needs tp > 1")
+        if self.tp_overlap and self.tp == 1:
+            found.append("tp-overlap hides tensor-parallel transfers: it needs tp > 1")
         stage = self.tp * self.cp * self.dp
         if stage % (self.ep * self.expert_tp):
             found.append(f"ep·etp = {self.ep}·{self.expert_tp} must divide the GPUs of a "

@@ -13,7 +13,8 @@ layers the same GPUs of a stage as etp innermost, then ep, then expert dp.
 
 - Tensor parallel: one all-reduce of each pair's output in the forward and one of its input
   gradient in the backward (with sequence parallel a reduce-scatter and an all-gather, the
-  same bytes), again in a recompute; payloads hold this GPU's tokens (÷ cp).
+  same bytes), again in a recompute; payloads hold this GPU's tokens (÷ cp). Exposed, unless
+  ``tp-overlap`` (`tensor_parallel_exposed_s`).
 - Context parallel: `fxlens.analyzer.plan.context_parallel` (ring sends, head all-to-alls or
   K/V all-gathers, as ``cp_comm=`` says).
 - Expert parallel: an all-to-all to the experts and one back, forward and backward (and in a
@@ -199,9 +200,9 @@ def _activation_reduces(s: Strategy, device: Links, cause: str, ways: int, reduc
     calls = reduces * passes * s.micro_batches
     group = Group(ways, 1)
     if s.sp:
-        return [collective(kind, f"{cause} (sp)", group, payload, calls, device, False)
+        return [collective(kind, f"{cause} (sp)", group, payload, calls, device, s.tp_overlap)
                 for kind in ("reduce-scatter", "all-gather")]
-    return [collective("all-reduce", cause, group, payload, calls, device, False)]
+    return [collective("all-reduce", cause, group, payload, calls, device, s.tp_overlap)]
 
 
 def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: int,
@@ -328,6 +329,17 @@ def _zero3(s: Strategy, device: Links, label: str, group: Group, inner: Group, g
                               Group(replicas, inner.stride * inner.size), grads / inner.size,
                               1, device, True))
     return out
+
+
+def tensor_parallel_exposed_s(s: Strategy, transfer_s: float, gemm_s: float) -> float:
+    """Of the tensor-parallel collectives' `transfer_s`, what the GEMMs on split features
+    (`gemm_s`, the same micro-batches) do not hide. With ``tp-overlap`` a GEMM runs in tp
+    chunks, each chunk's transfer beside the next chunk's product (Megatron-core's
+    userbuffers, PyTorch's async TP): one chunk's transfer waits, the rest hides up to the
+    GEMMs' length. Without it all of it is exposed."""
+    if not s.tp_overlap:
+        return transfer_s
+    return max(0.0, transfer_s - gemm_s) + transfer_s / s.tp
 
 
 def zero3_pipelined(s: Strategy) -> bool:

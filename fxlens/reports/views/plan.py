@@ -101,11 +101,14 @@ def _memory(layout: PlanLayout, plan: Plan) -> Table:
 
 def _time(layout: PlanLayout) -> Table:
     t = layout.time
+    tp_hidden = t.tensor_parallel_exposed_s is not None
     rows: list[tuple[str | Cell, ...]] = [
         (label, seconds(value)) for label, value in (
             ("compute (all micro-batches)", t.compute_s),
-            ("tensor-parallel transfers", t.tensor_parallel_s),
-            ("ring-attention sends, exposed (cp)", t.context_parallel_s),
+            ("tensor-parallel transfers" + (", exposed" if tp_hidden else ""),
+             t.tensor_parallel_s if t.tensor_parallel_exposed_s is None
+             else t.tensor_parallel_exposed_s),
+            ("context-parallel transfers, exposed (cp)", t.context_parallel_s),
             ("expert all-to-alls, exposed", t.expert_parallel_exposed_s),
             ("compute slowed by hidden transfers' SMs", t.overlap_slowdown_s),
             ("pipeline transfers", t.pipeline_s), ("pipeline bubble", t.bubble_s),
@@ -117,6 +120,8 @@ def _time(layout: PlanLayout) -> Table:
                f"{seconds(t.data_parallel_s)} in all, hidden behind compute where they can be"
                + (f"; expert all-to-alls {seconds(t.expert_parallel_s)} in all"
                   if t.expert_parallel_s > t.expert_parallel_exposed_s else "")
+               + (f"; tensor-parallel transfers {seconds(t.tensor_parallel_s)} in all, "
+                  "beside their GEMMs (tp-overlap)" if tp_hidden else "")
                + _compression_note(t) + _recompute_note(layout))
     return Table.of(f"step time · {layout.strategy}", (Column("what"),
                     Column("time", right=True)), rows, caption=caption)
