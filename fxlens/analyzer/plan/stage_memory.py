@@ -37,7 +37,12 @@ from fxlens.analyzer.plan.compression import Matrix, on_gpu, powersgd_bytes, qua
 from fxlens.analyzer.plan.pipeline_layout import SLOTS, by_rank, resolved
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
-from fxlens.analyzer.plan.transfers import Group, Links, zero3_pipelined
+from fxlens.analyzer.plan.transfers import (
+    PIPELINED_GRAD_BYTES,
+    Group,
+    Links,
+    zero3_pipelined,
+)
 from fxlens.analyzer.plan.types import remembered
 from fxlens.analyzer.plan.unit_share import (
     degrees,
@@ -186,8 +191,10 @@ def stage_memory(facts: ModelFacts, s: Strategy, device: Links, index: int) -> S
     if s.zero == 3 and shard.size > 1:
         unsharded = [unit_state(u, t, experts_on_gpu) for u in units]
         weights = sorted((u.weights_bytes for u in unsharded), reverse=True)
-        if zero3_pipelined(s):     # the stage's weights and gradients whole for the step
-            gathered = sum(weights) + sum(u.grad_bytes for u in unsharded)
+        if zero3_pipelined(s):     # the stage's weights and float32 gradients whole
+            grads = sum(u.grad_bytes for u in unsharded)
+            gathered = round(sum(weights)
+                             + grads * PIPELINED_GRAD_BYTES / facts.grad_element_bytes)
         else:
             gathered = (sum(weights[:ZERO3_UNITS_GATHERED])
                         + max((u.grad_bytes for u in unsharded), default=0))

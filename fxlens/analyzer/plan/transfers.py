@@ -319,6 +319,8 @@ def _zero3(s: Strategy, device: Links, label: str, group: Group, inner: Group, g
     else:
         grads = quantized_bytes(grads, element_bytes, 8) if s.gradq else grads
         gathers, reduces = (1, 1) if zero3_pipelined(s) else (2 * m, m)
+        if zero3_pipelined(s) and not s.gradq:     # accumulated, then reduced, in float32
+            grads = grads * PIPELINED_GRAD_BYTES / element_bytes
         out = [collective("all-gather", f"{label}weights (ZeRO-3)", inner, weights, gathers,
                           device, True),
                collective("reduce-scatter", f"{label}gradients (ZeRO-3{_compression_tag(s)})",
@@ -342,12 +344,18 @@ def tensor_parallel_exposed_s(s: Strategy, transfer_s: float, gemm_s: float) -> 
     return max(0.0, transfer_s - gemm_s) + transfer_s / s.tp
 
 
+PIPELINED_GRAD_BYTES = 4   # float32: the reduce dtype FSDP2 accumulates unsharded gradients in
+
+
 def zero3_pipelined(s: Strategy) -> bool:
     """Whether ZeRO-3 runs under a pipeline as PyTorch's pipeline schedules drive FSDP2
     (torchtitan, NeMo Automodel): each stage's weights stay gathered from its first forward to
     its last backward (``reshard_after_forward=False``) and its gradients accumulate unsharded
     until the last micro-batch's backward, which reduce-scatters them once (no gradient sync or
-    resharding before: ``torch.distributed.pipelining``'s ``backward_maybe_with_nosync``)."""
+    resharding before: ``torch.distributed.pipelining``'s ``backward_maybe_with_nosync``). An
+    unsharded gradient kept for accumulation is upcast to the reduce dtype
+    (``FSDPParam.to_accumulated_grad_if_needed``), float32 in both recipes
+    (`PIPELINED_GRAD_BYTES`)."""
     return s.zero == 3 and s.pp > 1 and not s.zeropp
 
 
