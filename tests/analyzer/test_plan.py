@@ -425,6 +425,8 @@ def test_a_mask_wider_than_the_hidden_states_is_not_the_residual_stream() -> Non
     (["--plan", "--strategy", "ddp", "--search", "--gpus", "2"], "give one of them"),
     (["--plan", "--tokens", "1.5"], "whole number"),
     (["--plan", "--price", "-1"], "≥ 0"),
+    (["--attention-kernel", "flash2"], "add --device"),
+    (["--plan", "--strategy", "dp=2,cp=2,cp_comm=ring"], "p2p, a2a, allgather"),
 ])
 def test_plan_options_are_refused_before_the_model_runs(argv: list[str], says: str,
                                                         capsys: pytest.CaptureFixture[str]
