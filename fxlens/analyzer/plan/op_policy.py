@@ -54,7 +54,7 @@ def op_policy_part(graph: Graph, forward: Sequence[int], split_nodes: Collection
     kept = saved
     if compiled:
         readers = _readers(graph, forward)
-        kept = [n for n in saved if not _only_residual(graph, n, readers, knowledge)]
+        kept = [n for n in saved if not _only_residual(n, readers, knowledge)]
     split = whole = 0
     for node_id in kept:
         size = sum(spec.nbytes for spec in graph.nodes[node_id].outputs if spec is not None)
@@ -72,7 +72,7 @@ def op_policy_part(graph: Graph, forward: Sequence[int], split_nodes: Collection
 
 
 def _readers(graph: Graph, forward: Iterable[int]) -> dict[int, list[Node]]:
-    """The forward nodes reading each node's outputs, by the read node's id."""
+    """The forward nodes that read each node's outputs, keyed by the node they read."""
     found: defaultdict[int, list[Node]] = defaultdict(list)
     for node_id in forward:
         node = graph.nodes[node_id]
@@ -81,7 +81,7 @@ def _readers(graph: Graph, forward: Iterable[int]) -> dict[int, list[Node]]:
     return found
 
 
-def _only_residual(graph: Graph, node_id: int, readers: Mapping[int, list[Node]],
+def _only_residual(node_id: int, readers: Mapping[int, list[Node]],
                    knowledge: ParallelKnowledge) -> bool:
     """Whether everything that reads `node_id`'s output in the forward, through views, is a
     residual addition (whose backward reads no input)."""
