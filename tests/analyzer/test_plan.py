@@ -563,18 +563,20 @@ def test_cp_comm_needs_context_parallelism_and_a_known_exchange() -> None:
     assert parse("dp=2,cp=2,cp_comm=a2a").label == "dp=2,cp=2,cp_comm=a2a"
 
 
-@pytest.mark.parametrize("text", ["dp=1,tp=2,sp", "dp=2,tp=2"])
+@pytest.mark.parametrize("text, forwards", [("dp=1,tp=2,sp", 1), ("dp=2,tp=2", 1),
+                                            ("dp=2,tp=2,ckpt", 2)])
 def test_tp_overlap_leaves_one_chunk_and_what_the_gemms_do_not_cover(
-        gpt: tuple[Report, ModelFacts], text: str) -> None:
+        gpt: tuple[Report, ModelFacts], text: str, forwards: int) -> None:
     """``tp-overlap``: each GEMM in tp chunks, a chunk's transfer beside the next one's
-    product: of T seconds of transfers beside G seconds of split GEMMs, max(0, T − G) + T/tp
-    stay on the critical path; without it all T."""
+    product: of T seconds of transfers beside G seconds of split GEMMs (a recomputed forward's
+    too), max(0, T − G) + T/tp stay on the critical path; without it all T."""
     _, facts = gpt
     m = 3
     plain = layout(facts, text, m=m)
     hidden = layout(facts, f"{text},tp-overlap", m=m)
     transfers = plain.time.tensor_parallel_s
-    gemms = m * sum(u.forward_split_s + u.backward_split_s for u in facts.units) / 2
+    gemms = m * sum(forwards * u.forward_split_s + u.backward_split_s
+                    for u in facts.units) / 2
     assert transfers > 0 and plain.time.tensor_parallel_exposed_s is None
     assert hidden.time.tensor_parallel_s == pytest.approx(transfers)
     assert hidden.time.tensor_parallel_exposed_s == pytest.approx(

@@ -195,7 +195,9 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
                                 m * backward, index)
     tp = tensor_parallel(s, device, units)
     tp_s = sum(c.time_s for c in tp)
-    split_s = m * sum(u.forward_split_s + u.backward_split_s for u in units) / (s.tp * s.cp)
+    forwards = 2 if s.checkpoint else 1            # a recomputed forward runs its GEMMs again
+    split_s = m * sum(forwards * u.forward_split_s + u.backward_split_s
+                      for u in units) / (s.tp * s.cp)
     tp_exposed = tensor_parallel_exposed_s(s, tp_s, split_s)
     return _Stage(
         memory=stored.memory, compute_s=m * (forward + backward + recompute_s),
