@@ -120,6 +120,30 @@ def test_alltoall_sends_a_copy_per_expert_deepep_one_per_node() -> None:
     assert deepep.time_s / per_expert.time_s == pytest.approx(remote_nodes / 6)
 
 
+@pytest.mark.parametrize("text, passes", [("dp=8,ep=8", 4), ("dp=8,ep=8,ckpt", 6),
+                                          ("dp=8,ep=8,ckpt=ops", 4)])
+def test_a_recompute_sends_the_tokens_again_unless_the_policy_saved_them(
+        text: str, passes: int) -> None:
+    """Full recompute runs the forward's dispatch and combine again; ``ckpt=ops`` saves the
+    all-to-alls' outputs (torchtitan's policy), so its recompute sends nothing."""
+    tokens, k, hidden, m = 1024, 2, 4096, 3
+    (a2a,) = expert_parallel(parse(text, None, m), FakeLinks(), moe_units(2, tokens, k, hidden),
+                             tokens, ExpertRouting(8))
+    assert a2a.calls == passes * m
+
+
+@pytest.mark.slow
+def test_ckpt_ops_keeps_the_rows_the_all_to_alls_delivered() -> None:
+    """Under expert parallelism the policy keeps each MoE layer's dispatched and combined
+    rows beside the block's input and saved outputs."""
+    facts = hf_facts("mixtral")
+    blocks = [u for u in facts.units if u.name not in ("pre", "post")]
+    routed = sum(u.routed_bytes for u in blocks)
+    alone = layout(facts, "dp=2,ckpt=ops", 2).memory.activations_bytes
+    spread = layout(facts, "dp=2,ep=2,ckpt=ops", 2).memory.activations_bytes
+    assert spread - alone == pytest.approx(2 * routed, abs=2)
+
+
 def test_inside_a_node_the_default_is_alltoall_and_deepep_dedups_per_gpu() -> None:
     tokens, k, hidden = 1024, 8, 4096
     units = moe_units(1, tokens, k, hidden)

@@ -103,6 +103,26 @@ def test_the_recompute_is_the_forward_less_the_saved_ops(eager) -> None:
     assert full - ops == pytest.approx(m * saved_s)
 
 
+def test_biased_linears_addmm_are_all_saved() -> None:
+    """tests/models/tiny_gpt.py's Linears have biases, so its GEMMs are ``addmm``, which the
+    policy saves every time (only ``mm`` and ``linear`` alternate): all four of a block's,
+    and its attention."""
+    from fxlens.analyzer.capture.load import load
+    from fxlens.analyzer.core.graph import block_of, repeated_blocks
+    from tests.analyzer.conftest import MODELS
+
+    options = AnalysisOptions(train=True, precision="amp-bf16")
+    ctx = Context(load(str(MODELS / "tiny_gpt.py")), options, lambda _: None)
+    run_context(ctx)
+    graph = ctx.step.graph
+    blocks = repeated_blocks(graph.module_types)
+    forward = [n.id for n in graph.calls()
+               if n.phase == "forward" and block_of(n.module, blocks) == blocks[0]]
+    saved = [graph.nodes[i] for i in must_save(graph, forward, PARALLEL)]
+    assert [n.packet for n in saved].count("aten.addmm") == 4
+    assert len(saved) == 5 and any("attention" in n.packet for n in saved)
+
+
 def test_ckpt_ops_reads_back_and_stands_alone() -> None:
     assert parse("dp=2,ckpt=ops") == Strategy(dp=2, checkpoint_ops=True)
     assert parse("dp=2,ckpt=ops").label == "dp=2,ckpt=ops"

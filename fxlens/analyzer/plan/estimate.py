@@ -231,7 +231,7 @@ def _expert_exposed_s(s: Strategy, all_to_all_s: float, forward_s: float,
     interleaved one the ``2(p − i − 1) + (v − 1)p + 1`` chunks it warms up (`in_flight`)."""
     if not s.a2a_overlap:
         return all_to_all_s
-    forward_passes = 4 if s.checkpoint or s.checkpoint_ops else 2
+    forward_passes = 4 if s.checkpoint else 2
     to_forward = all_to_all_s * forward_passes / (forward_passes + 2)
     steady = (max(0.0, to_forward - backward_s)
               + max(0.0, all_to_all_s - to_forward - forward_s))

@@ -1,13 +1,16 @@
 """Op-level selective activation checkpointing (``ckpt=ops``): what each block keeps and
-recomputes under the policy torchtitan wraps its Llama blocks in (``[activation_checkpoint]
-mode = "selective"``, ``selective_ac_option = "op"``, the default of its Llama 3 8B recipe),
+recomputes under the policy torchtitan wraps its blocks in (``[activation_checkpoint] mode =
+"selective"``, ``selective_ac_option = "op"``, the default of its Llama 3 8B recipe),
 PyTorch's ``torch.utils.checkpoint.create_selective_checkpoint_contexts`` with:
 
 - must-save: the outputs of the block's 1st, 3rd, 5th … ``aten.mm`` (its policy counts the
-  matmuls of one block's forward and recomputes every second one), of the attention kernel
-  (output and log-sum-exp), of reduce-scatters and of ``max`` (fp8 scales, a few bytes);
+  matmuls of one block's forward and recomputes every second one), and of every other
+  compute-intensive op (``addmm``, ``bmm``, ``_scaled_mm``, the attention kernel's output
+  and log-sum-exp), ``topk``, ``max`` (fp8 scales) and the collectives (reduce-scatters;
+  a MoE layer's dispatch and combine all-to-alls, whose rows stay as the planner routes them:
+  `fxlens.analyzer.plan.stage_memory`) — `fxlens.rules.parallel`;
 - everything else is recomputed in the backward, from those and the block's input, which a
-  checkpointed block keeps.
+  checkpointed block keeps — MoE experts' grouped GEMMs included.
 
 Eager PyTorch caches every must-save output; a compiled step (``--fused``: torch.compile's
 partitioner honours the policy's tags) keeps only those the backward can use, so an output

@@ -240,8 +240,13 @@ def _checkpointed(facts: ModelFacts, s: Strategy, units: Sequence[Unit], index: 
     seq_div = s.tp if s.sp else 1
 
     def block_kept(u: Unit) -> float:
-        policy = saved_on_gpu(facts.twin(u).op_policy, s.tp, seq_div) if s.checkpoint_ops else 0
-        return u.input_bytes / seq_div + policy
+        if not s.checkpoint_ops:
+            return u.input_bytes / seq_div
+        # the policy also keeps what the expert all-to-alls delivered: the routed rows
+        # dispatched to this GPU's experts and combined back
+        routed = 2 * u.routed_bytes / s.tp if s.ep > 1 else 0.0
+        return (u.input_bytes / seq_div + saved_on_gpu(facts.twin(u).op_policy, s.tp, seq_div)
+                + routed)
 
     def work() -> tuple[float, float]:
         kept = sum(block_kept(u) if is_block(u) else saved_on_gpu(u, s.tp, seq_div)
@@ -249,8 +254,8 @@ def _checkpointed(facts: ModelFacts, s: Strategy, units: Sequence[Unit], index: 
         recompute = max((saved_on_gpu(u, s.tp, seq_div) for u in units if is_block(u)),
                         default=0.0)
         return kept, recompute
-    return remembered(facts.answers, ("checkpointed", s.checkpoint_ops, *split_key(s), index,
-                                      s.tp, seq_div), work)
+    return remembered(facts.answers, ("checkpointed", s.checkpoint_ops, s.ep > 1,
+                                      *split_key(s), index, s.tp, seq_div), work)
 
 
 def _selective(facts: ModelFacts, s: Strategy, units: Sequence[Unit], index: int

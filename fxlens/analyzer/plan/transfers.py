@@ -212,9 +212,9 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
     routed = sum(u.routed_bytes for u in units)
     if s.ep == 1 or not routed:
         return []
-    # to the experts and back, forward and backward (and again when the forward is recomputed:
-    # ckpt=ops saves no all-to-all)
-    passes = 6 if s.checkpoint or s.checkpoint_ops else 4
+    # to the experts and back, forward and backward, and again in a recomputed forward (not
+    # under ckpt=ops, whose policy saves the all-to-alls' outputs)
+    passes = 6 if s.checkpoint else 4
     group = Group(s.ep, s.expert_tp)
     payload = routed / (s.tp * s.cp)           # this GPU's tokens, once per chosen expert
     moe_layers = sum(1 for u in units if u.routed_rows)
