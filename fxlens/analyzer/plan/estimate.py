@@ -194,11 +194,8 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     exposed = _expert_exposed_s(s, sum(c.time_s for c in experts), m * (forward + recompute_s),
                                 m * backward, index)
     tp = tensor_parallel(s, device, units)
-    tp_s = sum(c.time_s for c in tp)
-    forwards = 2 if s.checkpoint else 1            # a recomputed forward runs its GEMMs again
-    split_s = m * sum(forwards * u.forward_split_s + u.backward_split_s
-                      for u in units) / (s.tp * s.cp)
-    tp_exposed = tensor_parallel_exposed_s(s, tp_s, split_s)
+    tp_exposed = tensor_parallel_exposed_s(s, sum(c.time_s for c in tp),
+                                           _split_gemm_s(s, units) if s.tp_overlap else 0.0)
     return _Stage(
         memory=stored.memory, compute_s=m * (forward + backward + recompute_s),
         backward_s=m * backward, recompute_s=m * recompute_s,
@@ -215,6 +212,14 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
         uncompressed=tuple(uncompressed),
         boundary_bytes=round(nxt.input_bytes / seq_div / c) if nxt is not None else 0,
     )
+
+
+def _split_gemm_s(s: Strategy, units: Sequence[Unit]) -> float:
+    """Every micro-batch's seconds on split features (the GEMMs tp-overlap hides transfers
+    behind), a recomputed forward's included."""
+    forwards = 2 if s.checkpoint else 1
+    return s.micro_batches * sum(forwards * u.forward_split_s + u.backward_split_s
+                                 for u in units) / (s.tp * s.cp)
 
 
 def _uncompressed(s: Strategy) -> Strategy:
