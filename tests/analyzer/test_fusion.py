@@ -90,6 +90,22 @@ def test_the_search_skip_keeps_the_kernels_of_the_full_search(monkeypatch) -> No
     assert len(plans[0].kernels) > len(plans[1].kernels) > 20
 
 
+def test_no_kernel_spans_two_phases_of_a_training_step() -> None:
+    """AOTAutograd compiles a step's forward and backward as separate graphs: the loss's last
+    forward ops and its gradient's first backward ops, which read each other's tensors, never
+    share a kernel."""
+    registry = load_rules()
+    module, inputs = tiny_gpt.build()
+    graph = capture_training(module, inputs, registry).graph
+    report = analyze(graph, registry)
+    fg = FusionGraph(graph, effective_kinds(report, kinds_of(list(graph.nodes), registry)))
+    for policy in (Policy(), Policy(gemm_epilogues=True)):
+        plan = plan_kernels(fg, {n.id: n for n in report.nodes}, policy)
+        phases = [{graph.nodes[i].phase for i in k.nodes} for k in plan.kernels]
+        assert all(len(p) == 1 for p in phases)
+        assert {"forward", "backward"} <= set().union(*phases)
+
+
 @pytest.mark.parametrize("search", [False, True], ids=["descendant bitmasks", "search"])
 def test_a_cycle_is_a_path_through_an_outside_kernel_only(search: bool) -> None:
     """Node 0 feeds 1 and 2, and 1 feeds 2. With 1 and 2 in one kernel, adding 0 to it

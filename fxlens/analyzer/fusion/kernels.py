@@ -18,7 +18,10 @@ This module owns
   fix that skips work can matter most while saving few bytes), else by bytes saved.
 - `plan_kernels`: groups the graph into kernels as Inductor does by default: connected
   pointwise and reduction nodes fuse into one kernel whenever that creates no cycle through
-  another kernel; GEMMs, convolutions and other library calls stay one kernel each (with
+  another kernel and both belong to one phase (a training step's forward, backward and
+  optimizer step are compiled as separate graphs: AOTAutograd partitions the joint graph,
+  so the loss's last forward ops and its gradient's first backward ops never share a
+  kernel); GEMMs, convolutions and other library calls stay one kernel each (with
   `Policy(gemm_epilogues=True)` a GEMM also absorbs its pointwise consumers, as cuBLASLt
   epilogues or Triton GEMM templates do). Bytes after fusion = the unfused bytes of the
   members, minus the writes and reads of tensors that never leave the kernel, minus repeated
@@ -275,6 +278,8 @@ def plan_kernels(fg: FusionGraph, costs: Mapping[int, NodeReport], policy: Polic
             fusable = pkind in FUSABLE or (
                 policy.gemm_epilogues and pkind is OpKind.GEMM and kind is OpKind.POINTWISE)
             if groups.has_gemm[groups.find(producer)] and groups.has_gemm[groups.find(node.id)]:
+                fusable = False
+            if fg.graph.nodes[producer].phase != node.phase:   # compiled as separate graphs
                 fusable = False
             if fusable and not _creates_cycle(users, groups, producer, node.id, reach):
                 groups.union(producer, node.id)
