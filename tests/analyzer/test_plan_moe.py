@@ -14,7 +14,12 @@ from fxlens.analyzer.plan.estimate import _expert_exposed_s, estimate
 from fxlens.analyzer.plan.routing import ExpertRouting, distinct_holders, routing_groups
 from fxlens.analyzer.plan.strategy import Strategy, parse
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
-from fxlens.analyzer.plan.transfers import DEEPEP_SMS, expert_parallel, sm_slowdown_s
+from fxlens.analyzer.plan.transfers import (
+    DEEPEP_SMS,
+    expert_parallel,
+    experts_per_token,
+    sm_slowdown_s,
+)
 from fxlens.analyzer.plan.unit_share import experts_s
 from fxlens.analyzer.plan.workload import ExpertGemm, ExpertWork
 from tests.analyzer.conftest import FakeLinks
@@ -155,6 +160,30 @@ def test_inside_a_node_the_default_is_alltoall_and_deepep_dedups_per_gpu() -> No
                                 tokens, ExpertRouting(128))
     ranks = 8 * (1 - math.comb(112, 8) / math.comb(128, 8))
     assert deepep.time_s == pytest.approx(4 * tokens * hidden * ranks * 7 / 8 / 400e9)
+
+
+def test_a_moe_fed_embeddings_counts_its_tokens_by_the_rows_its_router_scores() -> None:
+    """No (batch, sequence) token tensor was captured (tokens = 0: a MoE fed hidden states,
+    as Megatron's MoE layer test feeds one): the experts a token is sent to are the routed
+    rows over the rows the router scored, and DeepEP dedups by them as with token ids."""
+    tokens, k, hidden = 1024, 8, 4096
+    units = [dataclasses.replace(u, router_rows=tokens) for u in moe_units(2, tokens, k, hidden)]
+    strategy = Strategy(dp=8, ep=8, dispatch="deepep")
+    assert experts_per_token(units, 0) == k
+    (fed,) = expert_parallel(strategy, FakeLinks(), units, 0, ExpertRouting(128))
+    (ids,) = expert_parallel(strategy, FakeLinks(), moe_units(2, tokens, k, hidden), tokens,
+                             ExpertRouting(128))
+    ranks = 8 * (1 - math.comb(112, 8) / math.comb(128, 8))
+    assert fed.time_s == pytest.approx(ids.time_s)
+    assert fed.time_s == pytest.approx(4 * 2 * tokens * hidden * ranks * 7 / 8 / 400e9)
+
+
+@pytest.mark.slow
+def test_a_captured_routers_rows_are_its_tokens() -> None:
+    facts = hf_facts("mixtral")
+    moe = [u for u in facts.units if u.routed_rows]
+    assert moe and all(u.router_rows == facts.tokens for u in moe)
+    assert experts_per_token(facts.units, 0) == experts_per_token(facts.units, facts.tokens)
 
 
 @pytest.mark.parametrize("compute_s, exposed", [

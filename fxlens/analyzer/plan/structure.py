@@ -58,6 +58,7 @@ from fxlens.analyzer.plan.workload import (
     module_split_share,
     routed_rows,
     router_modules,
+    router_rows,
     router_s,
     saved_by_module,
     unit_attention,
@@ -89,6 +90,7 @@ class Unit:
     etp_reduces: int = 0                       # over etp only where experts are split by it
     routed_bytes: int = 0                      # token bytes sent to experts (one way)
     routed_rows: int = 0                       # token rows sent to experts (top-k per token)
+    router_rows: int = 0                       # token rows its routers score (one per token)
     column_widths: tuple[int, ...] = ()        # output features of column-parallel GEMMs
     row_gemms: int = 0
     attention: UnitAttention = UnitAttention()
@@ -301,6 +303,8 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             tp_reduces=len(payloads) - len(experts) + embedded[1],
             etp_reduce_bytes=expert_reduced, etp_reduces=len(experts),
             routed_bytes=routed[0], routed_rows=routed[1],
+            router_rows=router_rows(graph, [(g.weights, g.activations) for g in gemms.values()],
+                                    routers),
             column_widths=tuple(sorted({gemms[c].out_features for c in splits[name].columns})),
             row_gemms=len(splits[name].rows),
             attention=unit_attention(graph, members[name], knowledge.attention_ops,

@@ -217,8 +217,7 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
     passes = 6 if s.checkpoint else 4
     group = Group(s.ep, s.expert_tp)
     payload = routed / (s.tp * s.cp)           # this GPU's tokens, once per chosen expert
-    moe_layers = sum(1 for u in units if u.routed_rows)
-    chosen = sum(u.routed_rows for u in units) / (moe_layers * tokens) if tokens else 0.0
+    chosen = experts_per_token(units, tokens)
     inside = group.within_node(device.gpus_per_node)
     dispatch = s.dispatch or ("alltoall" if inside else "deepep")
     if dispatch == "alltoall" or chosen < 1 or routing.experts < s.ep:
@@ -240,6 +239,17 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
                        across_nodes=not inside, bytes=round(per_gpu),
                        calls=passes * s.micro_batches, time_s=each * passes * s.micro_batches,
                        overlapped=s.a2a_overlap)]
+
+
+def experts_per_token(units: Sequence[Unit], tokens: int) -> float:
+    """Experts a token is sent to: the MoE layers' routed rows over the rows their routers
+    score, or over the captured micro-batch's `tokens` where no router was found (0: not
+    known)."""
+    moe = [u for u in units if u.routed_rows]
+    scored = sum(u.router_rows for u in moe)
+    if moe and scored and all(u.router_rows for u in moe):
+        return sum(u.routed_rows for u in moe) / scored
+    return sum(u.routed_rows for u in moe) / (len(moe) * tokens) if moe and tokens else 0.0
 
 
 def sm_slowdown_s(collectives: Sequence[Collective], exposed_s: float, device: Links,

@@ -425,6 +425,19 @@ def router_modules(graph: Graph, expert_params: Collection[str], experts: int) -
                      and len(p.spec.shape) == 2 and p.spec.shape[0] == experts)
 
 
+def router_rows(graph: Graph, gemms: Iterable[tuple[Sequence[str], Iterable[TensorRef]]],
+                routers: frozenset[str]) -> int:
+    """Token rows the routers score, one per token ((weights, activations) of weight GEMMs):
+    how many tokens a MoE layer routes, whatever the model was fed (token ids or
+    embeddings)."""
+    owner = {p.name: p.owner for p in graph.params}
+    refs = {ref for weights, activations in gemms
+            if any(owner.get(w) in routers for w in weights) for ref in activations}
+    specs = [spec for spec in (graph.spec(r) for r in refs)
+             if spec is not None and len(spec.shape) >= 2]
+    return sum(spec.numel // max(spec.shape[-1], 1) for spec in specs)
+
+
 def router_s(graph: Graph, members: Iterable[int], routers: frozenset[str],
              times: Mapping[int, float]) -> tuple[float, float]:
     """Forward and backward seconds of `members`' nodes inside a router module."""
