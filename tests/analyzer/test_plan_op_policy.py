@@ -103,6 +103,26 @@ def test_the_recompute_is_the_forward_less_the_saved_ops(eager) -> None:
     assert full - ops == pytest.approx(m * saved_s)
 
 
+def test_the_compute_is_its_forward_backward_and_recompute(eager) -> None:
+    """The plan's compute splits into the forwards (every node of the forward, each
+    micro-batch), the recompute (the blocks' forward again under ckpt) and the backward."""
+    ctx, facts = eager
+    report, graph = run_context(ctx), ctx.step.graph
+    seconds = {t.id: t.time_s for t in node_times(report, graph, H100)}
+    forward = sum(seconds[n.id] for n in graph.calls() if n.phase == "forward")
+    m = 3
+    plain = estimate(facts, parse("dp=2", None, m), H100).time
+    assert plain.forward_s == pytest.approx(m * forward)
+    assert plain.recompute_s == 0 and 0 < plain.forward_s < plain.compute_s
+    ckpt = estimate(facts, parse("dp=2,ckpt", None, m), H100).time
+    assert ckpt.forward_s == pytest.approx(plain.forward_s)
+    assert ckpt.compute_s - ckpt.forward_s - ckpt.recompute_s == pytest.approx(
+        plain.compute_s - plain.forward_s)
+    in_blocks = sum(seconds[n.id] for n in graph.calls() if n.phase == "forward" and any(
+        n.module == b.name or n.module.startswith(b.name + ".") for b in blocks(facts)))
+    assert ckpt.recompute_s == pytest.approx(m * in_blocks)
+
+
 def test_biased_linears_addmm_are_all_saved() -> None:
     """tests/models/tiny_gpt.py's Linears have biases, so its GEMMs are ``addmm``, which the
     policy saves every time (only ``mm`` and ``linear`` alternate): all four of a block's,

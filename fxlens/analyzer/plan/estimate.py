@@ -120,9 +120,10 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
     samples = facts.samples * s.micro_batches * s.dp
     step_tokens = facts.tokens * s.micro_batches * s.dp
     model_flops = facts.flops * s.micro_batches * s.dp
+    slowest = max(evaluated, key=lambda e: e.compute_s)
     timing = PlanTime(
-        compute_s=max(e.compute_s for e in evaluated),
-        recompute_s=max(evaluated, key=lambda e: e.compute_s).recompute_s,
+        compute_s=slowest.compute_s, recompute_s=slowest.recompute_s,
+        forward_s=slowest.forward_s,
         tensor_parallel_s=max(sum((c.time_s for c in e.tensor_parallel), 0.0)
                               for e in evaluated),
         tensor_parallel_exposed_s=(max(e.tensor_exposed_s for e in evaluated)

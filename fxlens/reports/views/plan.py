@@ -128,12 +128,20 @@ def _time(layout: PlanLayout) -> Table:
 
 
 def _recompute_note(layout: PlanLayout) -> str:
+    """The compute's forward, backward and recompute, and what ckpt=auto chose."""
     t = layout.time
+    parts = []
+    if t.forward_s > 0:
+        parts += [f"{seconds(t.forward_s)} forward",
+                  f"{seconds(t.compute_s - t.forward_s - t.recompute_s)} backward"]
     chosen = " (what ckpt=auto chose: the least that fits)" if layout.recompute_auto else ""
     if t.recompute_s > 0:
-        return (f". Compute includes {seconds(t.recompute_s)} of recompute{chosen}, "
-                f"{t.recompute_s / t.step_s:.1%} of the step")
-    return ". ckpt=auto: nothing recomputed, it fits as it is" if layout.recompute_auto else ""
+        parts.append(f"{seconds(t.recompute_s)} recompute{chosen}, "
+                     f"{t.recompute_s / t.step_s:.1%} of the step")
+    note = f". Compute: {', '.join(parts)}" if parts else ""
+    if layout.recompute_auto and t.recompute_s <= 0:
+        note += ". ckpt=auto: nothing recomputed, it fits as it is"
+    return note
 
 
 def _compression_note(t: PlanTime) -> str:

@@ -60,6 +60,7 @@ class PlanTime:
     expert_parallel_exposed_s: float = 0.0  # the all-to-alls compute does not hide
     overlap_slowdown_s: float = 0.0  # compute slowed by the SMs hidden transfers hold
     recompute_s: float = 0.0        # of compute_s: the forwards run again (ckpt, ckpt=…)
+    forward_s: float = 0.0          # of compute_s: the forwards (the rest is backward, recompute)
     tensor_parallel_exposed_s: float | None = optional()  # tp-overlap: what GEMMs don't hide
     # with compression: the data-parallel transfers and their exposed part without it
     uncompressed_data_parallel_s: float | None = optional()
