@@ -123,6 +123,25 @@ def test_the_compute_is_its_forward_backward_and_recompute(eager) -> None:
     assert ckpt.recompute_s == pytest.approx(m * in_blocks)
 
 
+def test_the_time_tables_caption_splits_the_compute(eager) -> None:
+    from dataclasses import replace
+
+    from fxlens.reports.units import seconds
+    from fxlens.reports.views.plan import _recompute_note
+
+    _, facts = eager
+    plain = estimate(facts, parse("dp=2", None, 3), H100)
+    t = plain.time
+    assert _recompute_note(plain) == (f". Compute: {seconds(t.forward_s)} forward, "
+                                      f"{seconds(t.compute_s - t.forward_s)} backward")
+    ckpt = estimate(facts, parse("dp=2,ckpt", None, 3), H100)
+    note = _recompute_note(replace(ckpt, recompute_auto=True))
+    assert f"{seconds(ckpt.time.recompute_s)} recompute (" in note
+    assert note.endswith("of the step; what ckpt=auto chose, the least that fits)")
+    assert _recompute_note(replace(plain, recompute_auto=True)).endswith(
+        ". ckpt=auto: nothing recomputed, it fits as it is")
+
+
 def test_biased_linears_addmm_are_all_saved() -> None:
     """tests/models/tiny_gpt.py's Linears have biases, so its GEMMs are ``addmm``, which the
     policy saves every time (only ``mm`` and ``linear`` alternate): all four of a block's,

@@ -134,10 +134,10 @@ def _recompute_note(layout: PlanLayout) -> str:
     if t.forward_s > 0:
         parts += [f"{seconds(t.forward_s)} forward",
                   f"{seconds(t.compute_s - t.forward_s - t.recompute_s)} backward"]
-    chosen = " (what ckpt=auto chose: the least that fits)" if layout.recompute_auto else ""
+    chosen = "; what ckpt=auto chose, the least that fits" if layout.recompute_auto else ""
     if t.recompute_s > 0:
         parts.append(f"{seconds(t.recompute_s)} recompute ({t.recompute_s / t.step_s:.1%} of "
-                     f"the step){chosen}")
+                     f"the step{chosen})")
     note = f". Compute: {', '.join(parts)}" if parts else ""
     if layout.recompute_auto and t.recompute_s <= 0:
         note += ". ckpt=auto: nothing recomputed, it fits as it is"
