@@ -21,7 +21,7 @@ torchtitan). A row may name its GPU's memory where it differs from the device en
 
     python bench/plan_real_runs.py [--only NAME …] [--out bench/plan_runs/results.json]
 
-About 3 hours on 2 cores for all rows (each row twice); ``--only … --merge`` runs a few.
+About 50 minutes on 2 cores for all 250 rows (each row twice); ``--only … --merge`` runs a few.
 
 Writes the results JSON and prints the Markdown table `bench/README.md` holds.
 """
