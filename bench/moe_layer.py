@@ -16,7 +16,7 @@ backward compute plus the other two (the same volumes, reversed). The peak is th
 GPU (plain SGD: no optimizer state, as the test holds none) against the test's
 ``torch.cuda.max_memory_allocated`` over forward and backward.
 
-    .venv/bin/python bench/moe_layer.py [--out results.json]    # about 2 minutes on 2 cores
+    .venv/bin/python bench/moe_layer.py [--out results.json]    # about 8 minutes on 2 cores
 """
 
 from __future__ import annotations
