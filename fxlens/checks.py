@@ -68,12 +68,12 @@ def check_options(options: Any) -> None:
         _prune_target(options.prune_target)
     if options.device is not None:
         resolve_device(options.device, options.devices_file, options.profile)
+    elif options.profile is not None or options.devices_file is not None:
+        resolve_device("cpu", options.devices_file, options.profile)
     if getattr(options, "attention_kernel", None) and options.device is None \
             and not options.plan:
         raise LoadError("--attention-kernel rates attention on a device: add --device "
                         "(e.g. --device h100) or --plan")
-    elif options.profile is not None or options.devices_file is not None:
-        resolve_device("cpu", options.devices_file, options.profile)
     _parallel_plan(options)
     if getattr(options, "serve", False):
         _serving(options)
