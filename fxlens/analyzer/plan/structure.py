@@ -54,11 +54,10 @@ from fxlens.analyzer.plan.workload import (
     expert_gemms,
     expert_weight_nodes,
     expert_work,
+    gemm_rows,
     module_parts,
     module_split_share,
-    routed_rows,
     router_modules,
-    router_rows,
     router_s,
     saved_by_module,
     unit_attention,
@@ -267,6 +266,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
                              fp8_scaling),
                 expert_work(graph, nodes, expert_sized, all_times))
     routers = router_modules(graph, expert_params, expert_count(graph, expert_params))
+    router_params = {p.name for p in graph.params if p.owner in routers}
     params_by_unit = _params_by_unit(graph, of_node, unit_names)
     param_shapes = {p.name: p.spec.shape for p in graph.params if not p.is_buffer}
     flops = {n.id: n.flops for n in report.nodes}
@@ -283,8 +283,8 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
         embedded = _lookup_output(graph, forward[name], vocab)
         payloads, experts = splits[name].payloads, splits[name].expert_rows
         expert_reduced = sum(payloads[r] for r in experts)
-        routed = routed_rows(graph, [(gemms[c].weights, gemms[c].activations)
-                                     for c in splits[name].columns], expert_params)
+        routed = gemm_rows(graph, [(gemms[c].weights, gemms[c].activations)
+                                   for c in splits[name].columns], expert_params)
         unit_experts = expert_gemms(graph, members[name], knowledge.grouped_gemm_ops,
                                     node_times, fp8_scaling)
         unit_expert_work = expert_work(graph, members[name], expert_sized, all_times)
@@ -303,8 +303,8 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             tp_reduces=len(payloads) - len(experts) + embedded[1],
             etp_reduce_bytes=expert_reduced, etp_reduces=len(experts),
             routed_bytes=routed[0], routed_rows=routed[1],
-            router_rows=router_rows(graph, [(g.weights, g.activations) for g in gemms.values()],
-                                    routers),
+            router_rows=gemm_rows(graph, [(g.weights, g.activations) for g in gemms.values()],
+                                  router_params)[1],
             column_widths=tuple(sorted({gemms[c].out_features for c in splits[name].columns})),
             row_gemms=len(splits[name].rows),
             attention=unit_attention(graph, members[name], knowledge.attention_ops,

@@ -246,9 +246,8 @@ def experts_per_token(units: Sequence[Unit], tokens: int) -> float:
     score, or over the captured micro-batch's `tokens` where no router was found (0: not
     known)."""
     moe = [u for u in units if u.routed_rows]
-    scored = sum(u.router_rows for u in moe)
-    if moe and scored and all(u.router_rows for u in moe):
-        return sum(u.routed_rows for u in moe) / scored
+    if moe and all(u.router_rows for u in moe):
+        return sum(u.routed_rows for u in moe) / sum(u.router_rows for u in moe)
     return sum(u.routed_rows for u in moe) / (len(moe) * tokens) if moe and tokens else 0.0
 
 

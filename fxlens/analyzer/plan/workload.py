@@ -402,11 +402,13 @@ def expert_count(graph: Graph, expert_params: Collection[str]) -> int:
     return max((len(v) for v in counts.values()), default=0)
 
 
-def routed_rows(graph: Graph, gemms: Iterable[tuple[Sequence[str], Iterable[TensorRef]]],
-                expert_params: Collection[str]) -> tuple[int, int]:
-    """Bytes and rows of the token activations the expert GEMMs among `gemms` ((weights,
-    activations) of column GEMMs) read: each token once per chosen expert."""
-    refs = {ref for weights, activations in gemms if set(weights) & set(expert_params)
+def gemm_rows(graph: Graph, gemms: Iterable[tuple[Sequence[str], Iterable[TensorRef]]],
+              params: Collection[str]) -> tuple[int, int]:
+    """Bytes and rows of the token activations that the GEMMs among `gemms` ((weights,
+    activations)) reading one of `params` take: for expert weights the routed rows, each
+    token once per chosen expert; for a router's weight the rows it scores, one per token,
+    whatever the model was fed (token ids or embeddings)."""
+    refs = {ref for weights, activations in gemms if set(weights) & set(params)
             for ref in activations}
     specs = [spec for spec in (graph.spec(r) for r in refs)    # rows, not grouped offsets
              if spec is not None and len(spec.shape) >= 2 and "int" not in spec.dtype]
@@ -423,19 +425,6 @@ def router_modules(graph: Graph, expert_params: Collection[str], experts: int) -
     return frozenset(p.owner for p in graph.params
                      if not p.is_buffer and p.name not in expert_params
                      and len(p.spec.shape) == 2 and p.spec.shape[0] == experts)
-
-
-def router_rows(graph: Graph, gemms: Iterable[tuple[Sequence[str], Iterable[TensorRef]]],
-                routers: frozenset[str]) -> int:
-    """Token rows the routers score, one per token ((weights, activations) of weight GEMMs):
-    how many tokens a MoE layer routes, whatever the model was fed (token ids or
-    embeddings)."""
-    owner = {p.name: p.owner for p in graph.params}
-    refs = {ref for weights, activations in gemms
-            if any(owner.get(w) in routers for w in weights) for ref in activations}
-    specs = [spec for spec in (graph.spec(r) for r in refs)
-             if spec is not None and len(spec.shape) >= 2]
-    return sum(spec.numel // max(spec.shape[-1], 1) for spec in specs)
 
 
 def router_s(graph: Graph, members: Iterable[int], routers: frozenset[str],
