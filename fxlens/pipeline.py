@@ -233,7 +233,7 @@ class TrainingStep:
     def run(self, ctx: Context, report: Report) -> Sequence[Section]:
         assert ctx.step is not None, "the pipeline captures the step before the passes"
         options = ctx.options
-        memory = liveness(ctx.step.graph, ctx.registry)
+        memory = liveness(ctx.step.graph, ctx.registry, saved=ctx.step.saved)
         precision = checks.precision_of(options.precision, ctx.loaded.module)
         device_name, device_bytes = checks.device_memory(options.device_memory,
                                                            options.devices_file)

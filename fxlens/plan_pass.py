@@ -122,9 +122,7 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
     basis = throughput_basis(graph)
     breakdown = training.peak_breakdown
     whole = WholeStep(
-        transient_bytes=max(breakdown.fwd_bwd_peak_bytes - training.saved_activation_bytes
-                            - breakdown.gradients_at_peak_bytes, 0),
-        gradients_at_peak_bytes=breakdown.gradients_at_peak_bytes,
+        moments=breakdown.moments,
         optimizer_temporaries_bytes=max(breakdown.optimizer_phase_bytes
                                         - training.states.grad_bytes, 0),
         optimizer_s=optimizer_time(training, graph, spec),

@@ -10,6 +10,7 @@ not have (÷t only with sequence parallel), 2·sbh kept under full recompute.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -156,6 +157,32 @@ def test_one_gpu_peak_is_the_training_step_peak(gpt: tuple[Report, ModelFacts]) 
     training = report.require(Training)
     assert layout(facts, "ddp", 1).memory.peak_bytes == pytest.approx(
         training.step_peak_bytes, rel=0.01)
+
+
+def test_one_gpu_forward_backward_is_the_training_steps(gpt: tuple[Report, ModelFacts]
+                                                        ) -> None:
+    """Without the optimizer's temporaries tiny_gpt's step peaks in its backward: one GPU's
+    plan holds exactly the step's live set there (not all the saved activations beside all
+    the gradients live then: most of the saved set is freed by then)."""
+    report, facts = gpt
+    parts = report.require(Training).peak_breakdown
+    m = layout(dataclasses.replace(facts, optimizer_temporaries_bytes=0), "ddp", 1).memory
+    assert m.peak_bytes == pytest.approx(parts.persistent_bytes + parts.fwd_bwd_peak_bytes,
+                                         rel=0.01)
+
+
+def test_a_gpu_holds_the_step_where_its_own_shares_peak(gpt: tuple[Report, ModelFacts]
+                                                       ) -> None:
+    """ZeRO-2 on 2 GPUs halves the gradients, not the activations: the plan's peak is the
+    one-GPU step's live set at the moment that is largest at those shares — here where the
+    working tensors peak, not where the one-GPU step peaked (gradients nearly all live)."""
+    _, facts = gpt
+    m = layout(dataclasses.replace(facts, optimizer_temporaries_bytes=0), "zero2", 2).memory
+    share = m.gradients_bytes / facts.states.grad_bytes
+    at = [x.saved_bytes + x.working_bytes + x.gradient_bytes * share for x in facts.moments]
+    persistent = m.weights_bytes + m.master_bytes + m.optimizer_bytes + m.buffers_bytes
+    assert m.peak_bytes - persistent - m.communication_bytes == pytest.approx(max(at), rel=1e-3)
+    assert at[1] > at[0]        # (at_peak, working_peak): the working peak decides
 
 
 def test_zero3_holds_two_units_weights_and_one_units_gradients_unsharded(

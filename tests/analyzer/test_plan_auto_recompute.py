@@ -80,8 +80,11 @@ def _heavier(facts: ModelFacts, k: int) -> ModelFacts:
         if hasattr(x, "parts"):
             more["parts"] = tuple(scaled(p) for p in x.parts)
         return dataclasses.replace(x, **more)
+    moments = tuple(dataclasses.replace(m, saved_bytes=m.saved_bytes * k,
+                                        working_bytes=m.working_bytes * k)
+                    for m in facts.moments)
     return dataclasses.replace(facts, units=tuple(scaled(u) for u in facts.units),
-                               transient_bytes=facts.transient_bytes * k)
+                               moments=moments)
 
 
 def test_the_fastest_layout_that_fits_at_every_budget(gpt: Facts) -> None:

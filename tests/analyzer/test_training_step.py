@@ -147,3 +147,42 @@ def test_the_peak_names_the_phase_that_decides_it() -> None:
                               gradients_at_peak_bytes=2, optimizer_phase_bytes=5)
     assert forward.on_top == ("activations and gradients", 7)
     assert optimizer.on_top == ("optimizer step (gradients + temporaries)", 5)
+
+
+@pytest.mark.parametrize("target", [GPT, MLP])
+def test_the_live_set_splits_into_saved_working_and_gradients(target: str) -> None:
+    """`PeakBreakdown.moments`, against the definition node by node: at the forward/backward's
+    peak and where the activations autograd does not save peak, the live saved activations,
+    the other activations and the weight gradients."""
+    from fxlens.analyzer.capture.load import load
+    from fxlens.analyzer.core.graph import NodeKind
+    from fxlens.analyzer.core.sections import LiveSplit, Training
+    from fxlens.analyzer.memory.liveness import Category, Lifetimes, plan_storages
+    from fxlens.pipeline import Context, run_context
+
+    ctx = Context(load(target), AnalysisOptions(train=True, precision="amp-bf16"),
+                  lambda _: None)
+    parts = run_context(ctx).require(Training).peak_breakdown
+    assert ctx.step is not None
+    graph = ctx.step.graph
+    st = plan_storages(graph, ctx.registry, Lifetimes.EAGER)
+    saved = {st.of_ref[r] for r in ctx.step.saved if r in st.of_ref}
+    splits = []
+    for position, node in enumerate(graph.nodes):
+        if node.kind is not NodeKind.CALL:
+            continue
+        live = [i for i in range(len(st.size)) if st.producer[i] <= position <= st.last[i]]
+        acts = [i for i in live if st.category[i] is Category.ACTIVATION]
+        splits.append(LiveSplit(
+            saved_bytes=sum(st.size[i] for i in acts if i in saved),
+            working_bytes=sum(st.size[i] for i in acts if i not in saved),
+            gradient_bytes=sum(st.size[i] for i in live if st.category[i] is Category.GRADIENT)))
+    at_peak, working_peak = parts.moments
+    assert at_peak in splits and working_peak in splits
+    assert (at_peak.saved_bytes + at_peak.working_bytes + at_peak.gradient_bytes
+            == parts.fwd_bwd_peak_bytes)
+    assert working_peak.working_bytes == max(s.working_bytes for s in splits)
+    # both steps peak late in their backward, most of the saved set freed, the working
+    # tensors past their own peak: what a plan holding other shares of each must tell apart
+    assert at_peak.saved_bytes < max(s.saved_bytes for s in splits) // 2
+    assert working_peak != at_peak

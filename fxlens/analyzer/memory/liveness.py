@@ -58,7 +58,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -66,7 +66,7 @@ from typing import Any
 from fxlens.analyzer.core.aten import resolve_op
 from fxlens.analyzer.core.costs import CostRegistry, OpCall
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, TensorSpec
-from fxlens.analyzer.core.sections import EagerPeak, LiveTensor, Memory
+from fxlens.analyzer.core.sections import EagerPeak, LiveSplit, LiveTensor, Memory
 from fxlens.analyzer.memory.eager import EagerScopes
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,8 @@ class MemoryProfile:
     peak_by_category: Mapping[str, int] = field(default_factory=dict)     # each on its own
     at_peak_by_category: Mapping[str, int] = field(default_factory=dict)  # the peak's make-up
     peak_by_phase: Mapping[str, int] = field(default_factory=dict)
+    moments: tuple[LiveSplit, ...] = ()  # live by why (`saved` apart) at the peak and where
+                                         # the working activations peak
     allocated_by_module: Mapping[str, int] = field(default_factory=dict)  # own nodes only
     live_at_peak_by_module: Mapping[str, int] = field(default_factory=dict)
 
@@ -277,9 +279,10 @@ class _Sweep:
     peak_position: int = -1
     peak_by_category: Counter[str] = field(default_factory=Counter)
     peak_by_phase: dict[str, int] = field(default_factory=dict)
+    moments: list[LiveSplit] = field(default_factory=list)   # at the peak, the working peak
 
 
-def _sweep(graph: Graph, st: Storages) -> _Sweep:
+def _sweep(graph: Graph, st: Storages, saved: frozenset[int] = frozenset()) -> _Sweep:
     n = len(graph.nodes)
     allocs: list[list[int]] = [[] for _ in range(n)]
     frees: list[list[int]] = [[] for _ in range(n + 1)]
@@ -294,20 +297,32 @@ def _sweep(graph: Graph, st: Storages) -> _Sweep:
             allocs[st.producer[sid]].append(sid)
         frees[st.last[sid]].append(sid)
     out = _Sweep(peak_by_category=Counter(by_category))
+    held = 0        # the live storages of `saved`
+    at_peak = working_peak = LiveSplit(0, 0, 0)
+
+    def kept(sid: int) -> int:
+        return st.size[sid] if sid in saved else 0
+
     for position, node in enumerate(graph.nodes):
         if node.kind is NodeKind.CALL:
             for sid in allocs[position]:
                 live += st.size[sid]
+                held += kept(sid)
                 key = st.category[sid].value
                 by_category[key] += st.size[sid]
                 out.peak_by_category[key] = max(out.peak_by_category[key], by_category[key])
             out.timeline.append(live)
+            now = LiveSplit(held, by_category[Category.ACTIVATION.value] - held,
+                            by_category[Category.GRADIENT.value])
+            working_peak = max(working_peak, now, key=lambda m: m.working_bytes)
             if live > out.peak or out.peak_position < 0:
-                out.peak, out.peak_position = live, position
+                out.peak, out.peak_position, at_peak = live, position, now
             out.peak_by_phase[node.phase] = max(out.peak_by_phase.get(node.phase, 0), live)
         for sid in frees[position]:
             live -= st.size[sid]
+            held -= kept(sid)
             by_category[st.category[sid].value] -= st.size[sid]
+    out.moments = [at_peak, working_peak]
     return out
 
 
@@ -342,14 +357,19 @@ def _allocated_by_module(st: Storages) -> dict[str, int]:
 def liveness(
     graph: Graph, registry: CostRegistry, lifetimes: Lifetimes = Lifetimes.EAGER,
     extend: Callable[[Graph, Storages], None] | None = None,
+    saved: Iterable[TensorRef] = (),
 ) -> MemoryProfile:
     """Liveness of `graph`'s storages; `registry` supplies the rules' alias checks; `extend`,
     if given, lengthens lifetimes (``Storages.last``) the graph cannot show before the sweep
-    (`fxlens.analyzer.checkpoint.model.unpack_holds`)."""
+    (`fxlens.analyzer.checkpoint.model.unpack_holds`); `saved`: the tensors a training step
+    keeps for its backward, which `MemoryProfile.moments` tells apart from the working
+    activations beside them (the forward's temporaries, the backward's activation gradients)."""
     st = plan_storages(graph, registry, lifetimes)
     if extend is not None:
         extend(graph, st)
-    sweep = _sweep(graph, st)
+    held = frozenset(sid for sid in (st.of_ref.get(ref) for ref in saved)
+                     if sid is not None and st.category[sid] is Category.ACTIVATION)
+    sweep = _sweep(graph, st, held)
     peak_node = graph.nodes[sweep.peak_position] if sweep.peak_position >= 0 else None
     live = _live_at(st, sweep.peak_position) if peak_node is not None else ()
     at_peak: Counter[str] = Counter()
@@ -370,6 +390,7 @@ def liveness(
         peak_by_category=dict(sorted(sweep.peak_by_category.items())),
         at_peak_by_category=dict(sorted(at_peak.items())),
         peak_by_phase=dict(sorted(sweep.peak_by_phase.items())),
+        moments=tuple(sweep.moments),
         allocated_by_module=_allocated_by_module(st),
         live_at_peak_by_module=dict(sorted(by_module.items())),
     )

@@ -97,7 +97,8 @@ def training_section(
     breakdown = PeakBreakdown(persistent_bytes=persistent,
                               fwd_bwd_peak_bytes=memory.peak_activation_bytes,
                               gradients_at_peak_bytes=gradients,
-                              optimizer_phase_bytes=optimizer_phase)
+                              optimizer_phase_bytes=optimizer_phase,
+                              moments=memory.moments)
     before_first_step = persistent - states.optimizer_bytes
     first_step_peak = before_first_step + max(memory.peak_activation_bytes,
                                               optimizer_phase + states.optimizer_bytes)

@@ -12,7 +12,11 @@ whole stage's weights and gradients (`fxlens.analyzer.plan.transfers.zero3_pipel
 Activations: what the units of a stage save, on this GPU's 1/cp of the tokens, on 1/t of the
 features inside tensor-parallel pairs and everywhere with sequence parallel (Korthikanti et
 al. 2022); with full recompute only each block's input, plus one block's saved set while it
-is recomputed. A 1F1B pipeline keeps ``min(m, p − i)`` micro-batches in flight on stage i;
+is recomputed. Beside them the working tensors (the forward's temporaries, the backward's
+activation gradients) and the gradients, as the one-GPU step holds them at its peak and where
+its working tensors peak (`PeakBreakdown.moments`; a MoE captured with all its experts peaks at
+the end of its backward, every expert's gradient live, which a GPU holding 1/ep of them does
+not), the larger. A 1F1B pipeline keeps ``min(m, p − i)`` micro-batches in flight on stage i;
 interleaved (v > 1), Megatron-core's schedule warms up ``2(p − i − 1) + (v − 1)p`` model
 chunks, so stage i holds ``min(2(p − i − 1) + (v − 1)p + 1, m·v)`` chunks of 1/v of its
 layers each (on the first stage ≈ p(1 + 1/v), more than the p of plain 1F1B). The peak is
@@ -163,7 +167,6 @@ def stage_memory(facts: ModelFacts, s: Strategy, device: Links, index: int) -> S
     remembered per pp and index, so its units are always `model_stages`'s."""
     units = model_stages(facts, s)[index]
     t, c = s.tp, s.cp
-    seq_div = t if s.sp else 1
     experts_on_gpu = s.ep * s.expert_tp
     dense, expert = _stage_states(facts, s, units, index)
     shard, expert_shard = _shard_groups(s, device)
@@ -178,15 +181,14 @@ def stage_memory(facts: ModelFacts, s: Strategy, device: Links, index: int) -> S
     held_micro_batches = in_flight(s, index)
     if s.checkpoint or s.checkpoint_ops:
         kept, recompute = _checkpointed(facts, s, units, index)
-        activations = kept / c * held_micro_batches + recompute / c
+        one = kept / c            # what one micro-batch keeps, freed as its backward runs
+        activations = one * held_micro_batches + recompute / c
     else:
         saved, freed_sum, freed_max = _selective(facts, s, units, index)
+        one = (saved - freed_sum) / c
         # one block's recomputed set lives again while that block's backward runs
-        activations = ((saved - freed_sum) * held_micro_batches + freed_max) / c
-    saved_split, total_saved = _saved_sums(facts, t, seq_div)
-    transient = facts.transient_bytes * (saved_split / c) / total_saved
-    full_grads = facts.states.grad_bytes or 1
-    grads_at_peak = facts.gradients_at_peak_bytes * held.grad_bytes / full_grads
+        activations = one * held_micro_batches + freed_max / c
+    fwd_bwd, grads_at_peak = _forward_backward(facts, s, held, activations, one)
     gathered = 0
     if s.zero == 3 and shard.size > 1:
         unsharded = [unit_state(u, t, experts_on_gpu) for u in units]
@@ -203,7 +205,7 @@ def stage_memory(facts: ModelFacts, s: Strategy, device: Links, index: int) -> S
             else [])    # only PowerSGD reads the matrices
     buckets += round(_compression_buffers(s, facts, units, held, gathered, shard, device, mine))
     persistent = held.weights_bytes + held.master_bytes + held.optimizer_bytes + held.buffer_bytes
-    working = max(activations + transient + grads_at_peak, held.grad_bytes + temporaries)
+    working = max(fwd_bwd, held.grad_bytes + temporaries)
     peak = persistent + working + gathered + buckets
     memory = PlanMemory(
         stage=index, weights_bytes=held.weights_bytes, gradients_bytes=held.grad_bytes,
@@ -214,6 +216,26 @@ def stage_memory(facts: ModelFacts, s: Strategy, device: Links, index: int) -> S
         host_bytes=host,
     )
     return StageMemory(memory, dense, expert, shard, expert_shard, mine)
+
+
+def _forward_backward(facts: ModelFacts, s: Strategy, held: StateBytes, activations: float,
+                      one: float) -> tuple[float, float]:
+    """The stage's forward/backward peak on one GPU and the gradients it holds then: the
+    one-GPU step's live set at each of its `ModelFacts.moments`, each part at this GPU's
+    share — the saved set as the stage holds it (`activations`, less what one micro-batch's
+    backward had freed by then: `one` × the share the capture had freed), the working tensors
+    split like the saved set, the gradients as this GPU holds them."""
+    seq_div = s.tp if s.sp else 1
+    saved_split, total_saved = _saved_sums(facts, s.tp, seq_div)
+    working_share = saved_split / s.cp / total_saved
+    grad_share = held.grad_bytes / (facts.states.grad_bytes or 1)
+    best = (0.0, 0.0)
+    for moment in facts.moments:
+        freed = one * max(1 - moment.saved_bytes / total_saved, 0.0)
+        grads = moment.gradient_bytes * grad_share
+        live = activations - freed + moment.working_bytes * working_share + grads
+        best = max(best, (live, grads))
+    return best
 
 
 def _stage_states(facts: ModelFacts, s: Strategy, units: Sequence[Unit], index: int

@@ -29,6 +29,7 @@ from fxlens.analyzer.capture.training import TrainingGraph
 from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, block_of, repeated_blocks
 from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.core.sections import LiveSplit
 from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.compression import Matrix, gradient_matrices
 from fxlens.analyzer.plan.op_policy import op_policy_part
@@ -138,8 +139,8 @@ class ModelFacts:
     units: tuple[Unit, ...]
     blocks: int                        # repeated blocks (the units a pipeline splits)
     experts: int                       # experts per MoE layer (0: no MoE)
-    transient_bytes: int               # forward/backward peak beyond saved and gradients
-    gradients_at_peak_bytes: int
+    moments: tuple[LiveSplit, ...]     # the one-GPU step's live set at its peak and where its
+                                       # working tensors peak (`PeakBreakdown.moments`)
     optimizer_temporaries_bytes: int
     optimizer_s: float                 # one optimizer step on one GPU
     samples: int                       # per micro-batch (the captured batch)
@@ -327,8 +328,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
 class WholeStep:
     """Whole-step figures from the single-GPU training analysis."""
 
-    transient_bytes: int
-    gradients_at_peak_bytes: int
+    moments: tuple[LiveSplit, ...]
     optimizer_temporaries_bytes: int
     optimizer_s: float
     samples: int

@@ -38,11 +38,25 @@ class ModuleBytes:
 
 
 @dataclass(frozen=True)
+class LiveSplit:
+    """What a training step holds at one node of its forward/backward, by why: the tensors
+    autograd saved for the backward, the working ones beside them (the forward's temporaries,
+    the backward's activation gradients) and the weight gradients."""
+
+    saved_bytes: int
+    working_bytes: int
+    gradient_bytes: int
+
+
+@dataclass(frozen=True)
 class PeakBreakdown:
     persistent_bytes: int
     fwd_bwd_peak_bytes: int
     gradients_at_peak_bytes: int
     optimizer_phase_bytes: int
+    # the live set at the forward/backward's peak and where its working tensors peak (a
+    # parallel plan, which holds other shares of each, takes the larger of the two)
+    moments: tuple[LiveSplit, ...] = ()
 
     @property
     def on_top(self) -> tuple[str, int]:
