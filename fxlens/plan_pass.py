@@ -163,8 +163,9 @@ def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFac
         "modelled",
         "gradient and ZeRO transfers overlap compute (DDP/ZeRO-1/2: the last micro-batch's "
         "backward; ZeRO-3: all of it), ring-attention sends their attention (cp_comm=a2a "
-        "and allgather exchanges do not), expert all-to-alls another micro-batch's compute "
-        "only with a2a-overlap (not in the pipeline's warm-up and cool-down), "
+        "and allgather exchanges do not), expert all-to-alls the compute of another "
+        "micro-batch's layer they are paired with only with a2a-overlap (not in the "
+        "pipeline's warm-up and cool-down), "
         "tensor-parallel transfers their GEMMs only with tp-overlap; pipeline transfers "
         "do not",
         "1F1B pipeline: bubble (p − 1)/v micro-batch times; stage i holds min(m, p − i) "

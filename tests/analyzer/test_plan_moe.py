@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from fxlens.analyzer.plan.estimate import _expert_exposed_s, estimate
+from fxlens.analyzer.plan.estimate import estimate
 from fxlens.analyzer.plan.routing import ExpertRouting, distinct_holders, routing_groups
 from fxlens.analyzer.plan.strategy import Strategy, parse
 from fxlens.analyzer.plan.structure import ModelFacts, Unit
@@ -184,31 +184,6 @@ def test_a_captured_routers_rows_are_its_tokens() -> None:
     moe = [u for u in facts.units if u.routed_rows]
     assert moe and all(u.router_rows == facts.tokens for u in moe)
     assert experts_per_token(facts.units, 0) == experts_per_token(facts.units, facts.tokens)
-
-
-@pytest.mark.parametrize("compute_s, exposed", [
-    (1e9, 8.0 / 4),             # compute hides all but the first forward's and last backward's
-    (0.0, 8.0),                 # nothing to hide behind
-    (3.0, (1.0 + 1.0) * 3 / 4 + 8.0 / 4),   # 4 s each way against 3 s of the other phase
-])
-def test_a2a_overlap_hides_all_to_alls_behind_the_other_micro_batch(
-        compute_s: float, exposed: float) -> None:
-    overlapped = Strategy(dp=8, ep=8, micro_batches=4, a2a_overlap=True)
-    assert _expert_exposed_s(overlapped, 8.0, compute_s, compute_s) == pytest.approx(exposed)
-    assert _expert_exposed_s(Strategy(dp=8, ep=8, micro_batches=4), 8.0, 1e9, 1e9) == 8.0
-
-
-@pytest.mark.parametrize("stage, alone", [
-    (0, (2 * 3 + 1 * 4 + 1) / 16),      # warm-up 2(p − 1) + (v − 1)p chunks, and one more
-    (3, (0 + 1 * 4 + 1) / 16)])         # the last stage warms up (v − 1)p + 1
-def test_a2a_overlap_leaves_an_interleaved_pipelines_warm_up_and_cool_down_exposed(
-        stage: int, alone: float) -> None:
-    """Megatron-core's combined 1F1B pairs a forward with another micro-batch's backward
-    only in the steady state: on stage i of p = 4, v = 2, m = 8 the chunks it warms up
-    (forwards with no backward yet) and as many cool-down backwards run alone."""
-    s = Strategy(dp=8, pp=4, v=2, ep=8, micro_batches=8, a2a_overlap=True)
-    assert _expert_exposed_s(s, 8.0, 1e9, 1e9, stage) == pytest.approx(8.0 * alone)
-    assert _expert_exposed_s(s, 8.0, 0.0, 0.0, stage) == pytest.approx(8.0)
 
 
 def test_hidden_deepep_transfers_slow_the_compute_beside_them_by_their_sms() -> None:

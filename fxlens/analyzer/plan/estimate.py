@@ -6,7 +6,8 @@ Time: a micro-batch costs each stage its roofline time (split work over t, every
 cp: causal attention load-balanced as Megatron-core does, two chunks per GPU) plus its
 tensor-parallel transfers (on the critical path, unless ``tp-overlap`` runs them beside their
 GEMMs), its expert all-to-alls (likewise, unless ``a2a-overlap`` runs them beside another
-micro-batch's compute), the part of the context-parallel exchanges its attention does not hide
+micro-batch's compute, layer by layer: `fxlens.analyzer.plan.a2a_overlap`), the part of the
+context-parallel exchanges its attention does not hide
 (`fxlens.analyzer.plan.context_parallel`), and a stage-to-stage transfer. Expert
 GEMMs are re-sized for the GPU (`fxlens.analyzer.plan.workload.ExpertGemm`): 1/(t·cp) of the
 routed work, the weights of its 1/(ep·etp) of the experts; other ops sized like expert weights
@@ -31,12 +32,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from fxlens.analyzer.core.sections import Collective, PlanLayout, PlanMemory, PlanRun, PlanTime
+from fxlens.analyzer.plan.a2a_overlap import expert_exposed_s
 from fxlens.analyzer.plan.compression import powersgd_flops
 from fxlens.analyzer.plan.context_parallel import context_parallel
 from fxlens.analyzer.plan.overlap import exposed_s, halves_s
 from fxlens.analyzer.plan.stage_memory import (
     distinct_stages,
-    in_flight,
     model_stages,
     stage_memory,
 )
@@ -192,8 +193,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
     uncompressed = (data_parallel(_uncompressed(s), device, dense, expert, shard, expert_shard)
                     if s.compresses else gradients)
     nxt = parts[index + 1][0] if index + 1 < len(parts) and parts[index + 1] else None
-    exposed = _expert_exposed_s(s, sum(c.time_s for c in experts), m * (forward + recompute_s),
-                                m * backward, index)
+    exposed = expert_exposed_s(s, units, sum(c.time_s for c in experts), index)
     tp = tensor_parallel(s, device, units)
     tp_exposed = tensor_parallel_exposed_s(s, sum(c.time_s for c in tp),
                                            _split_gemm_s(s, units) if s.tp_overlap else 0.0)
@@ -225,24 +225,6 @@ def _split_gemm_s(s: Strategy, units: Sequence[Unit]) -> float:
 
 def _uncompressed(s: Strategy) -> Strategy:
     return replace(s, gradq=None, powersgd=0, zeropp=False)
-
-
-def _expert_exposed_s(s: Strategy, all_to_all_s: float, forward_s: float,
-                      backward_s: float, stage: int = 0) -> float:
-    """The expert all-to-alls' seconds on the critical path of `stage` (all micro-batches).
-    With ``a2a-overlap`` (Megatron-core's combined 1F1B) a steady-state forward's transfers
-    run beside another micro-batch's backward compute and the backward's beside a forward;
-    the forwards of the warm-up, which has no backward to pair with, and as many backwards of
-    the cool-down run alone: one micro-batch without a pipeline, and on stage i of an
-    interleaved one the ``2(p − i − 1) + (v − 1)p + 1`` chunks it warms up (`in_flight`)."""
-    if not s.a2a_overlap:
-        return all_to_all_s
-    forward_passes = 4 if s.checkpoint else 2
-    to_forward = all_to_all_s * forward_passes / (forward_passes + 2)
-    steady = (max(0.0, to_forward - backward_s)
-              + max(0.0, all_to_all_s - to_forward - forward_s))
-    alone = in_flight(s, stage) / s.micro_batches
-    return steady * (1 - alone) + all_to_all_s * alone
 
 
 def _optimizer_s(facts: ModelFacts, s: Strategy, memory: PlanMemory) -> float:

@@ -38,7 +38,8 @@ per GPU inside one (DeepEP, Megatron-core's ``flex``; ``dispatch=hybridep``: the
 rows by its HybridEP backend, on fewer SMs); left out, ``deepep`` when the expert
 group spans nodes and ``alltoall`` inside one node, as published recipes choose.
 ``a2a-overlap`` hides each micro-batch's all-to-all behind another micro-batch's compute
-(Megatron-core's ``overlap_moe_expert_parallel_comm``, 1F1B forward/backward merging).
+(Megatron-core's ``overlap_moe_expert_parallel_comm``, 1F1B forward/backward merging, layer
+by layer: `fxlens.analyzer.plan.a2a_overlap`).
 ``routing=blocks`` gives each token k consecutive experts, as a benchmarking gate does
 (NeMo Automodel's ``fake_balanced_gate``, which has no weights: no router runs); left out,
 ``balanced``: k experts drawn uniformly within the model's routing groups
