@@ -192,7 +192,10 @@ def _routing_assumption(facts: ModelFacts) -> str:
     return ("expert routing balanced (each expert gets the same rows; a token's experts drawn "
             f"uniformly{groups}, or k consecutive ones with routing=blocks); a token goes once "
             "per chosen expert inside a node (dispatch=alltoall), once per node holding any of "
-            "its experts across nodes (DeepEP, dispatch=deepep)")
+            "its experts across nodes (DeepEP, dispatch=deepep); not modelled: load beyond "
+            "balanced and the host's share of a MoE layer (a dropless dispatcher's wait for "
+            "its token counts, per-expert launches) — published Megatron-core MoE steps ran "
+            "slower than --fused predicts (bench/README.md)")
 
 
 FIX_GPUS_MAX = 1024     # the most GPUs a sharding fix looks at

@@ -16,13 +16,14 @@ is recomputed. Beside them the working tensors (the forward's temporaries, the b
 activation gradients) and the gradients, as the one-GPU step holds them at its peak and where
 its working tensors peak (`PeakBreakdown.moments`; a MoE captured with all its experts peaks at
 the end of its backward, every expert's gradient live, which a GPU holding 1/ep of them does
-not), the larger. A 1F1B pipeline keeps ``min(m, p − i)`` micro-batches in flight on stage i;
-interleaved (v > 1), Megatron-core's schedule warms up ``2(p − i − 1) + (v − 1)p`` model
-chunks, so stage i holds ``min(2(p − i − 1) + (v − 1)p + 1, m·v)`` chunks of 1/v of its
-layers each (on the first stage ≈ p(1 + 1/v), more than the p of plain 1F1B). The peak is
-then taken like the single-GPU step's (`fxlens.analyzer.memory.training_step`): persistent
-state + the larger of the forward/backward working set and the optimizer phase; on one GPU the
-two agree.
+not), the larger; under Megatron-core's all-to-all dispatcher also the copies of a layer's
+routed rows it stages (`_staging`). A 1F1B pipeline keeps ``min(m, p − i)`` micro-batches in
+flight on stage i; interleaved (v > 1), Megatron-core's schedule warms up
+``2(p − i − 1) + (v − 1)p`` model chunks, so stage i holds ``min(2(p − i − 1) + (v − 1)p + 1,
+m·v)`` chunks of 1/v of its layers each (on the first stage ≈ p(1 + 1/v), more than the p of
+plain 1F1B). The peak is then taken like the single-GPU step's
+(`fxlens.analyzer.memory.training_step`): persistent state + the larger of the
+forward/backward working set and the optimizer phase; on one GPU the two agree.
 
 Memory is asked alone (`peak_bytes`) where only "does it fit" matters — ``ckpt=auto``'s
 choice and a search's layouts that do not fit — and the sums a stage reads are remembered on
@@ -45,6 +46,7 @@ from fxlens.analyzer.plan.transfers import (
     PIPELINED_GRAD_BYTES,
     Group,
     Links,
+    dispatcher,
     zero3_pipelined,
 )
 from fxlens.analyzer.plan.types import remembered
@@ -61,6 +63,7 @@ from fxlens.analyzer.plan.unit_share import (
 DDP_BUCKET_BYTES = 25 * 2**20     # torch DDP's default bucket_cap_mb
 DDP_BUCKETS_IN_FLIGHT = 2
 ZERO3_UNITS_GATHERED = 2          # the unit computing and the one prefetched
+ALLTOALL_STAGING = 2              # routed-row copies the all-to-all dispatcher adds (`_staging`)
 
 
 def stages(units: Sequence[Unit], blocks: int, pp: int,
@@ -189,6 +192,7 @@ def stage_memory(facts: ModelFacts, s: Strategy, device: Links, index: int) -> S
         # one block's recomputed set lives again while that block's backward runs
         activations = one * held_micro_batches + freed_max / c
     fwd_bwd, grads_at_peak = _forward_backward(facts, s, held, activations, one)
+    fwd_bwd += _staging(facts, s, device, units)
     gathered = 0
     if s.zero == 3 and shard.size > 1:
         unsharded = [unit_state(u, t, experts_on_gpu) for u in units]
@@ -236,6 +240,20 @@ def _forward_backward(facts: ModelFacts, s: Strategy, held: StateBytes, activati
         live = activations - freed + moment.working_bytes * working_share + grads
         best = max(best, (live, grads))
     return best
+
+
+def _staging(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit]) -> float:
+    """What Megatron-core's all-to-all dispatcher stages beside a MoE layer's own tensors:
+    its all-to-all's output and that output sorted by local expert (``MoEAlltoAllToken
+    Dispatcher``: permute, ``all_to_all``, ``sort_chunks_by_idxs``, the sort only where a GPU
+    holds more than one expert), `ALLTOALL_STAGING` copies of the layer's routed rows on this
+    GPU; DeepEP and HybridEP receive them in place."""
+    routed = max((u.routed_bytes for u in units), default=0)
+    if s.ep == 1 or not routed or dispatcher(s, device, units, facts.tokens,
+                                                facts.routing) != "alltoall":
+        return 0.0
+    copies = ALLTOALL_STAGING if facts.experts > s.ep else ALLTOALL_STAGING - 1
+    return copies * routed / (s.tp * s.cp)
 
 
 def _stage_states(facts: ModelFacts, s: Strategy, units: Sequence[Unit], index: int

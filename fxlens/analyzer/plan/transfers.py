@@ -219,8 +219,8 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
     payload = routed / (s.tp * s.cp)           # this GPU's tokens, once per chosen expert
     chosen = experts_per_token(units, tokens)
     inside = group.within_node(device.gpus_per_node)
-    dispatch = s.dispatch or ("alltoall" if inside else "deepep")
-    if dispatch == "alltoall" or chosen < 1 or routing.experts < s.ep:
+    dispatch = dispatcher(s, device, units, tokens, routing)
+    if dispatch == "alltoall":
         return [collective("all-to-all", "expert routing", group, payload,
                            passes * s.micro_batches, device, s.a2a_overlap)]
     # DeepEP, HybridEP: each token once to every node holding one of its experts (over this
@@ -239,6 +239,17 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
                        across_nodes=not inside, bytes=round(per_gpu),
                        calls=passes * s.micro_batches, time_s=each * passes * s.micro_batches,
                        overlapped=s.a2a_overlap)]
+
+
+def dispatcher(s: Strategy, device: Links, units: Sequence[Unit], tokens: int,
+               routing: ExpertRouting) -> str:
+    """The dispatcher a stage's expert all-to-alls run: the layout's ``dispatch=``, else
+    ``alltoall`` inside a node and ``deepep`` across nodes; ``alltoall`` wherever a token's
+    copies cannot be told apart (its experts per token unknown, fewer experts than ranks)."""
+    inside = Group(s.ep, s.expert_tp).within_node(device.gpus_per_node)
+    if experts_per_token(units, tokens) < 1 or routing.experts < s.ep:
+        return "alltoall"
+    return s.dispatch or ("alltoall" if inside else "deepep")
 
 
 def experts_per_token(units: Sequence[Unit], tokens: int) -> float:
