@@ -233,7 +233,7 @@ def _forward_backward(facts: ModelFacts, s: Strategy, held: StateBytes, activati
     saved_split, total_saved = _saved_sums(facts, s.tp, seq_div)
     working_share = saved_split / s.cp / total_saved
     grad_share = held.grad_bytes / (facts.states.grad_bytes or 1)
-    best = (0.0, 0.0)
+    best = (activations, 0.0)       # the last forward's end: every saved set in flight
     for moment in facts.moments:
         freed = one * max(1 - moment.saved_bytes / total_saved, 0.0)
         grads = moment.gradient_bytes * grad_share
