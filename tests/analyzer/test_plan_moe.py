@@ -430,3 +430,21 @@ def test_the_alltoall_dispatcher_stages_copies_of_a_layers_routed_rows(
         return layout(moe, f"dp=4,ep=4,dispatch={dispatch}").memory.peak_bytes
     assert peak("alltoall") - peak("deepep") == pytest.approx(copies * routed, abs=2)
     assert peak("hybridep") == peak("deepep")
+
+
+def test_working_tensors_shaped_like_expert_weights_follow_the_experts_a_gpu_holds(
+        gpt: tuple[object, ModelFacts]) -> None:
+    """A grouped GEMM's backward writes every expert's weight gradient at once (15 GB for a
+    DeepSeek-V3 layer in bf16) before it reaches the gradients: a GPU holding 1/ep of the
+    experts holds 1/ep of it, not all of it as the tokens' working tensors would be."""
+    from fxlens.analyzer.plan.moments import StepMoment
+
+    _, facts = gpt
+    total_saved = sum(u.saved_bytes for u in facts.units)
+    shaped = 2**30
+    moe = dataclasses.replace(facts, experts=16, optimizer_temporaries_bytes=0,
+                              moments=(StepMoment(total_saved, 0, 0, shaped),))
+    def peak(text: str) -> int:
+        return layout(moe, text).memory.peak_bytes
+    assert peak("dp=4") - peak("dp=4,ep=4") == pytest.approx(shaped * (1 - 1 / 4), abs=2)
+    assert peak("dp=4") - peak("dp=4,ep=2,etp=2") == pytest.approx(shaped * 3 / 4, abs=2)

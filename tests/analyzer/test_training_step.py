@@ -176,7 +176,8 @@ def test_the_live_set_splits_into_saved_working_and_gradients(target: str) -> No
         splits.append(LiveSplit(
             saved_bytes=sum(st.size[i] for i in acts if i in saved),
             working_bytes=sum(st.size[i] for i in acts if i not in saved),
-            gradient_bytes=sum(st.size[i] for i in live if st.category[i] is Category.GRADIENT)))
+            gradient_bytes=sum(st.size[i] for i in live if st.category[i] is Category.GRADIENT),
+            node=node.id))
     at_peak, working_peak = parts.moments
     assert at_peak in splits and working_peak in splits
     assert (at_peak.saved_bytes + at_peak.working_bytes + at_peak.gradient_bytes

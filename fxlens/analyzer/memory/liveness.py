@@ -313,7 +313,7 @@ def _sweep(graph: Graph, st: Storages, saved: frozenset[int] = frozenset()) -> _
                 out.peak_by_category[key] = max(out.peak_by_category[key], by_category[key])
             out.timeline.append(live)
             now = LiveSplit(held, by_category[Category.ACTIVATION.value] - held,
-                            by_category[Category.GRADIENT.value])
+                            by_category[Category.GRADIENT.value], node.id)
             working_peak = max(working_peak, now, key=lambda m: m.working_bytes)
             if live > out.peak or out.peak_position < 0:
                 out.peak, out.peak_position, at_peak = live, position, now

@@ -228,17 +228,20 @@ def _forward_backward(facts: ModelFacts, s: Strategy, held: StateBytes, activati
     one-GPU step's live set at each of its `ModelFacts.moments`, each part at this GPU's
     share — the saved set as the stage holds it (`activations`, less what one micro-batch's
     backward had freed by then: `one` × the share the capture had freed), the working tensors
-    split like the saved set, the gradients as this GPU holds them."""
+    split like the saved set (those shaped like an expert weight by the experts it holds),
+    the gradients as this GPU holds them."""
     seq_div = s.tp if s.sp else 1
     saved_split, total_saved = _saved_sums(facts, s.tp, seq_div)
     working_share = saved_split / s.cp / total_saved
+    expert_share = 1 / (s.ep * s.expert_tp)
     grad_share = held.grad_bytes / (facts.states.grad_bytes or 1)
     best = (activations, 0.0)       # the last forward's end: every saved set in flight
     for moment in facts.moments:
         freed = one * max(1 - moment.saved_bytes / total_saved, 0.0)
         grads = moment.gradient_bytes * grad_share
-        live = activations - freed + moment.working_bytes * working_share + grads
-        best = max(best, (live, grads))
+        working = (moment.working_bytes * working_share
+                   + moment.expert_working_bytes * expert_share)
+        best = max(best, (activations - freed + working + grads, grads))
     return best
 
 

@@ -32,6 +32,7 @@ from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import LiveSplit
 from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.compression import Matrix, gradient_matrices
+from fxlens.analyzer.plan.moments import StepMoment, step_moments
 from fxlens.analyzer.plan.op_policy import op_policy_part
 from fxlens.analyzer.plan.routing import ExpertRouting
 from fxlens.analyzer.plan.tensor_split import (
@@ -54,6 +55,7 @@ from fxlens.analyzer.plan.workload import (
     expert_count,
     expert_gemms,
     expert_weight_nodes,
+    expert_weight_shapes,
     expert_work,
     gemm_rows,
     module_parts,
@@ -139,8 +141,8 @@ class ModelFacts:
     units: tuple[Unit, ...]
     blocks: int                        # repeated blocks (the units a pipeline splits)
     experts: int                       # experts per MoE layer (0: no MoE)
-    moments: tuple[LiveSplit, ...]     # the one-GPU step's live set at its peak and where its
-                                       # working tensors peak (`PeakBreakdown.moments`)
+    moments: tuple[StepMoment, ...]    # the one-GPU step's live set at its peak and where its
+                                       # working tensors peak (`step_moments`)
     optimizer_temporaries_bytes: int
     optimizer_s: float                 # one optimizer step on one GPU
     samples: int                       # per micro-batch (the captured batch)
@@ -321,7 +323,9 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
     per_layer = expert_count(graph, expert_params)
     return ModelFacts(units=kept, blocks=len(blocks), experts=per_layer,
                       routing_groups=routing_groups if per_layer else (1, 1),
-                      **vars(whole_step))
+                      **{**vars(whole_step), "moments": step_moments(
+                          step, registry, whole_step.moments,
+                          expert_weight_shapes(graph, expert_params))})
 
 
 @dataclass(frozen=True)

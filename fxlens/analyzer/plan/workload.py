@@ -84,15 +84,22 @@ class ExpertWork:
     backward_s: float = 0.0
 
 
-def expert_weight_nodes(graph: Graph, expert_params: Collection[str],
-                        skip: Collection[int]) -> set[int]:
-    """Calls outside `skip` that write a tensor shaped like a 3-D expert weight (either
-    order of its last two dims: the weight, its transpose, their gradients)."""
+def expert_weight_shapes(graph: Graph, expert_params: Collection[str]
+                         ) -> frozenset[tuple[int, ...]]:
+    """The shapes of the 3-D expert weights, in either order of their last two dims (the
+    weight, its transpose, their gradients)."""
     shapes = set()
     for p in graph.params:
         if p.name in expert_params and len(p.spec.shape) == 3:
             e, a, b = p.spec.shape
             shapes |= {(e, a, b), (e, b, a)}
+    return frozenset(shapes)
+
+
+def expert_weight_nodes(graph: Graph, expert_params: Collection[str],
+                        skip: Collection[int]) -> set[int]:
+    """Calls outside `skip` that write a tensor shaped like a 3-D expert weight."""
+    shapes = expert_weight_shapes(graph, expert_params)
     return {n.id for n in graph.calls() if n.id not in skip
             and any(o is not None and tuple(o.shape) in shapes for o in n.outputs)}
 

@@ -46,6 +46,7 @@ class LiveSplit:
     saved_bytes: int
     working_bytes: int
     gradient_bytes: int
+    node: int = -1          # the node (id) it was taken at
 
 
 @dataclass(frozen=True)
