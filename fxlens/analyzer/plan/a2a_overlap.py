@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from fxlens.analyzer.plan.stage_memory import in_flight
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import Unit
+from fxlens.analyzer.plan.transfers import expert_passes
 from fxlens.analyzer.plan.unit_share import experts_s, phase_s
 
 
@@ -62,7 +63,7 @@ def expert_exposed_s(s: Strategy, units: Sequence[Unit], all_to_all_s: float,
     if not s.a2a_overlap or not routed or all_to_all_s <= 0:
         return all_to_all_s
     m = s.micro_batches
-    passes = 6 if s.checkpoint else 4
+    passes = expert_passes(s)
     paired = 0.0        # one micro-batch's exposed seconds, every layer paired
     for u in units:
         if not u.routed_bytes:

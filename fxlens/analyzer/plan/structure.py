@@ -32,6 +32,13 @@ from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import LiveSplit
 from fxlens.analyzer.memory.training_state import StateBytes
 from fxlens.analyzer.plan.compression import Matrix, gradient_matrices
+from fxlens.analyzer.plan.moe_model import (
+    expert_count,
+    expert_weight_nodes,
+    expert_weight_shapes,
+    gemm_rows,
+    router_modules,
+)
 from fxlens.analyzer.plan.moments import StepMoment, step_moments
 from fxlens.analyzer.plan.op_policy import op_policy_part
 from fxlens.analyzer.plan.routing import ExpertRouting
@@ -52,15 +59,10 @@ from fxlens.analyzer.plan.workload import (
     Timed,
     UnitAttention,
     expert_activation_parts,
-    expert_count,
     expert_gemms,
-    expert_weight_nodes,
-    expert_weight_shapes,
     expert_work,
-    gemm_rows,
     module_parts,
     module_split_share,
-    router_modules,
     router_s,
     saved_by_module,
     unit_attention,
@@ -232,7 +234,8 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
     graph = step.graph
     grouped = {n.id for n in graph.calls() if n.packet in knowledge.grouped_gemm_ops}
     expert_params = _expert_params(graph, knowledge)
-    expert_sized = expert_weight_nodes(graph, expert_params, grouped)
+    expert_shapes = expert_weight_shapes(graph, expert_params)
+    expert_sized = expert_weight_nodes(graph, expert_shapes, grouped)
     all_times = {i: t.time_s for i, t in node_times.items()}
     times = {i: s for i, s in all_times.items() if i not in grouped | expert_sized}
     blocks = repeated_blocks(graph.module_types)
@@ -324,8 +327,7 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
     return ModelFacts(units=kept, blocks=len(blocks), experts=per_layer,
                       routing_groups=routing_groups if per_layer else (1, 1),
                       **{**vars(whole_step), "moments": step_moments(
-                          step, registry, whole_step.moments,
-                          expert_weight_shapes(graph, expert_params))})
+                          step, registry, whole_step.moments, expert_shapes)})
 
 
 @dataclass(frozen=True)

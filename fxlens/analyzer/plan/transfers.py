@@ -212,9 +212,7 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
     routed = sum(u.routed_bytes for u in units)
     if s.ep == 1 or not routed:
         return []
-    # to the experts and back, forward and backward, and again in a recomputed forward (not
-    # under ckpt=ops, whose policy saves the all-to-alls' outputs)
-    passes = 6 if s.checkpoint else 4
+    passes = expert_passes(s)
     group = Group(s.ep, s.expert_tp)
     payload = routed / (s.tp * s.cp)           # this GPU's tokens, once per chosen expert
     chosen = experts_per_token(units, tokens)
@@ -239,6 +237,13 @@ def expert_parallel(s: Strategy, device: Links, units: Sequence[Unit], tokens: i
                        across_nodes=not inside, bytes=round(per_gpu),
                        calls=passes * s.micro_batches, time_s=each * passes * s.micro_batches,
                        overlapped=s.a2a_overlap)]
+
+
+def expert_passes(s: Strategy) -> int:
+    """A MoE layer's all-to-alls per micro-batch: to the experts and back, forward and
+    backward, and again in a recomputed forward (not under ``ckpt=ops``, whose policy saves
+    the all-to-alls' outputs)."""
+    return 6 if s.checkpoint else 4
 
 
 def dispatcher(s: Strategy, device: Links, units: Sequence[Unit], tokens: int,
