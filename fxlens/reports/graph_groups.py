@@ -3,9 +3,10 @@ of alike repeated blocks, a part of the folded input plumbing, or nothing. `plan
 `fxlens.reports.dot` draws the plan and `fxlens.reports.html` links the page's SVG back to it.
 
 - **Runs.** The repeated blocks (`collapsed_blocks`: `repeated_blocks`, children ``0…N-1`` of
-  one parent, one type) are cut where consecutive blocks stop being alike, by the rule the
-  module tables use (`fxlens.reports.views.tree`: consecutive numbered siblings of one kind
-  with equal figures), on the figures params, ops, FLOPs, bytes read and bytes written. A run
+  one parent, one type or layers of several) are cut where consecutive blocks stop being
+  alike, by the rule the module tables use (`fxlens.reports.views.tree`: consecutive numbered
+  siblings of one kind with equal figures), on the figures params, ops, FLOPs, bytes read and
+  bytes written. A run
   is one node, ``model.layers.0–31 ×32``, whose id is ``b<index of its first block>``; blocks
   that differ (sliding and full attention layers at a length past the window, a layer with
   other ops) are separate runs, side by side. The tables group on params and FLOPs only, so a

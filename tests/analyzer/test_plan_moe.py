@@ -275,6 +275,22 @@ def test_moe_experts_are_sharded_by_ep_and_the_router_is_not_split() -> None:
 
 
 
+@pytest.mark.slow
+def test_a_hybrid_stacks_layers_of_two_kinds_are_its_blocks_and_its_experts_are_routed(
+) -> None:
+    """Jamba's layers are a Mamba layer and an attention layer with a MoE, two classes in one
+    list: both are blocks (pipeline stages, checkpointing), and the MoE's routed rows reach
+    the all-to-all under ep — with no blocks they were left out, the all-to-all priced at 0."""
+    facts = hf_facts("jamba")
+    names = [u.name for u in facts.units]
+    assert facts.blocks == 2 and names[1:3] == ["model.layers.0", "model.layers.1"]
+    mamba, attention = facts.units[1:3]
+    assert mamba.routed_rows == 0 and attention.routed_rows == 2 * facts.tokens     # top-2
+    (a2a,) = [c for c in layout(facts, "dp=2,ep=2", 2).collectives if c.kind == "all-to-all"]
+    assert a2a.bytes == attention.routed_bytes > 0
+    assert layout(facts, "pp=2", 2).time.bubble_s > 0      # two stages, one layer each
+
+
 def test_expert_gemms_on_a_gpu_follow_rows_and_experts() -> None:
     gemm = ExpertGemm("forward", compute_s=1.0, weight_s=4.0, token_s=0.5)
     assert gemm.on_rank(1, 1, 1) == 4.5                    # as captured: memory-bound

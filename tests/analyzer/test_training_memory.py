@@ -312,10 +312,14 @@ def test_repeated_blocks_synthetic() -> None:
     types = {"": "M", "enc": "Enc", "enc.0": "L", "enc.1": "L", "enc.norm": "N",
              "enc.0.experts": "ML", "enc.0.experts.0": "E", "enc.0.experts.1": "E",
              "dec": "Dec", "dec.0": "D", "dec.1": "D", "dec.2": "D",
-             "seq": "S", "seq.0": "Linear", "seq.1": "ReLU",       # mixed types: no
+             "seq": "S", "seq.0": "Linear", "seq.1": "ReLU",       # mixed leaf types: no
              "gap": "G", "gap.0": "X", "gap.2": "X",               # not 0..N-1: no
-             "one": "O", "one.0": "Y"}                              # a single child: no
-    assert repeated_blocks(types) == ("enc.0", "enc.1", "dec.0", "dec.1", "dec.2")
+             "one": "O", "one.0": "Y",                              # a single child: no
+             # a hybrid's layers, of two kinds, each with modules of its own: a run
+             "mix": "H", "mix.0": "Mamba", "mix.0.mixer": "SSM", "mix.1": "Attn",
+             "mix.1.attn": "SDPA", "mix.2": "Mamba", "mix.2.mixer": "SSM"}
+    assert repeated_blocks(types) == ("enc.0", "enc.1", "dec.0", "dec.1", "dec.2",
+                                      "mix.0", "mix.1", "mix.2")
 
 
 def test_repeated_blocks_order_is_numeric() -> None:

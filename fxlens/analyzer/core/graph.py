@@ -214,7 +214,9 @@ class Graph:
 
 
 def repeated_blocks(module_types: Mapping[str, str]) -> tuple[str, ...]:
-    """Paths of repeated blocks: the children ``0 … N-1`` (N ≥ 2) of one parent, one type.
+    """Paths of repeated blocks: the children ``0 … N-1`` (N ≥ 2) of one parent, of one type,
+    or of several where each has modules of its own (a hybrid's layer list: Jamba's Mamba and
+    attention layers, Zamba's; a ``Sequential`` of leaf layers, Linear then ReLU, is none).
 
     `module_types` maps module path → type name (``Graph.module_types``). A run nested in a
     block of another run (the experts inside each decoder layer) is left out: checkpointing
@@ -225,13 +227,14 @@ def repeated_blocks(module_types: Mapping[str, str]) -> tuple[str, ...]:
         if path:
             parent, _, name = path.rpartition(".")
             children.setdefault(parent, {})[name] = path
+    parents = set(children)
     runs: list[list[str]] = []
     for kids in children.values():
         numbered = {name for name in kids if name.isdigit()}
         if len(numbered) < 2 or numbered != {str(i) for i in range(len(numbered))}:
             continue
         run = [kids[str(i)] for i in range(len(numbered))]
-        if len({module_types[p] for p in run}) == 1:
+        if len({module_types[p] for p in run}) == 1 or all(p in parents for p in run):
             runs.append(run)
     members = [p for run in runs for p in run]
     outer = [run for run in runs
