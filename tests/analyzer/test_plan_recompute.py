@@ -36,6 +36,27 @@ def test_each_kind_picks_its_modules(gpt: Facts) -> None:
                       "mlp.0": ["mlp.0"]}
 
 
+def test_a_models_own_prefix_does_not_make_a_module_a_moe() -> None:
+    """Qwen3-MoE names every class ``Qwen3Moe…``: its norms are norms, and ``moe`` picks the
+    MoE block's modules only (before, every module of the layer, its norms and attention)."""
+    family = "transformers.models.qwen3_moe.modeling_qwen3_moe."
+    layer = family + "qwen3moesparsemoeblock"
+    parts = [ModulePart(f"b.{name}", types=tuple(family + t for t in types)) for name, types in (
+        ("input_layernorm", ("qwen3moermsnorm",)),
+        ("self_attn", ("qwen3moeattention",)),
+        ("mlp", ("qwen3moesparsemoeblock",)),
+        ("mlp.gate", ("qwen3moesparsemoeblock", "qwen3moetopkrouter")),
+        ("mlp.experts", ("qwen3moesparsemoeblock", "qwen3moeexperts")))]
+    assert layer.endswith("moeblock")
+
+    def picked(kind: str) -> list[str]:
+        return [p.name[2:] for p in recomputed("b", parts, (kind,))]
+
+    assert picked("moe") == ["mlp", "mlp.gate", "mlp.experts"]
+    assert picked("norm") == ["input_layernorm"]
+    assert picked("attn") == ["self_attn"]
+
+
 @pytest.mark.parametrize("kind, freed_per_block", [
     ("act", 4 * SBH * BF16),                   # the GELU's output, 4h wide
     ("norm", 2 * SBH * BF16),                  # two norms' outputs at least (+ statistics)

@@ -18,7 +18,8 @@ children being parts of their own), and ``ckpt=`` takes '+'-joined kinds or modu
   ``*norm``), its children included.
 
 A kind is recognised by the path's segments and the module types (``…Attention``, ``…MoE…``,
-``…Norm``, ``…Activation``), as `transformers` names them.
+``…Norm``, ``…Activation``), as `transformers` names them, its model's prefix left out
+(``Qwen3MoeRMSNorm`` is a norm, not a MoE module).
 """
 
 from __future__ import annotations
@@ -34,6 +35,21 @@ from fxlens.analyzer.plan.workload import ModulePart
 
 if TYPE_CHECKING:
     from fxlens.analyzer.plan.structure import Unit
+
+
+def _bare(qualified: str) -> str:
+    """A module type without its `transformers` model's name, in its path or its class:
+    Qwen3-MoE's ``transformers.models.qwen3_moe.modeling_qwen3_moe.qwen3moermsnorm`` is
+    ``transformers.models.rmsnorm``, not a MoE module; other types stay as they are."""
+    parts = qualified.split(".")
+    if "models" not in parts[:-2]:
+        return qualified
+    at = parts.index("models")
+    family, name = parts[at + 1].replace("_", ""), parts[-1]
+    if name.startswith(family) and len(name) > len(family):
+        name = name[len(family):]
+    return ".".join([*parts[:at + 1], name])
+
 
 ATTENTION = re.compile(r"(self_|cross_)?(attn|attention)")
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
@@ -107,5 +123,5 @@ def _matches(pattern: str, inside: str, types: tuple[str, ...]) -> bool:
     segments = inside.split(".") if inside else []
     test = KINDS.get(pattern)
     if test is not None:
-        return test(segments, types)
+        return test(segments, tuple(_bare(t) for t in types))
     return bool(inside) and (fnmatchcase(inside, pattern) or fnmatchcase(inside, pattern + ".*"))
