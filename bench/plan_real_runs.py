@@ -60,6 +60,9 @@ def strategy_of(run: dict[str, Any]) -> tuple[str | None, str]:
         parts.append("zero=3")
     elif lay.get("distributed_optimizer"):
         parts.append("zero=1")
+    if lay.get("cuda_graphs"):          # the recipe's CUDA graphs: full_iteration, or scopes
+        parts.append("graphs" if lay["cuda_graphs"] == "full" else
+                     f"graphs={lay['cuda_graphs']}")
     if lay.get("sp") and (lay.get("tp") or 1) > 1:
         parts.append("sp")
     if lay.get("pipeline_layout"):      # Megatron's --pipeline-model-parallel-layout

@@ -138,8 +138,11 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
             gemms=frozenset(i for i, k in kinds.items() if k is OpKind.GEMM),
             fp8_gemms=weight_gemms)
     config = getattr(ctx.loaded.module, "config", None)
+    # the host launches the captured program's kernels, fused or not (`plan.host`)
+    launched = frozenset(n.id for n in report.nodes if n.status == "costed")
     return read_facts(ctx.step, report, ctx.registry, state_of,
-                      by_id, PARALLEL, whole, fusion, routing_groups(config), grouped)
+                      by_id, PARALLEL, whole, fusion, routing_groups(config), grouped,
+                      launched)
 
 
 def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFacts
@@ -172,6 +175,10 @@ def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFac
         "micro-batches of activations (interleaved, v > 1: Megatron's warm-up chunks)",
         "ranks laid out tp innermost, then cp, dp, pp outermost; experts over a stage's GPUs "
         "as etp, ep, expert dp",
+        f"a micro-batch takes no less than the host launching its kernels: the captured "
+        f"program's, {spec.framework_launch_s * 1e6:.1f} µs each (a Python training "
+        "framework's, DeepSeek-V3's published trace), a recomputed forward's again; none "
+        "under graphs (CUDA graphs), fewer under graphs=attn+…",
     ) + ((FP8_ASSUMPTION,) if options.precision == Precision.FP8.value else ()) + (
         (_routing_assumption(facts),) if facts.experts else ()) + (
         ("--tokens: the inputs hold no (batch, sequence) token tensor, so no run is "
@@ -193,9 +200,7 @@ def _routing_assumption(facts: ModelFacts) -> str:
             f"uniformly{groups}, or k consecutive ones with routing=blocks); a token goes once "
             "per chosen expert inside a node (dispatch=alltoall), once per node holding any of "
             "its experts across nodes (DeepEP, dispatch=deepep); not modelled: load beyond "
-            "balanced and the host's share of a MoE layer (a dropless dispatcher's wait for "
-            "its token counts, per-expert launches) — published Megatron-core MoE steps ran "
-            "slower than --fused predicts (bench/README.md)")
+            "balanced, and a dropless dispatcher's wait for its token counts")
 
 
 FIX_GPUS_MAX = 1024     # the most GPUs a sharding fix looks at

@@ -94,6 +94,15 @@ per aten overload call, 1.3–2.9 per view, and an ``nn.Linear`` call 4.4 µs ov
 tokens) cost 37.08 µs of CPU time on a GB200 against 13.48 µs on a DGX H100's Xeon Platinum
 8480C (NVIDIA/TransformerEngine#2053, 2025-08-11; 33.17 µs on a GH200), so the Grace
 entries' host costs are the x86 ones × 37.08 / 13.48 (`GRACE_HOST`, 2.75).
+Framework launches (`framework_launch_s`, what a plan's host floor costs per kernel): a Python
+training framework spends far more host time per kernel than a bare op call — its modules,
+autograd, allocations, stream bookkeeping. DeepSeek-V3's published training trace
+(deepseek-ai/profile-data ``train.json``, PyTorch profiler, H800, EP64, four MoE layers'
+forward and backward chunks) spends 10.6 ms of host time per layer's forward and backward
+outside its all-to-all waits while launching 228 kernels: 46.6 µs per kernel, its GPU busy
+29.5 ms of it (bench/README.md). Grace hosts: unmeasured; the x86 figure, since a 2.75×
+one (`GRACE_HOST`) would put published GB200/GB300 runs without CUDA graphs at 1.4–1.9× the
+steps they ran.
 Kernel boundaries (`graph_launch_s`, what a serving step pays per kernel): a decode step
 replayed as one CUDA graph has no host launches, but each kernel still starts after the one
 before it has drained, a gap in which nothing moves. Measured on an H100 with CUDA graphs,
@@ -159,6 +168,7 @@ GPU_LAUNCH_S = 10e-6
 HOST_FREE_S = 2e-6
 HOST_MODULE_S = 5e-6
 GRACE_HOST = 37.08 / 13.48     # a Grace host's CPU time per call over a Xeon 8480C's
+FRAMEWORK_LAUNCH_S = 10.62e-3 / 228    # DeepSeek's training trace: host per kernel launched
 CPU_LAUNCH_S = 5e-6
 MISALIGNED_GEMM = "gemm-misaligned"
 ATTENTION_FORWARD = "attention-forward"
@@ -196,6 +206,7 @@ class DeviceSpec:
     bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
     launch_s: float = GPU_LAUNCH_S
     graph_launch_s: float = 0.0                  # per kernel of a replayed CUDA graph
+    framework_launch_s: float = FRAMEWORK_LAUNCH_S   # a training framework's host per kernel
     calibrated: bool = False
     gpus_per_node: int = 8
     intra_node_bytes_per_s: float = 0.0          # per GPU, one direction (NVLink, PCIe)

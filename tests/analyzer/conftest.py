@@ -43,6 +43,7 @@ class FakeLinks:
     gpus_per_node: int = 8
     multiprocessors: int = 0
     collective_sms: int = 0
+    framework_launch_s: float = 0.0      # no host floor: the closed forms are the GPUs'
 
     base_s: float = 0.0
     hop_s: float = 0.0

@@ -37,8 +37,8 @@ def test_each_kind_picks_its_modules(gpt: Facts) -> None:
 
 
 def test_a_models_own_prefix_does_not_make_a_module_a_moe() -> None:
-    """Qwen3-MoE names every class ``Qwen3Moe…``: its norms are norms, and ``moe`` picks the
-    MoE block's modules only (before, every module of the layer, its norms and attention)."""
+    """Qwen3-MoE names every class ``Qwen3Moe…``: its norms are norms, and ``moe`` (and the
+    CUDA graph scopes ``moe_router``, ``moe_preprocess``) pick the MoE block's modules only."""
     family = "transformers.models.qwen3_moe.modeling_qwen3_moe."
     layer = family + "qwen3moesparsemoeblock"
     parts = [ModulePart(f"b.{name}", types=tuple(family + t for t in types)) for name, types in (
@@ -54,6 +54,8 @@ def test_a_models_own_prefix_does_not_make_a_module_a_moe() -> None:
 
     assert picked("moe") == ["mlp", "mlp.gate", "mlp.experts"]
     assert picked("norm") == ["input_layernorm"]
+    assert picked("moe_router") == ["mlp.gate"]
+    assert picked("moe_preprocess") == ["mlp"]
     assert picked("attn") == ["self_attn"]
 
 

@@ -8,7 +8,8 @@ tensor-parallel transfers (on the critical path, unless ``tp-overlap`` runs them
 GEMMs), its expert all-to-alls (likewise, unless ``a2a-overlap`` runs them beside another
 micro-batch's compute, layer by layer: `fxlens.analyzer.plan.a2a_overlap`), the part of the
 context-parallel exchanges its attention does not hide
-(`fxlens.analyzer.plan.context_parallel`), and a stage-to-stage transfer. Expert
+(`fxlens.analyzer.plan.context_parallel`), and a stage-to-stage transfer; no less than the
+host takes to launch its kernels (`fxlens.analyzer.plan.host`). Expert
 GEMMs are re-sized for the GPU (`fxlens.analyzer.plan.workload.ExpertGemm`): 1/(t·cp) of the
 routed work, the weights of its 1/(ep·etp) of the experts; other ops sized like expert weights
 (their casts, gradient copies) run on its 1/(ep·etp). A 1F1B pipeline takes ``(m + (p − 1)/v)``
@@ -35,6 +36,7 @@ from fxlens.analyzer.core.sections import Collective, PlanLayout, PlanMemory, Pl
 from fxlens.analyzer.plan.a2a_overlap import expert_exposed_s
 from fxlens.analyzer.plan.compression import powersgd_flops
 from fxlens.analyzer.plan.context_parallel import context_parallel
+from fxlens.analyzer.plan.host import host_s
 from fxlens.analyzer.plan.overlap import exposed_s, halves_s
 from fxlens.analyzer.plan.stage_memory import (
     distinct_stages,
@@ -73,6 +75,7 @@ class _Stage:
     sm_slowdown_s: float            # every micro-batch: compute beside hidden transfers
     data_parallel: list[Collective]
     boundary_bytes: int             # activation sent to the next stage per micro-batch
+    host_s: float = 0.0             # every micro-batch: the host launching its kernels
     compression_s: float = 0.0      # PowerSGD's factorisation, on the data-parallel path
     uncompressed: tuple[Collective, ...] = ()   # the data-parallel transfers uncompressed
 
@@ -109,7 +112,11 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
                  for i, units in distinct_stages(facts, s)]
     worst = max(evaluated, key=lambda e: e.memory.peak_bytes)
     p2p = pipeline_transfer(s, device, max(e.boundary_bytes for e in evaluated))
-    per_micro = max(e.compute_s + e.blocking_s for e in evaluated) / s.micro_batches
+    gpu_micro = max(e.compute_s + e.blocking_s for e in evaluated) / s.micro_batches
+    # a micro-batch runs no faster than the host launches its kernels (`plan.host`)
+    per_micro = max(max(e.compute_s + e.blocking_s, e.host_s) for e in evaluated) \
+        / s.micro_batches
+    host_wait = s.micro_batches * (per_micro - gpu_micro)
     per_micro += (p2p.time_s / s.micro_batches) if p2p else 0.0
     bubble = (s.pp - 1) / s.v * per_micro
     busiest = max(evaluated, key=lambda e: e.data_parallel_s)
@@ -133,6 +140,7 @@ def estimate(facts: ModelFacts, strategy: Strategy, device: Links,
                               for e in evaluated),
         expert_parallel_exposed_s=max(e.expert_exposed_s for e in evaluated),
         overlap_slowdown_s=max(e.sm_slowdown_s for e in evaluated) + dp_slowdown,
+        host_s=max(e.host_s for e in evaluated), host_wait_s=host_wait,
         pipeline_s=p2p.time_s if p2p else 0.0, bubble_s=bubble, data_parallel_s=dp_s,
         data_parallel_exposed_s=exposed, optimizer_s=optimizer, step_s=step,
         samples_per_step=samples, tokens_per_step=step_tokens,
@@ -212,6 +220,7 @@ def _stage(facts: ModelFacts, s: Strategy, device: Links, units: Sequence[Unit],
                        if s.powersgd and facts.peak_flops > 0 else 0.0),
         uncompressed=tuple(uncompressed),
         boundary_bytes=round(nxt.input_bytes / seq_div / c) if nxt is not None else 0,
+        host_s=m * host_s(s, units, device.framework_launch_s),
     )
 
 

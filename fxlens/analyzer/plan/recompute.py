@@ -14,6 +14,8 @@ children being parts of their own), and ``ckpt=`` takes '+'-joined kinds or modu
   ``moe_act``: those inside a MoE layer, where a layer's activation is one part,
   ``<experts>.act_fn``: every op between the experts' up and down projections, written as a
   module or inline (`fxlens.analyzer.plan.workload.expert_activation_parts`);
+- ``moe_router``, ``moe_preprocess`` (a MoE module's own ops: top-k, sorting by expert) and
+  ``mamba`` name CUDA graph scopes (``graphs=``: `fxlens.analyzer.plan.host`);
 - anything else: a glob over the module path inside the block (``self_attn.o_proj``,
   ``*norm``), its children included.
 
@@ -55,6 +57,7 @@ ATTENTION = re.compile(r"(self_|cross_)?(attn|attention)")
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
 MOE_NAMES = ("experts", "block_sparse_moe", "moe")
 ACTIVATION_NAMES = ("act", "act_fn", "activation", "activation_fn")
+ROUTER_NAMES = ("gate", "router")
 
 Test = Callable[[Sequence[str], Sequence[str]], bool]
 
@@ -97,6 +100,12 @@ KINDS: dict[str, Test] = {
     "layernorm": _norm,
     "act": _activation,
     "moe_act": lambda seg, types: _activation(seg, types) and _moe(seg, types),
+    # CUDA graph scopes (``graphs=``, Megatron-core's cuda_graph_scope names)
+    "moe_router": lambda seg, types: bool(seg) and _moe(seg, types) and (
+        seg[-1] in ROUTER_NAMES or any(n in types[-1] for n in ROUTER_NAMES)),
+    "moe_preprocess": lambda seg, types: bool(seg) and seg[-1] != "experts" and (
+        "moe" in types[-1] or "sparse" in types[-1]),
+    "mamba": lambda seg, types: any("mamba" in t for t in types),
 }
 
 

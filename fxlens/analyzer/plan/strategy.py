@@ -45,6 +45,13 @@ by layer: `fxlens.analyzer.plan.a2a_overlap`).
 ``balanced``: k experts drawn uniformly within the model's routing groups
 (`fxlens.analyzer.plan.routing`).
 
+CUDA graphs: ``graphs`` (or ``graphs=full``) replays the whole step as captured graphs (no
+host launches), ``graphs=layers`` every repeated block (Megatron-core's per-layer graphs),
+``graphs=attn+moe_router`` the modules of those kinds (`ckpt=`'s kinds and globs, plus
+``moe_router``, ``moe_preprocess`` and ``mamba``, Megatron-core's ``cuda_graph_scope``
+names); left out, the host launches every kernel and a layout's step is at least the host's
+time (`fxlens.analyzer.plan.host`).
+
 Compression (`fxlens.analyzer.plan.compression`): ``gradq=int8|fp8`` gradient collectives in
 8 bits, ``powersgd=R`` DDP's all-reduce as rank-R factors, ``zeropp`` ZeRO++ (ZeRO-3's
 int8 weight gathers, node-local backward gathers, int4 gradients).
@@ -63,15 +70,18 @@ from typing import Any
 from fxlens.analyzer.plan.pipeline_layout import SLOTS, parse_layout
 from fxlens.analyzer.plan.routing import ROUTINGS
 
-NAMED: dict[str, dict[str, int | bool | str]] = {
+NAMED: dict[str, dict[str, int | bool | str | tuple[str, ...]]] = {
     "ddp": {"zero": 0}, "zero1": {"zero": 1}, "zero2": {"zero": 2}, "zero3": {"zero": 3},
     "fsdp": {"zero": 3}, "hsdp": {"zero": 3, "hybrid": True},
     "fsdp-hybrid": {"zero": 3, "hybrid": True}, "sp": {"sp": True}, "ckpt": {"checkpoint": True},
     "offload": {"offload": True}, "a2a-overlap": {"a2a_overlap": True},
     "zeropp": {"zeropp": True}, "tp-overlap": {"tp_overlap": True},
+    "graphs": {"graphs": ("full",)},
 }
 GRADIENT_FORMATS = ("int8", "fp8")
 OPS = "ops"                      # ``ckpt=ops``: the op-level policy
+FULL_GRAPHS = "full"             # ``graphs``: the whole step as CUDA graphs
+LAYER_GRAPHS = "layers"          # ``graphs=layers``: each repeated block as CUDA graphs
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
 CP_COMMS = ("p2p", "a2a", "allgather")     # Megatron-core's cp_comm_type: ring, Ulysses, gather
 DEGREES = ("dp", "tp", "pp", "cp", "ep", "etp", "zero", "v", "powersgd")
@@ -105,6 +115,7 @@ class Strategy:
     layout: str | None = None       # Megatron's pipeline layout; None: blocks split evenly
     cp_comm: str | None = None      # `CP_COMMS`; None: p2p (ring attention)
     tp_overlap: bool = False        # tp collectives overlapped with their GEMMs
+    graphs: tuple[str, ...] = ()    # CUDA graphs: ("full",) or module kinds (plan/host.py)
 
     @property
     def compresses(self) -> bool:
@@ -145,6 +156,9 @@ class Strategy:
             parts.append("ckpt=auto")
         if self.checkpoint_ops:
             parts.append("ckpt=ops")
+        if self.graphs:
+            parts.append("graphs" if self.graphs == (FULL_GRAPHS,) else
+                         f"graphs={'+'.join(self.graphs)}")
         if self.gradq is not None:
             parts.append(f"gradq={self.gradq}")
         if self.powersgd:
@@ -209,6 +223,8 @@ class Strategy:
                 and self.ep == 1:
             found.append("dispatch, routing and a2a-overlap route tokens between GPUs: they "
                          "need ep > 1")
+        if FULL_GRAPHS in self.graphs and len(self.graphs) > 1:
+            found.append("graphs=full replays the whole step: give it alone")
         if self.v > 1 and self.pp == 1:
             found.append("interleaved stages (v > 1) need pp > 1")
         if self.layout is not None:
@@ -250,6 +266,8 @@ def parse(text: str, gpus: int | None = None, micro_batches: int = 1) -> Strateg
                 _set(values, "checkpoint_ops", True, text)
             elif key == "ckpt":
                 _set(values, "recompute", _selective(number), text)
+            elif key == "graphs":
+                _set(values, "graphs", _selective(number, key), text)
             elif key in ("dispatch", "gradq", "routing", "layout", "cp_comm"):
                 _set(values, key, number, text)
             else:
@@ -292,7 +310,7 @@ def _set(values: dict[str, Any], key: str, value: Any, text: str) -> None:
 def _degree(key: str, number: str) -> int:
     if key not in DEGREES:
         raise ValueError(f"unknown degree {key!r}; known: {', '.join(DEGREES)}, and ckpt=, "
-                         f"dispatch=, gradq=, routing=, layout=, cp_comm=")
+                         f"dispatch=, gradq=, routing=, layout=, cp_comm=, graphs=")
     try:
         value = int(number)
     except ValueError:
@@ -304,11 +322,11 @@ def _degree(key: str, number: str) -> int:
     return value
 
 
-def _selective(value: str) -> tuple[str, ...]:
+def _selective(value: str, key: str = "ckpt") -> tuple[str, ...]:
     patterns = tuple(p.strip() for p in value.split("+") if p.strip())
     if not patterns:
-        raise ValueError("ckpt= needs full, or module kinds or path globs joined by '+' "
-                         "(ckpt=norm+act, ckpt=core_attn, ckpt=self_attn.*)")
+        raise ValueError(f"{key}= needs full, or module kinds or path globs joined by '+' "
+                         f"({key}=norm+act, {key}=core_attn, {key}=self_attn.*)")
     return patterns
 
 

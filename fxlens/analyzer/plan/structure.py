@@ -63,6 +63,7 @@ from fxlens.analyzer.plan.workload import (
     expert_work,
     module_parts,
     module_split_share,
+    phase_counts,
     router_s,
     saved_by_module,
     unit_attention,
@@ -105,6 +106,7 @@ class Unit:
     op_policy: ModulePart = ModulePart("")     # a block under ``ckpt=ops``: what it keeps
                                                # (saved bytes) and recomputes (seconds)
     matrices: tuple[Matrix, ...] = ()          # trainable ≥ 2-D parameters, for PowerSGD
+    launches: tuple[int, int] = (0, 0)         # kernels the host launches, forward, backward
 
     @property
     def saved_bytes(self) -> int:
@@ -224,13 +226,15 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
                knowledge: ParallelKnowledge, whole_step: WholeStep,
                fusion: FusedOps | None = None,
                routing_groups: tuple[int, int] = (1, 1),
-               fp8_scaling: Mapping[int, float] | None = None) -> ModelFacts:
+               fp8_scaling: Mapping[int, float] | None = None,
+               launched: frozenset[int] = frozenset()) -> ModelFacts:
     """The `ModelFacts` of one captured training step. `state_of`: persistent state per
     parameter name; `node_times`: roofline times per node id; `fusion`: activations saved as
     fused kernels keep them (None: the saved set as captured); `routing_groups`: the model's
     group-limited routing (`fxlens.analyzer.plan.routing.routing_groups`); `fp8_scaling`:
     seconds of quantizing the grouped GEMMs' token operands (fp8), not in `node_times`
-    since a layout re-sizes them with the routed rows."""
+    since a layout re-sizes them with the routed rows; `launched`: the nodes that launch a
+    kernel as captured (`fxlens.analyzer.plan.host`)."""
     graph = step.graph
     grouped = {n.id for n in graph.calls() if n.packet in knowledge.grouped_gemm_ops}
     expert_params = _expert_params(graph, knowledge)
@@ -319,8 +323,10 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             router_s=router_s(graph, members[name], routers, times),
             matrices=gradient_matrices((param_shapes.get(p, ()), k) for p, k in kinds.items()),
             parts=module_parts(graph, name, members[name], split_nodes, times,
-                               saved_in[name], expert_part, part_of) if name in blocks else (),
+                               saved_in[name], expert_part, part_of, launched)
+            if name in blocks else (),
             op_policy=policy,
+            launches=phase_counts(graph, members[name], launched),
         ))
     kept = tuple(u for u in units if u.name in blocks or u.flops or u.states.total)
     per_layer = expert_count(graph, expert_params)

@@ -210,6 +210,19 @@ def unit_times(graph: Graph, members: Iterable[int], split_nodes: set[int],
     return fs, fw, bs, bw
 
 
+def phase_counts(graph: Graph, members: Iterable[int], launched: Collection[int]
+                 ) -> tuple[int, int]:
+    """How many of `members` launch a kernel (`launched`), forward and backward."""
+    forward = backward = 0
+    for node_id in members:
+        if node_id in launched:
+            if graph.nodes[node_id].phase == "forward":
+                forward += 1
+            else:
+                backward += 1
+    return forward, backward
+
+
 def saved_by_module(step: TrainingGraph, registry: CostRegistry, of_node: Mapping[int, str],
                     split_nodes: set[int], copy_ops: Collection[str],
                     fusion: FusedOps | None = None, part_of: Mapping[int, str] | None = None
@@ -341,6 +354,7 @@ class ModulePart:
     expert_work: ExpertWork = ExpertWork()
     types: tuple[str, ...] = ()            # type names, lower case, of each path segment below
                                            # the unit down to this module
+    launches: tuple[int, int] = (0, 0)     # kernels of its own ops, forward and backward
 
     @cached_property
     def answers(self) -> dict[Hashable, Any]:
@@ -352,15 +366,21 @@ class ModulePart:
 def module_parts(graph: Graph, unit: str, members: Iterable[int], split_nodes: set[int],
                  times: Mapping[int, float], saved: Mapping[str, tuple[int, int]],
                  expert_part: Callable[[list[int]], tuple[tuple[ExpertGemm, ...], ExpertWork]],
-                 part_of: Mapping[int, str] | None = None) -> tuple[ModulePart, ...]:
+                 part_of: Mapping[int, str] | None = None,
+                 launched: Collection[int] = ()) -> tuple[ModulePart, ...]:
     """One `ModulePart` per module of `unit`'s forward (`saved`: bytes per module path;
     `expert_part`: the expert GEMMs and expert-sized work of some nodes; `part_of`: a part
-    other than its module for some nodes, `expert_activation_parts`)."""
+    other than its module for some nodes, `expert_activation_parts`; `launched`: the nodes
+    that launch a kernel, counted per part and phase)."""
     by_module: defaultdict[str, list[int]] = defaultdict(list)
+    backward: defaultdict[str, int] = defaultdict(int)
     for node_id in members:
         node = graph.nodes[node_id]
+        module = (part_of or {}).get(node_id, node.module)
         if node.phase == "forward":
-            by_module[(part_of or {}).get(node_id, node.module)].append(node_id)
+            by_module[module].append(node_id)
+        elif node_id in launched:
+            backward[module] += 1
     parts = []
     for module in sorted(by_module.keys() | saved.keys()):
         nodes = by_module.get(module, [])
@@ -371,8 +391,10 @@ def module_parts(graph: Graph, unit: str, members: Iterable[int], split_nodes: s
         below = module[len(unit) + 1:].split(".") if module.startswith(unit + ".") else []
         types = tuple(graph.module_types.get(".".join([unit, *below[:i + 1]]), "").lower()
                       for i in range(len(below)))
+        forward = sum(1 for n in nodes if n in launched)
         parts.append(ModulePart(module, kept[0], kept[1], split, whole, expert_gemms=gemms,
-                                expert_work=work, types=types))
+                                expert_work=work, types=types,
+                                launches=(forward, backward.get(module, 0))))
     return tuple(parts)
 
 

@@ -111,6 +111,7 @@ def _time(layout: PlanLayout) -> Table:
             ("context-parallel transfers, exposed (cp)", t.context_parallel_s),
             ("expert all-to-alls, exposed", t.expert_parallel_exposed_s),
             ("compute slowed by hidden transfers' SMs", t.overlap_slowdown_s),
+            ("GPUs waiting for the host's kernel launches", t.host_wait_s),
             ("pipeline transfers", t.pipeline_s), ("pipeline bubble", t.bubble_s),
             ("gradient / ZeRO transfers, exposed", t.data_parallel_exposed_s),
             ("optimizer step", t.optimizer_s)) if value]
@@ -122,9 +123,17 @@ def _time(layout: PlanLayout) -> Table:
                   if t.expert_parallel_s > t.expert_parallel_exposed_s else "")
                + (f"; tensor-parallel transfers {seconds(t.tensor_parallel_s)} in all, "
                   "beside their GEMMs (tp-overlap)" if tp_hidden else "")
-               + _compression_note(t) + _recompute_note(layout))
+               + _host_note(t) + _compression_note(t) + _recompute_note(layout))
     return Table.of(f"step time · {layout.strategy}", (Column("what"),
                     Column("time", right=True)), rows, caption=caption)
+
+
+def _host_note(t: PlanTime) -> str:
+    """The host's launches, said where they set the pace (a floor under each micro-batch)."""
+    if t.host_wait_s <= 0:
+        return ""
+    return (f"; the host launches the kernels in {seconds(t.host_s)}, longer than the GPUs "
+            "run them: CUDA graphs (graphs, graphs=attn+…) or larger micro-batches lift it")
 
 
 def _recompute_note(layout: PlanLayout) -> str:

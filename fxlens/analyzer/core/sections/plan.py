@@ -61,6 +61,8 @@ class PlanTime:
     overlap_slowdown_s: float = 0.0  # compute slowed by the SMs hidden transfers hold
     recompute_s: float = 0.0        # of compute_s: the forwards run again (ckpt, ckpt=…)
     forward_s: float = 0.0          # of compute_s: the forwards (the rest is backward, recompute)
+    host_s: float = 0.0             # the host launching every micro-batch's kernels
+    host_wait_s: float = 0.0        # of step_s: GPUs waiting for those launches
     tensor_parallel_exposed_s: float | None = optional()  # tp-overlap: what GEMMs don't hide
     # with compression: the data-parallel transfers and their exposed part without it
     uncompressed_data_parallel_s: float | None = optional()
