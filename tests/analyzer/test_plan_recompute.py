@@ -59,6 +59,20 @@ def test_a_models_own_prefix_does_not_make_a_module_a_moe() -> None:
     assert picked("attn") == ["self_attn"]
 
 
+def test_a_router_is_a_router_whatever_its_moe_module_is_called() -> None:
+    """gpt-oss's MoE module is a ``GptOssMLP`` with a ``router``; Mixtral's and DeepSeek's a
+    ``gate``: ``moe_router`` (a CUDA graph scope) picks each, not a dense MLP's ``gate_proj``."""
+    gpt_oss = "transformers.models.gpt_oss.modeling_gpt_oss."
+    mixtral = "transformers.models.mixtral.modeling_mixtral."
+    parts = [ModulePart(f"b.{name}", types=types) for name, types in (
+        ("mlp.router", (gpt_oss + "gptossmlp", gpt_oss + "gptosstopkrouter")),
+        ("block_sparse_moe.gate", (mixtral + "mixtralsparsemoeblock", "torch.nn.linear")),
+        ("dense.gate_proj", ("x.mlp", "torch.nn.linear")),
+        ("dense.gate", ("x.mlp", "torch.nn.linear")))]
+    assert [p.name[2:] for p in recomputed("b", parts, ("moe_router",))] == [
+        "mlp.router", "block_sparse_moe.gate"]
+
+
 @pytest.mark.parametrize("kind, freed_per_block", [
     ("act", 4 * SBH * BF16),                   # the GELU's output, 4h wide
     ("norm", 2 * SBH * BF16),                  # two norms' outputs at least (+ statistics)

@@ -57,7 +57,6 @@ ATTENTION = re.compile(r"(self_|cross_)?(attn|attention)")
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
 MOE_NAMES = ("experts", "block_sparse_moe", "moe")
 ACTIVATION_NAMES = ("act", "act_fn", "activation", "activation_fn")
-ROUTER_NAMES = ("gate", "router")
 
 Test = Callable[[Sequence[str], Sequence[str]], bool]
 
@@ -101,8 +100,9 @@ KINDS: dict[str, Test] = {
     "act": _activation,
     "moe_act": lambda seg, types: _activation(seg, types) and _moe(seg, types),
     # CUDA graph scopes (``graphs=``, Megatron-core's cuda_graph_scope names)
-    "moe_router": lambda seg, types: bool(seg) and _moe(seg, types) and (
-        seg[-1] in ROUTER_NAMES or any(n in types[-1] for n in ROUTER_NAMES)),
+    "moe_router": lambda seg, types: bool(seg) and (
+        seg[-1] == "router" or "router" in types[-1]
+        or seg[-1] == "gate" and _moe(seg[:-1], types[:-1])),
     "moe_preprocess": lambda seg, types: bool(seg) and seg[-1] != "experts" and (
         "moe" in types[-1] or "sparse" in types[-1]),
     "mamba": lambda seg, types: any("mamba" in t for t in types),
