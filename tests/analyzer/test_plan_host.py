@@ -126,3 +126,21 @@ def test_the_devices_framework_cost_is_the_published_traces() -> None:
     assert DEVICES["h100"].framework_launch_s == pytest.approx(46.5e-6, rel=0.01)
     assert DEVICES["gb200"].framework_launch_s == DEVICES["h100"].framework_launch_s
     assert dataclasses.replace(DEVICES["h100"], framework_launch_s=0).framework_launch_s == 0
+
+
+def test_the_verdict_names_a_host_bound_step_and_what_lifts_it() -> None:
+    from fxlens.analyzer.core.sections import Plan
+    from fxlens.reports.views.plan import plan_verdict
+
+    def verdict(text: str) -> str:
+        layout = estimate(facts(forward_s=1e-4), parse(text, None, 8), HOST)
+        plan = Plan(device="test", device_bytes=HOST.usable_bytes, gpus_per_node=8,
+                    intra_node_bytes_per_s=1.0, inter_node_bytes_per_s=1.0,
+                    link_efficiency=1.0, link_source="", micro_batch_samples=1,
+                    micro_batch_tokens=1024, blocks=4, experts=0, tensor_parallel_pairs=0,
+                    ranked_by="requested", layouts=(layout,), considered=1, dropped=(),
+                    dropped_by_reason={}, assumptions=())
+        return plan_verdict(plan).detail
+
+    assert "host-bound: 91% of the step waits for kernel launches" in verdict("dp=1")
+    assert "host-bound" not in verdict("dp=1,graphs")

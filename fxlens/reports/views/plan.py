@@ -8,6 +8,8 @@ from fxlens.analyzer.core.sections import Plan, PlanLayout, PlanTime
 from fxlens.reports.units import binary_bytes, seconds, si
 from fxlens.reports.view import Cell, Column, Detail, Figure, Table, Tone, View, columns
 
+HOST_BOUND = 0.1    # the share of a step waiting for the host that the verdict names
+
 DAY_S = 86400
 
 
@@ -128,6 +130,14 @@ def _time(layout: PlanLayout) -> Table:
                     Column("time", right=True)), rows, caption=caption)
 
 
+def _host_bound(t: PlanTime) -> str:
+    """The verdict's word on a step the host's launches decide (a tenth of it or more)."""
+    if t.step_s <= 0 or t.host_wait_s < HOST_BOUND * t.step_s:
+        return ""
+    return (f"; host-bound: {t.host_wait_s / t.step_s:.0%} of the step waits for kernel "
+            "launches (graphs, larger micro-batches)")
+
+
 def _host_note(t: PlanTime) -> str:
     """The host's launches, said where they set the pace (a floor under each micro-batch)."""
     if t.host_wait_s <= 0:
@@ -196,7 +206,7 @@ def plan_verdict(plan: Plan) -> Figure:
            if first.run is not None else "")
     summary = (f"{first.strategy}: {binary_bytes(first.memory.peak_bytes)} per GPU of "
                f"{binary_bytes(plan.device_bytes)} usable; step {seconds(t.step_s)}, MFU "
-               f"{t.mfu:.1%}{run}")
+               f"{t.mfu:.1%}{run}{_host_bound(t)}")
     label = f"plan: {first.gpus}× {plan.device}"
     if first.fits:
         return Figure(label, "fits", summary, Tone.GOOD)
