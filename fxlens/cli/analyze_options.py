@@ -118,7 +118,8 @@ def _plan_options(parser: argparse.ArgumentParser) -> None:
                       help="lay the training step out over GPUs (implies --train)")
     plan.add_argument("--strategy", metavar="TEXT",
                       help="one layout: ddp, zero1|zero2|zero3, fsdp, hsdp, or degrees "
-                           "dp=2,tp=4,pp=2,ep=2,zero=1,v=2 with sp, ckpt, offload, and "
+                           "dp=2,tp=4,pp=2,ep=2,zero=1,v=2 with sp, ckpt, offload, graphs "
+                           "(CUDA graphs: no host launches), and "
                            "Megatron's pipeline layout as layout='Et*4|(t*4|)*14tmL' "
                            "or layout=slots "
                            "(default: search the layouts of --gpus)")
