@@ -142,5 +142,5 @@ def test_the_verdict_names_a_host_bound_step_and_what_lifts_it() -> None:
                     dropped_by_reason={}, assumptions=())
         return plan_verdict(plan).detail
 
-    assert "host-bound: 91% of the step waits for kernel launches" in verdict("dp=1")
+    assert "host-bound, 91% waits for launches (graphs)" in verdict("dp=1")
     assert "host-bound" not in verdict("dp=1,graphs")

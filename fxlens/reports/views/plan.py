@@ -134,8 +134,7 @@ def _host_bound(t: PlanTime) -> str:
     """The verdict's word on a step the host's launches decide (a tenth of it or more)."""
     if t.step_s <= 0 or t.host_wait_s < HOST_BOUND * t.step_s:
         return ""
-    return (f"; host-bound: {t.host_wait_s / t.step_s:.0%} of the step waits for kernel "
-            "launches (graphs, larger micro-batches)")
+    return f"; host-bound, {t.host_wait_s / t.step_s:.0%} waits for launches (graphs)"
 
 
 def _host_note(t: PlanTime) -> str:
