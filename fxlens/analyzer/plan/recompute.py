@@ -14,8 +14,8 @@ children being parts of their own), and ``ckpt=`` takes '+'-joined kinds or modu
   ``moe_act``: those inside a MoE layer, where a layer's activation is one part,
   ``<experts>.act_fn``: every op between the experts' up and down projections, written as a
   module or inline (`fxlens.analyzer.plan.workload.expert_activation_parts`);
-- ``moe_router``, ``moe_preprocess`` (a MoE module's own ops: top-k, sorting by expert) and
-  ``mamba`` name CUDA graph scopes (``graphs=``: `fxlens.analyzer.plan.host`);
+- ``moe_router``, ``moe_preprocess`` (a MoE module's own ops, outside its router and
+  experts) and ``mamba`` name CUDA graph scopes (``graphs=``: `fxlens.analyzer.plan.host`);
 - anything else: a glob over the module path inside the block (``self_attn.o_proj``,
   ``*norm``), its children included.
 
