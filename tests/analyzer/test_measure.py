@@ -47,6 +47,12 @@ SSD_REFERENCE = (
     "chip, are live at its peak"
 )
 
+GDN_REFERENCE = (
+    "the real CPU run calls transformers' reference gated delta rule (flash-linear-attention "
+    "needs a GPU): its float32 copies of q, k and v, per-chunk decay, system and score "
+    "matrices, which the fused kernels the graph counts keep on chip, are live at its peak"
+)
+
 
 @dataclass(frozen=True)
 class Divergence:
@@ -95,9 +101,6 @@ KNOWN_DIVERGENCES: dict[str, Divergence] = {
            ("mistral", "names in forward", 0.87),
            # the 2025–26 hybrids (tests/models/hf_zoo_hybrid.py): names held in their
            # chunked scans' Python code (DeltaNet, lightning attention, Mamba-2's SSD)
-           ("qwen3_next", "the DeltaNet scan's names, MoE routing", 0.74),
-           ("qwen3_5", "the DeltaNet scan's names", 0.77),
-           ("olmo_hybrid", "the DeltaNet scan's names", 0.77),
            ("kimi_linear", "the DeltaNet scan's names, MLA latents", 0.92),
            ("minimax", "the lightning-attention scan's names", 0.74),
            ("lfm2", "names in forward", 0.87),
@@ -109,6 +112,10 @@ KNOWN_DIVERGENCES: dict[str, Divergence] = {
     **{f"hf-{name}": Divergence(SSD_REFERENCE, bound) for name, bound
        in (("mamba2", 0.29), ("falcon_h1", 0.37), ("bamba", 0.29), ("granite_moe_hybrid", 0.29),
            ("nemotron_h", 0.30), ("zamba2", 0.44))},
+    # gated DeltaNet's chunked rule is one op, as flash-linear-attention's kernels
+    # (fxlens.analyzer.capture.hf_gdn); at 24 tokens the reference's chunk of 64 is mostly padding
+    **{f"hf-{name}": Divergence(GDN_REFERENCE, bound) for name, bound
+       in (("qwen3_next", 0.13), ("qwen3_5", 0.14), ("olmo_hybrid", 0.13))},
     "diffusers-dit": Divergence(EAGER_HOLDS_MORE.format(what="the adaLN modulation chunks"),
                                 0.89),
 }
@@ -207,26 +214,29 @@ def test_every_known_divergence_names_a_zoo_model() -> None:
 # --- the eager figure: simulated on fake tensors, against the real run ---------------------------
 
 ZOO = {**OWN_ZOO, **OTHERS}
-# SSD_REFERENCE: the lowest simulated / measured eager peak (torch 2.13, CPU) minus ~3 %
-SSD_SIMULATED = {f"hf-{name}": bound for name, bound in (
+# SSD_REFERENCE, GDN_REFERENCE: the lowest simulated / measured eager peak (torch 2.13, CPU)
+# minus ~3 %
+REFERENCE_SIMULATED = {f"hf-{name}": bound for name, bound in (
     ("mamba2", 0.39), ("falcon_h1", 0.49), ("bamba", 0.36), ("granite_moe_hybrid", 0.36),
-    ("nemotron_h", 0.37), ("zamba2", 0.45))}
+    ("nemotron_h", 0.37), ("zamba2", 0.45), ("qwen3_next", 0.18), ("qwen3_5", 0.14),
+    ("olmo_hybrid", 0.13))}
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_simulated_eager_peak_within_5_percent_of_a_real_run(name: str) -> None:
     """The eager simulation keeps Python's own references; it diverges only where the real
-    run is not the run we model (`SSD_SIMULATED`)."""
+    run is not the run we model (`REFERENCE_SIMULATED`)."""
     module, inputs = ZOO[name]()
     module.eval()
     simulated = simulate_eager_memory(module, inputs).peak_bytes
     measured = measure_memory(module, inputs).peak_bytes
-    if name not in SSD_SIMULATED:
+    if name not in REFERENCE_SIMULATED:
         assert simulated == pytest.approx(measured, rel=TOLERANCE)
         return
     ratio = simulated / measured
-    assert SSD_SIMULATED[name] <= ratio < 1 - TOLERANCE, f"{name}: {ratio:.3f}: update the table"
+    bound = REFERENCE_SIMULATED[name]
+    assert bound <= ratio < 1 - TOLERANCE, f"{name}: {ratio:.3f}: update the table"
 
 
 def test_simulation_needs_no_weights() -> None:

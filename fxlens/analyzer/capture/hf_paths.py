@@ -3,10 +3,12 @@ we trace it.
 
 Why: model files ask whether they are being exported or compiled
 (``is_torchdynamo_exporting()``, ``is_torchdynamo_compiling()``) and then run another
-algorithm. Qwen3-Next's gated DeltaNet (Qwen3.5, OLMo-hybrid alike) solves its chunk's
-triangular system with ``torch.linalg.solve_triangular`` in eager, but under ``torch.export``
-inverts it by a loop of forward substitution and multiplies by the inverse: two more batched
-GEMMs per chunk, +44 % of the layer's matmul FLOPs that the eager run never performs. Encoder-
+algorithm. Qwen3-Next's gated DeltaNet reference (Qwen3.5, OLMo-hybrid alike; what runs
+where `fxlens.analyzer.capture.hf_gdn`'s kernel op does not, a chunk continued from a cache's
+state) solves its chunk's triangular system with ``torch.linalg.solve_triangular`` in eager,
+but under ``torch.export`` inverts it by a loop of forward substitution and multiplies by the
+inverse: two more batched GEMMs per chunk, +44 % of the layer's matmul FLOPs that the eager
+run never performs. Encoder-
 decoders (mBART, M2M-100, Switch) build an ``attention_mask`` of ones in eager and skip it
 when compiling; Mamba-style scans switch to ``associative_scan`` when compiling but not
 exporting.
