@@ -73,6 +73,20 @@ def test_a_router_is_a_router_whatever_its_moe_module_is_called() -> None:
         "mlp.router", "block_sparse_moe.gate"]
 
 
+def test_a_linear_attention_mixer_is_attention() -> None:
+    """Qwen3-Next's gated DeltaNet (``linear_attn``) is the layer's self-attention as
+    Megatron-core runs it: ``attn`` (recompute, and the CUDA graph scope) takes it with its
+    projections, not the MoE beside it."""
+    family = "transformers.models.qwen3_next.modeling_qwen3_next."
+    parts = [ModulePart(f"b.{name}", types=tuple(family + t for t in types)) for name, types in (
+        ("linear_attn", ("qwen3nextgateddeltanet",)),
+        ("linear_attn.in_proj_qkvz", ("qwen3nextgateddeltanet", "torch.nn.linear")),
+        ("linear_attn.norm", ("qwen3nextgateddeltanet", "qwen3nextrmsnormgated")),
+        ("mlp", ("qwen3nextsparsemoeblock",)))]
+    assert [p.name[2:] for p in recomputed("b", parts, ("attn",))] == [
+        "linear_attn", "linear_attn.in_proj_qkvz", "linear_attn.norm"]
+
+
 @pytest.mark.parametrize("kind, freed_per_block", [
     ("act", 4 * SBH * BF16),                   # the GELU's output, 4h wide
     ("norm", 2 * SBH * BF16),                  # two norms' outputs at least (+ statistics)

@@ -6,8 +6,10 @@ moe_act layernorm mla_up_proj mlp moe shared_experts``); each recomputed module 
 backward. Here a block's forward is cut by module (`ModulePart`: a module's own ops, its
 children being parts of their own), and ``ckpt=`` takes '+'-joined kinds or module-path globs:
 
-- ``attn``: every attention module with its projections; ``core_attn``: an attention module's
-  own ops (scores, softmax, the fused kernel, RoPE), not its projections;
+- ``attn``: every attention module with its projections, a linear-attention mixer's too
+  (Qwen3-Next's gated DeltaNet, ``linear_attn``: Megatron-core runs it as the layer's
+  self-attention); ``core_attn``: an attention module's own ops (scores, softmax, the fused
+  kernel, RoPE), not its projections;
 - ``mlp``: the feed-forward (dense or MoE); ``moe``: the MoE layer (router, experts, shared
   experts); ``shared_experts``; ``mla_up_proj``: MLA's ``q_b_proj`` and ``kv_b_proj``;
 - ``norm`` (or ``layernorm``): every normalisation; ``act``: activation-function modules;
@@ -53,7 +55,7 @@ def _bare(qualified: str) -> str:
     return ".".join([*parts[:at + 1], name])
 
 
-ATTENTION = re.compile(r"(self_|cross_)?(attn|attention)")
+ATTENTION = re.compile(r"(self_|cross_|linear_)?(attn|attention)")
 MLP_NAMES = ("mlp", "feed_forward", "ffn", "block_sparse_moe")
 MOE_NAMES = ("experts", "block_sparse_moe", "moe")
 ACTIVATION_NAMES = ("act", "act_fn", "activation", "activation_fn")
