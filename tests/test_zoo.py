@@ -29,6 +29,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.capture.hf_gdn import fused_delta_rules
 from fxlens.analyzer.capture.hf_ssd import fused_ssd_scans
 from fxlens.analyzer.core.aten import meta_tensor, resolve_op
 from fxlens.analyzer.core.costs import OpCall
@@ -102,9 +103,10 @@ class Eager:
 def eager(name: str) -> Eager:
     module, inputs = ZOO[name]()
     calls = AttentionCalls()
-    # Mamba-2's scan as the GPU run calls it (one kernel FlopCounterMode has no formula for,
-    # as our graph holds it), not transformers' CPU reference and its einsums
-    with torch.no_grad(), FlopCounterMode(display=False) as counter, calls, fused_ssd_scans():
+    # Mamba-2's scan and gated delta rules as the GPU run calls them (kernels FlopCounterMode
+    # has no formula for, as our graph holds them), not transformers' CPU references
+    with (torch.no_grad(), FlopCounterMode(display=False) as counter, calls, fused_ssd_scans(),
+          fused_delta_rules()):
         module(*inputs) if isinstance(inputs, tuple) else module(**inputs)
     return Eager(counter.get_total_flops(), tuple(calls.causal), tuple(calls.masked_causal))
 
