@@ -30,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fxlens.analyzer.capture.chain import capture
 from fxlens.analyzer.capture.hf_gdn import fused_delta_rules
+from fxlens.analyzer.capture.hf_selective_scan import fused_selective_scans
 from fxlens.analyzer.capture.hf_ssd import fused_ssd_scans
 from fxlens.analyzer.core.aten import meta_tensor, resolve_op
 from fxlens.analyzer.core.costs import OpCall
@@ -103,10 +104,10 @@ class Eager:
 def eager(name: str) -> Eager:
     module, inputs = ZOO[name]()
     calls = AttentionCalls()
-    # Mamba-2's scan and gated delta rules as the GPU run calls them (kernels FlopCounterMode
+    # Mamba's scans and gated delta rules as the GPU run calls them (kernels FlopCounterMode
     # has no formula for, as our graph holds them), not transformers' CPU references
     with (torch.no_grad(), FlopCounterMode(display=False) as counter, calls, fused_ssd_scans(),
-          fused_delta_rules()):
+          fused_delta_rules(), fused_selective_scans()):
         module(*inputs) if isinstance(inputs, tuple) else module(**inputs)
     return Eager(counter.get_total_flops(), tuple(calls.causal), tuple(calls.masked_causal))
 

@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 FAMILIES = (
     "views", "matmul", "conv", "attention", "flex_attention", "rnn", "pointwise", "reduction",
-    "norm", "indexing", "pooling", "data_movement", "fft", "linalg", "ssd", "gdn", "nf4",
+    "norm", "indexing", "pooling", "data_movement", "fft", "linalg", "selective_scan", "ssd",
+    "gdn", "nf4",
 )
 CODED = ("fusion", "attention_findings", "quant")   # the coded rules (FUS***, QNT***)
 

@@ -107,6 +107,10 @@ STEP_DIVERGENCES = {
     # real CPU step runs transformers' reference scan, saving its per-chunk matrices for the
     # backward (in the hybrids their attention and MLP layers set the peak: 0.98)
     "hf-mamba2": ("the real CPU step saves the reference scan's per-chunk matrices", 0.68),
+    # Mamba-1's selective scan is one op as mamba_ssm's kernel
+    # (fxlens.analyzer.capture.hf_selective_scan); the real CPU step runs transformers'
+    # reference, saving its discretised A and B·u per channel, token and state
+    "hf-mamba": ("the real CPU step saves the reference scan's per-token states", 0.40),
 }
 
 
