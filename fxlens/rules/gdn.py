@@ -144,23 +144,25 @@ class DeltaRule:
         return handed + reread, handed
 
 
+def _cost(call: OpCall, macs: int, pointwise: int, traffic: tuple[int, int], what: str
+          ) -> Cost:
+    read, written = traffic
+    return Cost(flops=FLOPS_PER_MAC * macs + pointwise,
+                bytes_read=call.default_bytes_read + read,
+                bytes_written=call.default_bytes_written + written,
+                note=f"chunked gated delta rule{what} as flash-linear-attention's kernels")
+
+
 @cost_rule("fxlens_gdn.chunk")
 def chunk(call: OpCall) -> Cost:
     """Gated delta rule forward: the kernels' matmuls, the decays, their hand-offs."""
     rule = DeltaRule.of(call)
-    read, written = rule.forward_traffic
-    return Cost(flops=FLOPS_PER_MAC * rule.forward_macs + rule.pointwise_flops,
-                bytes_read=call.default_bytes_read + read,
-                bytes_written=call.default_bytes_written + written,
-                note="chunked gated delta rule as flash-linear-attention's kernels")
+    return _cost(call, rule.forward_macs, rule.pointwise_flops, rule.forward_traffic, "")
 
 
 @cost_rule("fxlens_gdn.chunk_backward")
 def chunk_backward(call: OpCall) -> Cost:
     """Gated delta rule backward: the recomputation and the gradient kernels."""
     rule = DeltaRule.of(call)
-    read, written = rule.backward_traffic
-    return Cost(flops=FLOPS_PER_MAC * rule.backward_macs + rule.pointwise_flops,
-                bytes_read=call.default_bytes_read + read,
-                bytes_written=call.default_bytes_written + written,
-                note="chunked gated delta rule backward as flash-linear-attention's kernels")
+    return _cost(call, rule.backward_macs, rule.pointwise_flops, rule.backward_traffic,
+                 " backward")

@@ -45,7 +45,7 @@ def test_the_fused_rule_computes_the_references_values_state_and_gradients(
     kwargs = dict(chunk_size=chunk, output_final_state=True, use_qk_l2norm_in_kernel=l2norm)
     name = RULES[per_channel]
     (out, final), (want, want_final) = (f(*leaves[:3], g=leaves[3], beta=leaves[4], **kwargs)
-                                        for f in (hf_gdn.FUSED[name], hf_gdn._reference(name)))
+                                        for f in (hf_gdn.FUSED[name], name.reference()))
     torch.testing.assert_close(out, want)
     torch.testing.assert_close(final, want_final)
     grad = torch.randn_like(want)
@@ -94,7 +94,7 @@ def test_a_call_with_a_cache_state_keeps_the_reference() -> None:
     start = torch.zeros(b, heads, key_dim, value_dim)
     out, final = hf_gdn.FUSED[hf_gdn.PER_HEAD](q, k, v, g, beta, chunk_size=chunk,
                                                initial_state=start, output_final_state=True)
-    want, want_final = hf_gdn._reference()(q, k, v, g, beta, chunk_size=chunk,
+    want, want_final = hf_gdn.PER_HEAD.reference()(q, k, v, g, beta, chunk_size=chunk,
                                            initial_state=start, output_final_state=True)
     torch.testing.assert_close(out, want)
     torch.testing.assert_close(final, want_final)

@@ -31,7 +31,7 @@ def test_the_fused_scan_computes_the_references_values_state_and_gradients() -> 
     u, delta, A, B, C, D, z, bias = leaves = inputs()
     kwargs = dict(D=D, z=z, delta_bias=bias, delta_softplus=True, return_last_state=True)
     (out, final), (want, want_final) = (f(u, delta, A, B, C, **kwargs)
-                                        for f in (hf_scan.fused_scan, hf_scan._reference()))
+                                        for f in (hf_scan.fused_scan, hf_scan.SCAN.reference()))
     torch.testing.assert_close(out, want)
     torch.testing.assert_close(final, want_final.float())
     grad = torch.randn_like(want)
@@ -52,7 +52,7 @@ def test_the_op_keeps_each_chunks_last_state_and_the_decay_that_led_to_it() -> N
     assert saved.shape == (1, channels, 3, 2 * states)
     torch.testing.assert_close(saved[:, :, -1, states:], final)
     head = slice(0, hf_scan.CHUNK)       # the first chunk alone ends in the first saved state
-    _, first = hf_scan._reference()(u[..., head], delta[..., head], A, B[..., head],
+    _, first = hf_scan.SCAN.reference()(u[..., head], delta[..., head], A, B[..., head],
                                     B[..., head], D=D, z=z[..., head], delta_bias=bias,
                                     return_last_state=True)
     torch.testing.assert_close(saved[:, :, 0, states:], first.float())
@@ -63,7 +63,7 @@ def test_the_op_keeps_each_chunks_last_state_and_the_decay_that_led_to_it() -> N
 def test_a_call_without_a_gate_keeps_the_reference() -> None:
     u, delta, A, B, C, D, _, bias = (t.detach() for t in inputs())
     out = hf_scan.fused_scan(u, delta, A, B, C, D=D, delta_bias=bias, delta_softplus=True)
-    torch.testing.assert_close(out, hf_scan._reference()(u, delta, A, B, C, D=D,
+    torch.testing.assert_close(out, hf_scan.SCAN.reference()(u, delta, A, B, C, D=D,
                                                          delta_bias=bias,
                                                          delta_softplus=True))
 

@@ -31,7 +31,7 @@ def inputs(seed: int = 0) -> tuple[torch.Tensor, ...]:
 def test_the_fused_scan_computes_the_references_values_and_gradients() -> None:
     x, dt, A, B, C, D, dt_bias = inputs()
     kwargs = dict(D=D, dt_bias=dt_bias, dt_softplus=True, dt_limit=(0.0, math.inf))
-    reference = hf_ssd._reference()(x, dt, A, B, C, chunk, **kwargs)
+    reference = hf_ssd.SCAN.reference()(x, dt, A, B, C, chunk, **kwargs)
     fused = hf_ssd.fused_scan(x, dt, A, B, C, chunk, **kwargs)
     torch.testing.assert_close(fused, reference)
     grad = torch.randn_like(reference)
@@ -45,7 +45,7 @@ def test_a_prefill_takes_the_ops_final_state_equal_to_the_references() -> None:
     x, dt, A, B, C, D, dt_bias = (t.detach() for t in inputs(1))
     kwargs = dict(D=D, dt_bias=dt_bias, dt_softplus=True, return_final_states=True)
     (out, final), (want_out, want_final) = (
-        f(x, dt, A, B, C, chunk, **kwargs) for f in (hf_ssd.fused_scan, hf_ssd._reference()))
+        f(x, dt, A, B, C, chunk, **kwargs) for f in (hf_ssd.fused_scan, hf_ssd.SCAN.reference()))
     torch.testing.assert_close(out, want_out)
     torch.testing.assert_close(final, want_final)
 

@@ -39,7 +39,6 @@ and the saved systems from them; the backward the reference's gradients.
 from __future__ import annotations
 
 import contextlib
-import importlib
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -47,32 +46,24 @@ from typing import Any
 import torch
 
 from fxlens.analyzer.capture.hf_paths import in_model_modules
+from fxlens.analyzer.capture.kernel_ops import LibraryFunction, reference_gradients
 
 # The function each gated-delta-rule file calls, and the file whose reference the others copy:
 # a decay per head (gated DeltaNet), or per head and key channel (Kimi Delta Attention).
-PER_HEAD, PER_CHANNEL = "torch_chunk_gated_delta_rule", "chunk_kimi_delta_attention"
-REFERENCE_MODULES = {PER_HEAD: "transformers.models.qwen3_next.modeling_qwen3_next",
-                     PER_CHANNEL: "transformers.models.kimi_linear.modeling_kimi_linear"}
-_REFERENCES: dict[str, Callable[..., Any]] = {}     # the plain-PyTorch functions
-_ORIGINALS: dict[str, Callable[..., Any]] = {}      # what the files held (kernel-hub wrappers)
+PER_HEAD = LibraryFunction("torch_chunk_gated_delta_rule",
+                           "transformers.models.qwen3_next.modeling_qwen3_next")
+PER_CHANNEL = LibraryFunction("chunk_kimi_delta_attention",
+                              "transformers.models.kimi_linear.modeling_kimi_linear")
 
 
-def _reference(name: str = PER_HEAD) -> Callable[..., Any]:
-    """`transformers`' plain-PyTorch chunked rule `name`."""
-    if name not in _REFERENCES:
-        function = getattr(importlib.import_module(REFERENCE_MODULES[name]), name)
-        _REFERENCES[name] = getattr(function, "__wrapped__", function)
-    return _REFERENCES[name]
-
-
-def _kind(g: torch.Tensor) -> str:
+def _kind(g: torch.Tensor) -> LibraryFunction:
     """A decay per head, (B, T, H), or per head and key channel, (B, T, H, K)."""
     return PER_CHANNEL if g.dim() == 4 else PER_HEAD
 
 
 def _rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
           beta: torch.Tensor, chunk_size: int, l2norm: bool, final: bool = False) -> Any:
-    out, state = _reference(_kind(g))(q, k, v, g, beta, chunk_size=chunk_size,
+    out, state = _kind(g).reference()(q, k, v, g, beta, chunk_size=chunk_size,
                                       output_final_state=final, use_qk_l2norm_in_kernel=l2norm)
     return (out, state) if final else out
 
@@ -159,10 +150,7 @@ def chunk_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torc
              beta: torch.Tensor) -> torch.Tensor:
         return _rule(q, k, v, g, beta, chunk_size, l2norm)
 
-    with torch.enable_grad():
-        pullback = torch.func.vjp(rule, *inputs)[1]
-        grads = pullback(grad.to(q.dtype))
-    return [d.to(t.dtype) for d, t in zip(grads, inputs, strict=True)]
+    return reference_gradients(rule, inputs, grad.to(q.dtype))
 
 
 @chunk_backward.register_fake
@@ -189,8 +177,8 @@ def _backward(ctx: Any, grad: torch.Tensor, _grad_solved: torch.Tensor | None,
 chunk.register_autograd(_backward, setup_context=_setup_context)
 
 
-def _fused(name: str) -> Callable[..., Any]:
-    """The file's function `name` as the kernel runs it (see the module docstring)."""
+def _fused(function: LibraryFunction) -> Callable[..., Any]:
+    """The files' `function` as the kernel runs it (see the module docstring)."""
 
     def fused_rule(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                    g: torch.Tensor, beta: torch.Tensor, chunk_size: int = 64,
@@ -198,7 +186,7 @@ def _fused(name: str) -> Callable[..., Any]:
                    use_qk_l2norm_in_kernel: bool = False, **kwargs: Any) -> Any:
         packed = kwargs.get("cu_seqlens") is not None
         if initial_state is not None or packed or value.shape[2] % key.shape[2]:
-            return _ORIGINALS.get(name, _reference(name))(
+            return function.original()(
                 query, key, value, g=g, beta=beta, chunk_size=chunk_size,
                 initial_state=initial_state, output_final_state=output_final_state,
                 use_qk_l2norm_in_kernel=use_qk_l2norm_in_kernel, **kwargs)
@@ -206,23 +194,17 @@ def _fused(name: str) -> Callable[..., Any]:
                               bool(use_qk_l2norm_in_kernel))
         return out, (final if output_final_state else None)
 
-    fused_rule.__name__ = name
+    fused_rule.__name__ = function.name
     return fused_rule
 
 
-FUSED = {name: _fused(name) for name in REFERENCE_MODULES}
+FUSED = {function: _fused(function) for function in (PER_HEAD, PER_CHANNEL)}
 
 
 def _rules(module: ModuleType) -> dict[str, Any] | None:
-    found = {}
-    for name, fused in FUSED.items():
-        original = getattr(module, name, None)
-        if not callable(original):
-            continue
-        if original is not fused:     # the first file replaced hands its functions on
-            _REFERENCES.setdefault(name, getattr(original, "__wrapped__", original))
-            _ORIGINALS.setdefault(name, original)
-        found[name] = fused
+    found: dict[str, Any] = {}
+    for function, fused in FUSED.items():
+        found |= function.replacing(module, fused) or {}
     return found or None
 
 

@@ -30,34 +30,24 @@ reference does, recording the chunk states; the backward the reference's gradien
 from __future__ import annotations
 
 import contextlib
-import importlib
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch
 
 from fxlens.analyzer.capture.hf_paths import in_model_modules
+from fxlens.analyzer.capture.kernel_ops import LibraryFunction, reference_gradients
 
-SCAN = "mamba_selective_scan"          # the function name every Mamba-1 model file uses
-REFERENCE_MODULE = "transformers.models.mamba.modeling_mamba"
+# the function every Mamba-1 model file defines, and the file the others copy
+SCAN = LibraryFunction("mamba_selective_scan", "transformers.models.mamba.modeling_mamba")
 CHUNK = 2048                           # mamba_ssm's kChunkSize: tokens per saved state
-_REFERENCES: dict[str, Callable[..., Any]] = {}
-
-
-def _reference() -> Callable[..., Any]:
-    """`transformers`' plain-PyTorch selective scan (Mamba's file; the others copy it)."""
-    if "scan" not in _REFERENCES:
-        function = getattr(importlib.import_module(REFERENCE_MODULE), SCAN)
-        _REFERENCES["scan"] = getattr(function, "__wrapped__", function)
-    return _REFERENCES["scan"]
 
 
 def _scan(u: torch.Tensor, delta: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
           C: torch.Tensor, D: torch.Tensor, z: torch.Tensor, delta_bias: torch.Tensor,
           softplus: bool) -> torch.Tensor:
-    return _reference()(u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias,
-                        delta_softplus=softplus)
+    return SCAN.reference()(u, delta, A, B, C, D=D, z=z, delta_bias=delta_bias,
+                            delta_softplus=softplus)
 
 
 def _chunks(length: int) -> int:
@@ -124,10 +114,7 @@ def selective_scan_backward(grad: torch.Tensor, out: torch.Tensor, saved: torch.
              ) -> torch.Tensor:
         return _scan(u, delta, A, B, C, D, z, bias, softplus)
 
-    with torch.enable_grad():
-        pullback = torch.func.vjp(scan, *inputs)[1]
-        grads = pullback(grad.to(out.dtype))
-    return [g.to(t.dtype) for g, t in zip(grads, inputs, strict=True)]
+    return reference_gradients(scan, inputs, grad.to(out.dtype))
 
 
 @selective_scan_backward.register_fake
@@ -162,7 +149,7 @@ def fused_scan(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B
                return_last_state: bool = False, **kwargs: Any) -> Any:
     """``mamba_selective_scan`` as the kernel runs it (see the module docstring)."""
     if D is None or z is None or delta_bias is None or B.dim() != 3 or C.dim() != 3:
-        return _REFERENCES.get("original", _reference())(
+        return SCAN.original()(
             hidden_states, dt, A, B, C, D=D, z=z, delta_bias=delta_bias,
             delta_softplus=delta_softplus, return_last_state=return_last_state, **kwargs)
     out, _, final = selective_scan(hidden_states, dt, A, B, C, D, z, delta_bias,
@@ -171,13 +158,7 @@ def fused_scan(hidden_states: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B
 
 
 def _scans(module: ModuleType) -> dict[str, Any] | None:
-    original = getattr(module, SCAN, None)
-    if not callable(original):
-        return None
-    if original is not fused_scan:     # the first file replaced hands its functions on
-        _REFERENCES.setdefault("scan", getattr(original, "__wrapped__", original))
-        _REFERENCES.setdefault("original", original)
-    return {SCAN: fused_scan}
+    return SCAN.replacing(module, fused_scan)
 
 
 def fused_selective_scans() -> contextlib.AbstractContextManager[None]:

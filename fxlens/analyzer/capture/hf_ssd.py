@@ -26,27 +26,17 @@ holding what the kernel holds, and the backward the reference's gradients.
 from __future__ import annotations
 
 import contextlib
-import importlib
 import math
-from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 import torch
 
 from fxlens.analyzer.capture.hf_paths import in_model_modules
+from fxlens.analyzer.capture.kernel_ops import LibraryFunction, reference_gradients
 
-SCAN = "mamba2_chunk_scan"             # the function name every Mamba-2 model file uses
-REFERENCE_MODULE = "transformers.models.mamba2.modeling_mamba2"
-_REFERENCES: dict[str, Callable[..., Any]] = {}
-
-
-def _reference() -> Callable[..., Any]:
-    """`transformers`' plain-PyTorch chunked scan (the Mamba-2 file's; the others copy it)."""
-    if "scan" not in _REFERENCES:
-        function = getattr(importlib.import_module(REFERENCE_MODULE), SCAN)
-        _REFERENCES["scan"] = getattr(function, "__wrapped__", function)
-    return _REFERENCES["scan"]
+# the function every Mamba-2 model file defines, and the file the others copy
+SCAN = LibraryFunction("mamba2_chunk_scan", "transformers.models.mamba2.modeling_mamba2")
 
 
 def _chunks(length: int, chunk_size: int) -> int:
@@ -56,7 +46,7 @@ def _chunks(length: int, chunk_size: int) -> int:
 def _scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tensor,
           C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor, chunk_size: int,
           dt_softplus: bool, dt_min: float, dt_max: float) -> torch.Tensor:
-    out = _reference()(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
+    out = SCAN.reference()(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
                        dt_softplus=dt_softplus, dt_limit=(dt_min, dt_max))
     return out.to(x.dtype)
 
@@ -140,10 +130,7 @@ def chunk_scan_backward(grad: torch.Tensor, out: torch.Tensor, x: torch.Tensor,
              C: torch.Tensor, D: torch.Tensor, dt_bias: torch.Tensor) -> torch.Tensor:
         return _scan(x, dt, A, B, C, D, dt_bias, chunk_size, dt_softplus, dt_min, dt_max)
 
-    with torch.enable_grad():
-        pullback = torch.func.vjp(scan, *inputs)[1]
-        grads = pullback(grad.to(x.dtype))
-    return [g.to(t.dtype) for g, t in zip(grads, inputs, strict=True)]
+    return reference_gradients(scan, inputs, grad.to(x.dtype))
 
 
 @chunk_scan_backward.register_fake
@@ -181,7 +168,7 @@ def fused_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tens
     """``mamba2_chunk_scan`` as the kernel runs it (see the module docstring)."""
     packed = kwargs.get("seq_idx") is not None or kwargs.get("cu_seqlens") is not None
     if D is None or dt_bias is None or D.dim() != 1 or initial_states is not None or packed:
-        return _reference()(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
+        return SCAN.reference()(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
                             initial_states=initial_states, dt_softplus=dt_softplus,
                             dt_limit=dt_limit, return_final_states=return_final_states)
     out, _, final = chunk_scan(x, dt, A, B, C, D, dt_bias, chunk_size, dt_softplus,
@@ -190,12 +177,7 @@ def fused_scan(x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor, B: torch.Tens
 
 
 def _scans(module: ModuleType) -> dict[str, Any] | None:
-    original = getattr(module, SCAN, None)
-    if not callable(original):
-        return None
-    if original is not fused_scan:     # the first file replaced hands its reference on
-        _REFERENCES.setdefault("scan", getattr(original, "__wrapped__", original))
-    return {SCAN: fused_scan}
+    return SCAN.replacing(module, fused_scan)
 
 
 def fused_ssd_scans() -> contextlib.AbstractContextManager[None]:
