@@ -30,6 +30,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from fxlens.analyzer.capture.chain import capture
 from fxlens.analyzer.capture.hf_gdn import fused_delta_rules
+from fxlens.analyzer.capture.hf_llama4_moe import routed_llama4_experts
 from fxlens.analyzer.capture.hf_selective_scan import fused_selective_scans
 from fxlens.analyzer.capture.hf_ssd import fused_ssd_scans
 from fxlens.analyzer.core.aten import meta_tensor, resolve_op
@@ -105,9 +106,10 @@ def eager(name: str) -> Eager:
     module, inputs = ZOO[name]()
     calls = AttentionCalls()
     # Mamba's scans and gated delta rules as the GPU run calls them (kernels FlopCounterMode
-    # has no formula for, as our graph holds them), not transformers' CPU references
+    # has no formula for, as our graph holds them), not transformers' CPU references; Llama
+    # 4's experts routed
     with (torch.no_grad(), FlopCounterMode(display=False) as counter, calls, fused_ssd_scans(),
-          fused_delta_rules(), fused_selective_scans()):
+          fused_delta_rules(), fused_selective_scans(), routed_llama4_experts()):
         module(*inputs) if isinstance(inputs, tuple) else module(**inputs)
     return Eager(counter.get_total_flops(), tuple(calls.causal), tuple(calls.masked_causal))
 

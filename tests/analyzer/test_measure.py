@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from fxlens.analyzer.capture.chain import capture
+from fxlens.analyzer.capture.hf_llama4_moe import routed_llama4_experts
 from fxlens.analyzer.memory.liveness import liveness
 from fxlens.analyzer.memory.measure import measure_memory, simulate_eager_memory
 from fxlens.rules import load_rules
@@ -109,7 +110,7 @@ KNOWN_DIVERGENCES: dict[str, Divergence] = {
            ("minimax", "the lightning-attention scan's names", 0.74),
            ("lfm2", "names in forward", 0.87),
            ("gpt_oss", "the sink-extended scores, MoE routing", 0.50),
-           ("llama4", "names in forward, MoE routing", 0.88),
+           ("llama4", "names in forward, MoE routing", 0.72),
            ("gemma3n", "the AltUp and per-layer inputs' names", 0.58))},
     # Mamba-2's chunked scan is one op in the graph, as mamba_ssm's kernel (its per-chunk
     # score and decay matrices on chip, fxlens.analyzer.capture.hf_ssd)
@@ -184,7 +185,8 @@ def ratio_of(build: Callable[[], tuple[Any, Any]]) -> tuple[int, int]:
     with torch.no_grad():
         graph = capture(module, inputs, registry)
     predicted = liveness(graph, registry).peak_activation_bytes
-    measured = measure_memory(module, inputs).peak_bytes
+    with routed_llama4_experts():     # the routed experts a GPU runs, as the graph holds
+        measured = measure_memory(module, inputs).peak_bytes
     return predicted, measured
 
 
@@ -241,7 +243,8 @@ def test_simulated_eager_peak_within_5_percent_of_a_real_run(name: str) -> None:
     module, inputs = ZOO[name]()
     module.eval()
     simulated = simulate_eager_memory(module, inputs).peak_bytes
-    measured = measure_memory(module, inputs).peak_bytes
+    with routed_llama4_experts():
+        measured = measure_memory(module, inputs).peak_bytes
     if name not in REFERENCE_SIMULATED:
         assert simulated == pytest.approx(measured, rel=TOLERANCE)
         return

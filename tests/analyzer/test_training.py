@@ -18,6 +18,7 @@ import torch
 import torch.utils._pytree as pytree
 from torch.utils.flop_counter import FlopCounterMode
 
+from fxlens.analyzer.capture.hf_llama4_moe import routed_llama4_experts
 from fxlens.analyzer.capture.training import TrainingGraph, capture_training
 from fxlens.analyzer.core.graph import NodeKind, packet
 from fxlens.analyzer.core.report import Report
@@ -63,7 +64,8 @@ def flop_counter_step(name: str) -> Counter[str]:
     module.train()
     args, kwargs = (inputs, {}) if isinstance(inputs, tuple) else ((), inputs)
     torch.manual_seed(0)
-    with FlopCounterMode(display=False) as counter:
+    # Llama 4's experts routed, as a GPU runs them and our graph holds them
+    with FlopCounterMode(display=False) as counter, routed_llama4_experts():
         outputs = outputs_needing_grad(module(*args, **kwargs))
         torch.autograd.backward(outputs, [torch.ones_like(t) for t in outputs])
     return Counter({str(op): n for op, n in counter.get_flop_counts()["Global"].items()})

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from fxlens.analyzer.capture.hf_llama4_moe import routed_llama4_experts
 from fxlens.analyzer.core.loaded import LoadedModel
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.memory.measure import measure_memory
@@ -127,7 +128,8 @@ def test_first_step_peak_within_10_percent_of_a_real_run(name: str) -> None:
     predicted = (section["first_step_peak_bytes"] - states["weights_bytes"]
                  - states["buffer_bytes"] - states["master_bytes"])
     module.train()
-    measured = measure_memory(module, inputs, train=True).peak_bytes
+    with routed_llama4_experts():     # the routed experts a GPU runs, as the graph holds
+        measured = measure_memory(module, inputs, train=True).peak_bytes
     if name not in STEP_DIVERGENCES:
         assert predicted == pytest.approx(measured, rel=0.10)
         return
