@@ -163,6 +163,14 @@ def test_a_model_without_a_config_is_refused() -> None:
         check_servable(torch.nn.Linear(2, 2))
 
 
+def test_a_hybrid_model_is_refused_with_the_option_that_sizes_its_cache() -> None:
+    from fxlens.analyzer.capture.hf_decode import check_servable
+    from tests.models.hf_zoo_hybrid import build_qwen3_next
+
+    with pytest.raises(LoadError, match="linear_attention .* --kv-cache"):
+        check_servable(build_qwen3_next()[0])
+
+
 @pytest.mark.slow
 def test_the_view_draws_the_curve_of_the_batches_that_fit() -> None:
     from fxlens.reports.view import Chart, Detail

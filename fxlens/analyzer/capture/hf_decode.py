@@ -201,7 +201,8 @@ def unsupported_layout(model: nn.Module) -> str | None:
         return "no attention layers (a state-space model keeps no KV cache)"
     kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
     if kinds - {"full_attention", "sliding_attention"}:
-        return f"layers of kinds {', '.join(sorted(kinds))} (only attention layers are served)"
+        return (f"layers of kinds {', '.join(sorted(kinds))} (only attention layers are served; "
+                f"--kv-cache sizes every layer's cache, a recurrent layer's fixed state too)")
     return None
 
 
