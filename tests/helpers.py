@@ -64,3 +64,21 @@ def cost_of(
     rule = registry.lookup(call.node)
     assert callable(rule), f"{target} has no cost rule (lookup gave {rule!r})"
     return rule(call)
+
+
+def captured_kernel_ops(module: torch.nn.Module, inputs: dict[str, Any], prefix: str
+                        ) -> tuple[Graph, list[Node]]:
+    """`module` captured in eval mode, and its calls whose target starts with `prefix` (a
+    kernel op the capture stands in for a library's reference), each checked to be costed by
+    its rule with some FLOPs."""
+    from fxlens.analyzer.capture.chain import capture
+
+    module.eval()
+    registry = load_rules()
+    with torch.no_grad():
+        graph = capture(module, inputs, registry)
+    ops = [n for n in graph.nodes if str(n.target).startswith(prefix)]
+    for node in ops:                   # costed by the rule, at the closed form's size
+        rule = registry.lookup(node)
+        assert callable(rule) and rule(OpCall(node, graph)).flops > 0
+    return graph, ops

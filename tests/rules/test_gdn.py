@@ -12,11 +12,8 @@ import pytest
 import torch
 
 import fxlens.analyzer.capture.hf_gdn as hf_gdn
-from fxlens.analyzer.capture.chain import capture
-from fxlens.analyzer.core.costs import OpCall
-from fxlens.rules import load_rules
 from fxlens.rules.conventions import FLOPS_PER_MAC, SPECIAL_FUNCTION_FLOPS
-from tests.helpers import T, cost_of
+from tests.helpers import T, captured_kernel_ops, cost_of
 
 b, tokens, k_heads, heads, key_dim, value_dim, chunk = 2, 37, 2, 4, 8, 12, 16
 chunks = math.ceil(tokens / chunk)
@@ -175,17 +172,10 @@ def test_a_captured_delta_rule_model_runs_its_rule_as_the_kernel(build: str) -> 
     import tests.models.hf_zoo_hybrid as zoo
 
     module, kwargs = getattr(zoo, build)()
-    module.eval()
-    registry = load_rules()
-    with torch.no_grad():
-        graph = capture(module, kwargs, registry)
+    graph, rules = captured_kernel_ops(module, kwargs, "fxlens_gdn.chunk")
     targets = [str(n.target) for n in graph.nodes]
-    rules = [n for n in graph.nodes if str(n.target).startswith("fxlens_gdn.chunk")]
     linear = module.config.layer_types.count("linear_attention")
     assert linear and len(rules) == linear
     # the references' triangular solve is gone, and KDA's chunk × chunk × channel decays
     assert not any("solve_triangular" in t for t in targets)
     assert max(len(o.shape) for n in graph.nodes for o in n.outputs if o is not None) < 6
-    for node in rules:                 # costed by the rule, at the closed form's size
-        rule = registry.lookup(node)
-        assert callable(rule) and rule(OpCall(node, graph)).flops > 0

@@ -8,11 +8,8 @@ import pytest
 import torch
 
 import fxlens.analyzer.capture.hf_selective_scan as hf_scan
-from fxlens.analyzer.capture.chain import capture
-from fxlens.analyzer.core.costs import OpCall
-from fxlens.rules import load_rules
 from fxlens.rules.conventions import SPECIAL_FUNCTION_FLOPS
-from tests.helpers import T, cost_of
+from tests.helpers import T, captured_kernel_ops, cost_of
 
 b, channels, tokens, states = 2, 6, 37, 4
 
@@ -103,15 +100,8 @@ def test_a_captured_mamba_model_runs_its_scan_as_the_kernel(build: str) -> None:
     import tests.models.hf_zoo as zoo
 
     module, kwargs = getattr(zoo, build)()
-    module.eval()
-    registry = load_rules()
-    with torch.no_grad():
-        graph = capture(module, kwargs, registry)
-    scans = [n for n in graph.nodes if str(n.target).startswith("fxlens_mamba.selective_scan")]
+    graph, scans = captured_kernel_ops(module, kwargs, "fxlens_mamba.selective_scan")
     mixers = [m for m in module.modules() if type(m).__name__.endswith("Mixer")]
     assert mixers and len(scans) == len(mixers)
     # no per-token loop left: the reference stacks one output per token
     assert not any(str(n.target).startswith("aten.stack") for n in graph.nodes)
-    for node in scans:                 # costed by the rule, at the closed form's size
-        rule = registry.lookup(node)
-        assert callable(rule) and rule(OpCall(node, graph)).flops > 0

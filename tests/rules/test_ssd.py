@@ -9,11 +9,8 @@ import math
 import torch
 
 import fxlens.analyzer.capture.hf_ssd as hf_ssd
-from fxlens.analyzer.capture.chain import capture
-from fxlens.analyzer.core.costs import OpCall
-from fxlens.rules import load_rules
 from fxlens.rules.conventions import FLOPS_PER_MAC, SPECIAL_FUNCTION_FLOPS
-from tests.helpers import T, cost_of
+from tests.helpers import T, captured_kernel_ops, cost_of
 
 b, tokens, heads, head_dim, groups, state, chunk = 2, 37, 4, 8, 2, 16, 16
 chunks = math.ceil(tokens / chunk)
@@ -104,14 +101,6 @@ def test_a_captured_mamba2_model_runs_its_scan_as_the_kernel_and_costs_it() -> N
     from tests.models.hf_zoo_hybrid import build_mamba2
 
     module, kwargs = build_mamba2()
-    module.eval()
-    registry = load_rules()
-    with torch.no_grad():
-        graph = capture(module, kwargs, registry)
-    scans = [n for n in graph.nodes if str(n.target).startswith("fxlens_ssd.chunk_scan")]
-    layers = module.config.num_hidden_layers
-    assert len(scans) == layers
-    for node in scans:                 # costed by the rule, at the closed form's size
-        rule = registry.lookup(node)
-        assert callable(rule) and rule(OpCall(node, graph)).flops > 0
+    _, scans = captured_kernel_ops(module, kwargs, "fxlens_ssd.chunk_scan")
+    assert len(scans) == module.config.num_hidden_layers
 
