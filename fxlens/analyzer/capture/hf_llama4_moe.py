@@ -31,6 +31,8 @@ from typing import Any
 
 import torch
 
+from fxlens.analyzer.capture.replaced import attributes
+
 MODULE = "transformers.models.llama4.modeling_llama4"
 
 
@@ -68,12 +70,6 @@ def routed_llama4_experts() -> Iterator[None]:
     if module is None:
         yield
         return
-    classes = {module.Llama4TextMoe: routed_forward, module.Llama4TextExperts: grouped_experts}
-    dense = {cls: cls.forward for cls in classes}
-    for cls, forward in classes.items():
-        cls.forward = forward
-    try:
+    with (attributes(module.Llama4TextMoe, {"forward": routed_forward}),
+          attributes(module.Llama4TextExperts, {"forward": grouped_experts})):
         yield
-    finally:
-        for cls, forward in dense.items():
-            cls.forward = forward

@@ -1,4 +1,5 @@
-"""`module_attributes`: attributes of a library module replaced while a model is captured.
+"""`module_attributes`: attributes of a library module replaced while a model is captured
+(`attributes`: of any object, a library's class among them).
 
 The capture makes libraries decide as a GPU's eager run would where tracing would make them
 decide otherwise (`fxlens.analyzer.capture.hf_masks`, `fxlens.analyzer.capture.flex_masks`).
@@ -21,14 +22,18 @@ def module_attributes(name: str, replacements: Callable[[ModuleType], Mapping[st
     `name` hold its values; nothing when the module is not loaded or it gives None."""
     module = sys.modules.get(name)
     new = replacements(module) if module is not None else None
-    if module is None or not new:
+    with attributes(module, new or {}):
         yield
-        return
-    originals = {attribute: getattr(module, attribute) for attribute in new}
+
+
+@contextlib.contextmanager
+def attributes(target: object, new: Mapping[str, Any]) -> Iterator[None]:
+    """For the duration, `target`'s attributes named in `new` hold its values."""
+    originals = {attribute: getattr(target, attribute) for attribute in new}
     for attribute, value in new.items():
-        setattr(module, attribute, value)
+        setattr(target, attribute, value)
     try:
         yield
     finally:
         for attribute, value in originals.items():
-            setattr(module, attribute, value)
+            setattr(target, attribute, value)
