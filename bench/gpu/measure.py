@@ -265,25 +265,36 @@ def _dynamic_decode(model: Any, prompt: torch.Tensor, device: torch.device, warm
     return timed(step, device, warmup, repeat)
 
 
+def kernel_table(step: Callable[[], Any], device: torch.device, repeat: int
+                 ) -> list[dict[str, Any]]:
+    """Each GPU kernel `step` launches: name, launches and µs per step (the profiler's device
+    time, launch gaps left out), the longest first. Raises where the profiler cannot start."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeat):
+            step()
+        sync(device)
+    rows = [{"kernel": e.key, "calls_per_step": e.count / repeat,
+             "us_per_step": (getattr(e, "self_device_time_total", None)
+                             or getattr(e, "self_cuda_time_total", 0)) / repeat}
+            for e in prof.key_averages()]
+    return sorted((row for row in rows if row["us_per_step"] > 0),
+                  key=lambda row: -row["us_per_step"])
+
+
 def _kernel_time(step: Callable[[], Any], device: torch.device, repeat: int
                  ) -> tuple[float | None, str | None]:
     """Seconds of GPU kernels per step (the profiler's device time, launch gaps left out)."""
     if device.type != "cuda":
         return None, "kernel time needs a GPU"
     try:
-        from torch.profiler import ProfilerActivity, profile
-
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(repeat):
-                step()
-            sync(device)
-        kernels = {e.key: getattr(e, "self_device_time_total", None)
-                   or getattr(e, "self_cuda_time_total", 0) for e in prof.key_averages()}
-        top = sorted(kernels.items(), key=lambda kv: -kv[1])[:TOP_KERNELS]
-        note = "; ".join(f"{name[:60]} {us / repeat:.0f} µs" for name, us in top)
-        return sum(kernels.values()) * 1e-6 / repeat, f"top kernels per step: {note}"
+        kernels = kernel_table(step, device, repeat)
     except Exception as error:  # a profiler that cannot start here: keep the eager figure
         return None, f"{type(error).__name__}: {error}"[:300]
+    note = "; ".join(f"{row['kernel'][:60]} {row['us_per_step']:.0f} µs"
+                     for row in kernels[:TOP_KERNELS])
+    return sum(row["us_per_step"] for row in kernels) * 1e-6, f"top kernels per step: {note}"
 
 
 def each_case(rows: Iterable[dict[str, Any]], time: Callable[[dict[str, Any]], dict[str, Any]],

@@ -10,7 +10,7 @@ kernels below) and the schedule (all-to-all overlap, which one GPU cannot show):
   rank holds and the rows the EP group routes to each (balanced routing, as the runs force).
 - `block`: a whole dropless MoE block on one GPU (router, top-k, sort by expert, gather,
   grouped GEMMs, weighted scatter back) with every expert local: the memory-bound permutation
-  beside the GEMMs.
+  beside the GEMMs; on a GPU, each kernel's time in a training step (the profiler's).
 - `attention`: causal flash attention of one rank of the same layouts (GQA with
   ``enable_gqa``; DeepSeek-V3's MLA, whose values are narrower than q/k).
 
@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+KERNELS_KEPT = 30   # a block's kernels recorded per training step, the longest first
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,10 @@ CASES = (
             {"experts": 16, "rows": 512, "hidden": 2048, "ffn": 768}),
     MoECase("qwen3-30b block, 128 experts local", "block",
             {"experts": 128, "top_k": 8, "tokens": 4096, "hidden": 2048, "ffn": 768}),
+    # Qwen3-Next-80B-A3B, one 4 × 4,096-token micro-batch with all 512 experts local: the
+    # routing ops (top-10 over 512) beside experts of width 512
+    MoECase("qwen3-next block, 512 experts local", "block",
+            {"experts": 512, "top_k": 10, "tokens": 16384, "hidden": 2048, "ffn": 512}),
     MoECase("qwen3-235b attention tp2", "attention",
             {"heads": 32, "kv_heads": 2, "tokens": 4096, "qk_dim": 128, "v_dim": 128}),
     MoECase("deepseek-v3 MLA attention tp2", "attention",
@@ -156,7 +162,7 @@ def measure(device: torch.device, warmup: int = 3, repeat: int = 10) -> list[dic
 
 def _timed_case(case: MoECase, device: torch.device, warmup: int, repeat: int
                 ) -> dict[str, float]:
-    from .measure import timed
+    from .measure import kernel_table, timed
 
     module, inputs = build(case, device)
 
@@ -169,8 +175,11 @@ def _timed_case(case: MoECase, device: torch.device, warmup: int, repeat: int
 
     forward_s = timed(forward, device, warmup, repeat)
     step_s = timed(step, device, warmup, repeat)
-    return {"forward_s": forward_s, "backward_s": step_s - forward_s,
-            "forward_flops_per_s": flops(case)["forward"] / forward_s}
+    result: dict[str, Any] = {"forward_s": forward_s, "backward_s": step_s - forward_s,
+                              "forward_flops_per_s": flops(case)["forward"] / forward_s}
+    if case.kind == "block" and device.type == "cuda":   # where the routing ops' time goes
+        result["step_kernels"] = kernel_table(step, device, 3)[:KERNELS_KEPT]
+    return result
 
 
 def predict(case: MoECase, device_name: str) -> dict[str, float]:
