@@ -32,7 +32,7 @@ _NUMBERS = ("memory_bytes", "bandwidth_bytes_per_s", "compute_efficiency", "band
             "launch_s", "graph_launch_s", "gpus_per_node", "intra_node_bytes_per_s",
             "inter_node_bytes_per_s", "host_free_s", "host_module_s", "collective_base_s",
             "intra_node_hop_s", "inter_node_hop_s", "reported_bytes", "context_bytes",
-            "multiprocessors", "collective_sms", "framework_launch_s")
+            "multiprocessors", "collective_sms", "framework_launch_s", "recurrence_step_s")
 
 
 def spec_from_json(data: Mapping[str, Any], base: DeviceSpec | None = None) -> DeviceSpec:

@@ -42,6 +42,15 @@ v_new, the local and the updated dv, dW and the second dK each written and read
 (e(6K + 8V)), K read five times more, Q twice, V once; the decay's sums read five times and
 its gradient in float32 written and read twice (4d each); per chunk and head h and its
 gradient dh written and read (4·eKV).
+
+Latency: the state kernels (``fwd_h``; backward ``bwd_dhu`` and ``fwd_h`` recomputed) walk a
+sequence's chunks in order, one program per sequence, value head and 32 value channels, each
+step waiting on the last; the other kernels run every chunk at once. On an H200
+(bench/gpu/gdn.py) the forward's kernels took their roofline plus c steps of the device's
+`recurrence_step_s` per wave of programs (1k–32k tokens, 16–512 programs: kernels ÷ fxlens
+1.5–5× without the steps), and ``bwd_dhu``'s step took 1.85× ``fwd_h``'s (2.21–2.33 against
+1.23–1.27 µs): the serial steps are c forward, c(1 + 1.85) backward (`Cost.recurrence`).
+KDA's state kernels have the same shape; their times are unmeasured.
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from fxlens.analyzer.core.costs import Cost, OpCall, cost_rule
+from fxlens.analyzer.core.costs import Cost, OpCall, Recurrence, cost_rule
 from fxlens.analyzer.core.graph import dtype_bytes
 from fxlens.rules.conventions import FLOPS_PER_MAC, SPECIAL_FUNCTION_FLOPS
 
@@ -59,6 +68,8 @@ SUB_CHUNK = 16              # the per-channel kernels' diagonal sub-blocks
 GATED_PASSES = 4            # per-channel: Q and K each decayed both ways
 STATE_PASS_FLOPS = 2        # decay × state + update, per state element per chunk
 EXP = SPECIAL_FUNCTION_FLOPS + 1
+VALUE_BLOCK = 32            # value channels one state-kernel program holds
+BACKWARD_STEPS = 1 + 1.85   # fwd_h recomputed, then bwd_dhu, in forward steps (docstring)
 
 
 @dataclass(frozen=True)
@@ -123,6 +134,11 @@ class DeltaRule:
         passing = self.key_dim * self.value_dim * STATE_PASS_FLOPS
         return self._chunk_heads * (decays + passing)
 
+    @property
+    def programs(self) -> int:
+        """The state kernels' programs, each walking one sequence's chunks."""
+        return self.batch * self.heads * math.ceil(self.value_dim / VALUE_BLOCK)
+
     def _states(self) -> int:
         return self._chunk_heads * self.key_dim * self.value_dim * self.element
 
@@ -144,25 +160,26 @@ class DeltaRule:
         return handed + reread, handed
 
 
-def _cost(call: OpCall, macs: int, pointwise: int, traffic: tuple[int, int], what: str
-          ) -> Cost:
+def _cost(call: OpCall, rule: DeltaRule, macs: int, traffic: tuple[int, int],
+          steps: float, what: str) -> Cost:
     read, written = traffic
-    return Cost(flops=FLOPS_PER_MAC * macs + pointwise,
+    return Cost(flops=FLOPS_PER_MAC * macs + rule.pointwise_flops,
                 bytes_read=call.default_bytes_read + read,
                 bytes_written=call.default_bytes_written + written,
-                note=f"chunked gated delta rule{what} as flash-linear-attention's kernels")
+                note=f"chunked gated delta rule{what} as flash-linear-attention's kernels",
+                recurrence=Recurrence(steps * rule.chunks, rule.programs))
 
 
 @cost_rule("fxlens_gdn.chunk")
 def chunk(call: OpCall) -> Cost:
     """Gated delta rule forward: the kernels' matmuls, the decays, their hand-offs."""
     rule = DeltaRule.of(call)
-    return _cost(call, rule.forward_macs, rule.pointwise_flops, rule.forward_traffic, "")
+    return _cost(call, rule, rule.forward_macs, rule.forward_traffic, 1, "")
 
 
 @cost_rule("fxlens_gdn.chunk_backward")
 def chunk_backward(call: OpCall) -> Cost:
     """Gated delta rule backward: the recomputation and the gradient kernels."""
     rule = DeltaRule.of(call)
-    return _cost(call, rule.backward_macs, rule.pointwise_flops, rule.backward_traffic,
+    return _cost(call, rule, rule.backward_macs, rule.backward_traffic, BACKWARD_STEPS,
                  " backward")

@@ -110,6 +110,14 @@ about 1.3 µs per kernel (Hazy Research, "Look Ma, No Bubbles! Designing a Low-L
 Megakernel for Llama-1B", 2025-05-27, hazyresearch.stanford.edu/blog/2025-05-27-no-bubbles,
 where vLLM and SGLang reached at most half of the H100's bandwidth at batch 1 for that and
 other reasons); 1.3 µs for the Hopper entries, 0 (unmeasured) for the others.
+Recurrence steps (`recurrence_step_s`, what a chunked scan's latency costs per step): a delta
+rule's state kernel walks a sequence's 64-token chunks in order, each step waiting on the last.
+Measured on an H200 (bench/gpu/gdn.py, flash-linear-attention 0.6.0, 2026-11-29): 1.17–1.27
+µs per chunk per wave of programs over the SMs, 1k to 32k tokens, 16 to 512 programs; 1.2 µs
+for the Hopper entries (one SM design and clock). vLLM's B200 timings of the same forward
+(vllm-project/vllm#38981; bench/gdn_kernel.py), roofline taken out, rise 1.24 µs per chunk
+over three lengths (a fixed ~0.15 ms is the host's) and so predict the other three within 7 %:
+1.24 µs for the Blackwell entries; 0 (unmeasured) for the others.
 
 Blackwell (``b200``, ``gb200``, ``b300``, ``gb300``): peaks and memory from NVIDIA's
 datasheets as the module's convention reads them — the HGX B200 column of the Blackwell
@@ -183,6 +191,8 @@ HOPPER_DTYPES: Mapping[str, float] = {"fp8": 0.65}
 BLACKWELL_KERNELS: Mapping[str, float] = {ATTENTION_FORWARD: 0.55, ATTENTION_BACKWARD: 0.45}
 BLACKWELL_DTYPES: Mapping[str, float] = {"bf16": 0.65, "fp16": 0.65}
 HOPPER_GRAPH_LAUNCH_S = 1.3e-6
+HOPPER_RECURRENCE_STEP_S = 1.2e-6
+BLACKWELL_RECURRENCE_STEP_S = 1.24e-6
 CONTEXT_BYTES = GIB
 
 
@@ -206,6 +216,7 @@ class DeviceSpec:
     bandwidth_efficiency: float = BANDWIDTH_EFFICIENCY
     launch_s: float = GPU_LAUNCH_S
     graph_launch_s: float = 0.0                  # per kernel of a replayed CUDA graph
+    recurrence_step_s: float = 0.0               # per dependent step of a chunked scan
     framework_launch_s: float = FRAMEWORK_LAUNCH_S   # a training framework's host per kernel
     calibrated: bool = False
     gpus_per_node: int = 8
@@ -300,7 +311,7 @@ _MAPPINGS = ("peak_flops", "kernel_efficiency", "dtype_efficiency", "flash2_effi
 def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: float,
          source: str, links: Links, kernels: Mapping[str, float] | None = None,
          reported_gib: float = 0.0, dtypes: Mapping[str, float] | None = None,
-         multiprocessors: int = 0, graph_launch_s: float = 0.0,
+         multiprocessors: int = 0, graph_launch_s: float = 0.0, recurrence_step_s: float = 0.0,
          host: float = 1.0, flash2: Mapping[str, float] | None = None) -> DeviceSpec:
     """`tflops`: dense TFLOP/s in `DTYPE_KEYS` order (fp32, tf32, bf16, fp16, fp8, int8);
     `kernels`: the kernel classes' shares of the peak (`KERNEL_CLASSES`); `reported_gib`:
@@ -311,6 +322,7 @@ def _gpu(name: str, memory_gib: int, tflops: tuple[float, ...], bandwidth_tb_s: 
     return DeviceSpec(name, memory_gib * GIB, source, peaks, bandwidth_tb_s * T,
                       reported_bytes=round(reported_gib * GIB), context_bytes=CONTEXT_BYTES,
                       multiprocessors=multiprocessors, graph_launch_s=graph_launch_s,
+                      recurrence_step_s=recurrence_step_s,
                       launch_s=GPU_LAUNCH_S * host, host_free_s=HOST_FREE_S * host,
                       host_module_s=HOST_MODULE_S * host,
                       kernel_efficiency=dict(kernels or {}), dtype_efficiency=dict(dtypes or {}),
@@ -330,33 +342,38 @@ DEVICES: Mapping[str, DeviceSpec] = {d.name: d for d in (
     _gpu("h100", 80, (67, 494.5, 989.5, 989.5, 1979, 1979), 3.35,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 SXM5, 80 GB HBM3; dense = sparse / 2)",
          net.DGX_H100, HOPPER_KERNELS, reported_gib=79.11, dtypes=HOPPER_DTYPES,
-         multiprocessors=132, graph_launch_s=HOPPER_GRAPH_LAUNCH_S, flash2=HOPPER_FLASH2),
+         multiprocessors=132, graph_launch_s=HOPPER_GRAPH_LAUNCH_S, flash2=HOPPER_FLASH2,
+         recurrence_step_s=HOPPER_RECURRENCE_STEP_S),
     _gpu("h100-pcie", 80, (51, 378, 756.5, 756.5, 1513, 1513), 2.0,
          "NVIDIA H100 Tensor Core GPU Datasheet (H100 PCIe, 80 GB HBM2e; dense = sparse / 2)",
          net.PCIE5_NODE, HOPPER_KERNELS, dtypes=HOPPER_DTYPES, multiprocessors=114,
-         graph_launch_s=HOPPER_GRAPH_LAUNCH_S, flash2=HOPPER_FLASH2),
+         graph_launch_s=HOPPER_GRAPH_LAUNCH_S, flash2=HOPPER_FLASH2,
+         recurrence_step_s=HOPPER_RECURRENCE_STEP_S),
     _gpu("h200", 141, (67, 494.5, 989.5, 989.5, 1979, 1979), 4.8,
          "NVIDIA H200 Tensor Core GPU Datasheet (H200 SXM, 141 GB HBM3e; dense = sparse / 2)",
          net.DGX_H100, HOPPER_KERNELS, reported_gib=139.80, dtypes=HOPPER_DTYPES,
-         multiprocessors=132, graph_launch_s=HOPPER_GRAPH_LAUNCH_S, flash2=HOPPER_FLASH2),
+         multiprocessors=132, graph_launch_s=HOPPER_GRAPH_LAUNCH_S, flash2=HOPPER_FLASH2,
+         recurrence_step_s=HOPPER_RECURRENCE_STEP_S),
     # Blackwell (see the module docstring for each figure's source). INT8 on Blackwell Ultra
     # (B300, GB300) runs at a small fraction of its FP8 rate.
     _gpu("b200", 180, (75, 1125, 2250, 2250, 4500, 4500), 7.7,
          "NVIDIA Blackwell datasheet, individual GPU specifications (HGX B200, 1,000 W, 180 GB "
          "HBM3e, 7.7 TB/s; dense = sparse / 2)", net.DGX_B200, BLACKWELL_KERNELS,
-         reported_gib=178.35, dtypes=BLACKWELL_DTYPES, multiprocessors=148),
+         reported_gib=178.35, dtypes=BLACKWELL_DTYPES, multiprocessors=148,
+         recurrence_step_s=BLACKWELL_RECURRENCE_STEP_S),
     _gpu("gb200", 186, (80, 1250, 2500, 2500, 5000, 5000), 8.0,
          "NVIDIA GB200 NVL72 datasheet (per GPU: the rack's figures / 72; 13.4 TB HBM3e, "
          "576 TB/s; dense = sparse / 2)", net.GB200_NVL72, BLACKWELL_KERNELS,
-         dtypes=BLACKWELL_DTYPES, multiprocessors=152, host=GRACE_HOST),
+         dtypes=BLACKWELL_DTYPES, multiprocessors=152, host=GRACE_HOST,
+         recurrence_step_s=BLACKWELL_RECURRENCE_STEP_S),
     _gpu("b300", 270, (75, 1100, 2250, 2250, 4500, 150), 7.7,
          "NVIDIA Blackwell Ultra datasheet, individual GPU specifications (HGX B300, 270 GB "
          "HBM3e; dense figures)", net.DGX_B300, BLACKWELL_KERNELS, dtypes=BLACKWELL_DTYPES,
-         multiprocessors=160),
+         multiprocessors=160, recurrence_step_s=BLACKWELL_RECURRENCE_STEP_S),
     _gpu("gb300", 279, (80, 1250, 2500, 2500, 5000, 165), 8.0,
          "NVIDIA GB300 NVL72 datasheet (per GPU: 279 GB HBM3e, 8 TB/s; dense figures)",
          net.GB300_NVL72, BLACKWELL_KERNELS, dtypes=BLACKWELL_DTYPES, multiprocessors=160,
-         host=GRACE_HOST),
+         host=GRACE_HOST, recurrence_step_s=BLACKWELL_RECURRENCE_STEP_S),
     # Ampere: no FP8. A100 SXM bandwidth: 1,555 GB/s (40 GB), 2,039 GB/s (80 GB).
     _gpu("a100-40gb", 40, (19.5, 156, 312, 312, 0, 624), 1.555,
          "NVIDIA A100 Tensor Core GPU Datasheet (A100 SXM 40 GB HBM2; dense figures)",

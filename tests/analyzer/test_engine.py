@@ -102,7 +102,8 @@ def test_ancestors() -> None:
 def test_report_dict_is_dataclasses_asdict() -> None:
     """`Report.to_dict`'s own converter gives what `dataclasses.asdict` gives (types included:
     tuples stay tuples, named tuples and dicts are copies), on a report with every kind of
-    field, a frozen dataclass with a dict field among them."""
+    field, a frozen dataclass with a dict field among them, less the `optional` fields that
+    are None (a node's recurrence), as the codec leaves them out."""
     import dataclasses
     from collections import namedtuple
 
@@ -110,9 +111,11 @@ def test_report_dict_is_dataclasses_asdict() -> None:
 
     report = dataclasses.replace(analyze(graph(), registry()), meta={"k": [1, (2, 3)]})
     bare = dataclasses.replace(report, sections={})
-    converted = _as_dict(bare)
-    assert converted == dataclasses.asdict(bare)
-    assert repr(converted) == repr(dataclasses.asdict(bare))
+    converted, expected = _as_dict(bare), dataclasses.asdict(bare)
+    for node in expected["nodes"]:
+        assert node.pop("recurrence") is None
+    assert converted == expected
+    assert repr(converted) == repr(expected)
     assert converted["meta"] is not bare.meta and converted["meta"]["k"] is not bare.meta["k"]
     Pair = namedtuple("Pair", "spec sizes")
 

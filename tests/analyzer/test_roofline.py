@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from typing import Any
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from fxlens.analyzer.capture.chain import capture
 from fxlens.analyzer.core.codec import encode
 from fxlens.analyzer.core.graph import Graph
-from fxlens.analyzer.core.report import Report
+from fxlens.analyzer.core.report import Report, report_from_dict
 from fxlens.analyzer.cost.engine import analyze
 from fxlens.analyzer.time.roofline import dtype_key, roofline_section, throughput_basis
 from fxlens.api import AnalysisOptions, analyze_target
@@ -76,6 +77,29 @@ def test_a_misaligned_gemm_runs_at_its_kernel_class_share() -> None:
                                   T(n, cols, dtype="bfloat16"))
         node = encode(roofline_section(report, graph, toy))["nodes"][0]
         assert node["time_s"] == pytest.approx(2 * n * n * cols / (share * 8e12) + LAUNCH)
+
+
+def test_a_recurrence_adds_its_serial_steps_per_wave_of_programs() -> None:
+    """A gated delta rule over 128 tokens (two 64-token chunks) of 2 sequences × 4 value heads
+    × 64 value channels: 16 programs of the state kernel, three waves over 6 multiprocessors,
+    each wave two dependent steps on top of the roofline; none on a device whose step is
+    unmeasured."""
+    import fxlens.analyzer.capture.hf_gdn  # noqa: F401  (registers fxlens_gdn::chunk)
+
+    qk, v = T(2, 128, 2, 16, dtype="bfloat16"), T(2, 128, 4, 64, dtype="bfloat16")
+    report, graph = single_op("fxlens_gdn.chunk.default", qk, qk, v, T(2, 128, 4),
+                              T(2, 128, 4, dtype="bfloat16"), 64, True)
+    flat = encode(roofline_section(report, graph, TOY))["nodes"][0]["time_s"]
+    stepped = dataclasses.replace(TOY, recurrence_step_s=1e-3, multiprocessors=6)
+    node = encode(roofline_section(report, graph, stepped))["nodes"][0]
+    assert node["time_s"] == pytest.approx(flat + 2 * 3 * 1e-3)
+    assert node["bound"] == encode(roofline_section(report, graph, TOY))["nodes"][0]["bound"]
+    # a report's JSON keeps the recurrence (and only where there is one)
+    again = report_from_dict(json.loads(report.to_json()))
+    assert again.nodes[0].recurrence == report.nodes[0].recurrence is not None
+    assert encode(roofline_section(again, graph, stepped))["nodes"][0] == node
+    assert all("recurrence" not in n for n in json.loads(single_op(
+        "aten.add.Tensor", T(4), T(4))[0].to_json())["nodes"])
 
 
 def test_an_elementwise_op_is_memory_bound() -> None:

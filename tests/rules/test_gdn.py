@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import fxlens.analyzer.capture.hf_gdn as hf_gdn
+from fxlens.analyzer.core.costs import Recurrence
 from fxlens.rules.conventions import FLOPS_PER_MAC, SPECIAL_FUNCTION_FLOPS
 from tests.helpers import T, captured_kernel_ops, cost_of
 
@@ -158,6 +159,22 @@ def test_the_backward_recomputes_and_costs_its_gradient_kernels(per_channel: boo
     decay = 4 * (key_dim if per_channel else 1)
     assert cost.bytes_written == grads + token_heads * (2 * (3 * key_dim + 4 * value_dim)
                                                         + 2 * decay) + 2 * states()
+
+
+@pytest.mark.parametrize("per_channel", [False, True])
+def test_the_state_kernels_walk_the_chunks_in_order(per_channel: bool) -> None:
+    """Forward: one step per chunk (``fwd_h``); backward: ``fwd_h`` again and ``bwd_dhu``,
+    whose step measured 1.85 forward steps on an H200; one program per sequence, value head
+    and 32 value channels walks them."""
+    q, k, v, g, beta = specs(per_channel)
+    forward = cost_of("fxlens_gdn.chunk.default", q, k, v, g, beta, chunk, True)
+    saved = T(b, tokens, heads, chunk * (2 if per_channel else 1), dtype="bfloat16")
+    backward = cost_of("fxlens_gdn.chunk_backward.default", v, q, k, v, g, beta, saved, chunk,
+                       True)
+    programs = b * heads * -(-value_dim // 32)
+    assert forward.recurrence == Recurrence(chunks, programs)
+    assert backward.recurrence is not None and backward.recurrence.programs == programs
+    assert backward.recurrence.steps == pytest.approx(2.85 * chunks)
 
 
 def test_a_decay_per_channel_costs_more_than_one_per_head() -> None:

@@ -48,13 +48,18 @@ def optional(default: Any = None) -> Any:
     return dataclasses.field(default=default, metadata={_OMIT_NONE: True})
 
 
+def is_optional(field: dataclasses.Field[Any]) -> bool:
+    """Whether `field` was declared with `optional` (left out of the JSON while None)."""
+    return bool(field.metadata.get(_OMIT_NONE))
+
+
 def encode(value: Any) -> Any:
     """Plain JSON values (dict, list, str, int, float, bool, None) for `value`."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         out = {}
         for f in dataclasses.fields(value):
             item = getattr(value, f.name)
-            if item is None and f.metadata.get(_OMIT_NONE):
+            if item is None and is_optional(f):
                 continue
             out[f.name] = encode(item)
         return out

@@ -42,6 +42,16 @@ from fxlens.analyzer.core.graph import Graph, Node, TensorRef, TensorSpec, packe
 
 
 @dataclass(frozen=True)
+class Recurrence:
+    """A kernel that walks a sequence in order: each of `programs` independent programs takes
+    `steps` dependent steps, each the device's `recurrence_step_s` (a chunked scan's state
+    kernel, `fxlens.rules.gdn`)."""
+
+    steps: float
+    programs: int
+
+
+@dataclass(frozen=True)
 class Cost:
     """What one op call costs. ``None`` bytes mean: the engine's default for the node,
     every distinct input tensor read once (its storage bytes) and every output written once."""
@@ -51,6 +61,7 @@ class Cost:
     bytes_written: int | None = None
     note: str = ""      # the convention the rule applied to this call, shown per node
     kernel: str = ""    # a kernel class with its own share of the peak (``gemm-misaligned``)
+    recurrence: Recurrence | None = None   # steps walked in order, on top of the work
 
 
 class OpCall:

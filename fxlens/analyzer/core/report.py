@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import fxlens.analyzer.core.sections  # noqa: F401  (registers every section type)
-from fxlens.analyzer.core.codec import CodecError, decode
+from fxlens.analyzer.core.codec import CodecError, decode, is_optional, optional
+from fxlens.analyzer.core.costs import Recurrence
 from fxlens.analyzer.core.errors import ReportError
 from fxlens.analyzer.core.files import read_json, write_atomic
 from fxlens.analyzer.core.section import SECTION_TYPES, Section
@@ -86,6 +87,7 @@ class NodeReport:
     phase: str = "forward"
     note: str = ""              # the convention its rule applied (e.g. causal attention)
     kernel: str = ""            # a kernel class with its own rate (gemm-misaligned)
+    recurrence: Recurrence | None = optional()   # steps walked in order (`Cost`)
 
 
 @dataclass(frozen=True)
@@ -195,12 +197,14 @@ class Report:
 
 _SCALARS = (int, float, str, bool, type(None))
 _FIELDS: dict[type, tuple[str, ...]] = {}
+_OPTIONAL: dict[type, frozenset[str]] = {}
 
 
 def _as_dict(obj: Any) -> Any:
     """`dataclasses.asdict`, the same result, without its per-value ``copy.deepcopy`` of
     scalars: a training step's report holds tens of thousands of nodes. Immutable scalars
-    are returned as they are (``deepcopy`` returns them too); containers are copied."""
+    are returned as they are (``deepcopy`` returns them too); containers are copied. A field
+    declared `optional` is left out while it is None, as the codec's `encode` does."""
     kind = type(obj)
     if kind in _SCALARS:
         return obj
@@ -208,8 +212,13 @@ def _as_dict(obj: Any) -> Any:
         names = _FIELDS.get(kind)
         if names is None:
             names = _FIELDS[kind] = tuple(f.name for f in dataclasses.fields(obj))
-        return {name: v if type(v := getattr(obj, name)) in _SCALARS else _as_dict(v)
-                for name in names}                          # scalars inline: most fields
+            _OPTIONAL[kind] = frozenset(f.name for f in dataclasses.fields(obj) if is_optional(f))
+        out = {name: v if type(v := getattr(obj, name)) in _SCALARS else _as_dict(v)
+               for name in names}                           # scalars inline: most fields
+        for name in _OPTIONAL[kind]:
+            if out[name] is None:
+                del out[name]
+        return out
     if isinstance(obj, tuple) and hasattr(obj, "_fields"):      # a named tuple
         return kind(*[_as_dict(v) for v in obj])
     if isinstance(obj, (list, tuple)):

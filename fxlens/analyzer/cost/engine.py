@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 import fxlens
-from fxlens.analyzer.core.costs import Cost, CostRegistry, OpCall
+from fxlens.analyzer.core.costs import Cost, CostRegistry, OpCall, Recurrence
 from fxlens.analyzer.core.errors import RuleError
 from fxlens.analyzer.core.graph import Graph, Node, ancestors
 from fxlens.analyzer.core.report import (
@@ -45,6 +45,7 @@ class NodeCost:
     error: str = ""
     note: str = ""          # the convention the rule applied (causal attention…)
     kernel: str = ""        # the kernel class, where it has its own rate
+    recurrence: Recurrence | None = None   # steps walked in order (`Cost`)
 
 
 def cost_node(node: Node, graph: Graph, registry: CostRegistry, strict: bool = False) -> NodeCost:
@@ -66,7 +67,7 @@ def cost_node(node: Node, graph: Graph, registry: CostRegistry, strict: bool = F
     read = call.default_bytes_read if cost.bytes_read is None else cost.bytes_read
     written = call.default_bytes_written if cost.bytes_written is None else cost.bytes_written
     return NodeCost("costed", int(cost.flops), int(read), int(written), note=cost.note,
-                    kernel=cost.kernel)
+                    kernel=cost.kernel, recurrence=cost.recurrence)
 
 
 def analyze(
@@ -102,6 +103,7 @@ def _node_report(node: Node, cost: NodeCost) -> NodeReport:
         outputs=tuple(o.to_json() for o in node.outputs if o is not None),
         flops=cost.flops, bytes_read=cost.bytes_read, bytes_written=cost.bytes_written,
         phase=node.phase, note=cost.note, kernel=cost.kernel,
+        recurrence=cost.recurrence,
     )
 
 

@@ -4,13 +4,17 @@ No op knowledge lives here and no device either: the device comes in as data (an
 with the `Device` protocol, e.g. `fxlens.rules.hardware.DeviceSpec`). Per costed node:
 
     time_s = max(flops / achievable peak of the node's dtype, bytes / achievable bandwidth)
+             + serial steps × ⌈programs / multiprocessors⌉ × the device's recurrence step
              + one kernel launch                          (a CPU: the host is the device)
     time_s = what the kernel adds to the GPU's timeline   (a GPU: the host issues kernels
              while earlier ones run, `fxlens.analyzer.time.host`)
 
 Free nodes (views, metadata) cost nothing; unsupported or failed ones are counted apart
 (`uncosted_nodes`) and cost nothing either. Arithmetic intensity is FLOPs per byte moved;
-``bound`` says which term of the max won, or ``launch`` when the launch outweighs both.
+``bound`` says which term of the max won, or ``launch`` when the launch outweighs both. The
+serial term is a recurrence's latency (a kernel that walks a sequence's chunks in order, each
+step waiting on the last, `fxlens.rules.gdn`): the work of a step does not hide it, so it adds;
+0 on a device whose step is unmeasured, and ``bound`` stays the work's.
 Nodes roll up per module (each ancestor too), per phase (forward/backward of a training step)
 and in total, and the section adds throughput at the captured batch, the MFU it implies and
 the top time hotspots beside the top FLOPs ones.
@@ -33,11 +37,13 @@ device's achievable factor (e.g. 0.7).
 
 from __future__ import annotations
 
+import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
+from fxlens.analyzer.core.costs import Recurrence
 from fxlens.analyzer.core.graph import Graph, Node, TensorSpec, ancestors
 from fxlens.analyzer.core.report import NodeReport, Report
 from fxlens.analyzer.core.sections import (
@@ -70,6 +76,10 @@ class Device(Protocol):
     @property
     def graph_launch_s(self) -> float: ...
     @property
+    def recurrence_step_s(self) -> float: ...
+    @property
+    def multiprocessors(self) -> int: ...
+    @property
     def calibrated(self) -> bool: ...
     @property
     def kind(self) -> str: ...
@@ -95,6 +105,22 @@ class NodeTime:
     dtype_key: str
     compute_s: float = 0.0
     memory_s: float = 0.0
+    serial_s: float = 0.0    # a recurrence's dependent steps (`serial_seconds`)
+
+    @property
+    def work_s(self) -> float:
+        """What the kernel keeps the GPU busy for: its roofline and its recurrence's steps."""
+        return max(self.compute_s, self.memory_s) + self.serial_s
+
+
+def serial_seconds(recurrence: Recurrence | None, device: Device) -> float:
+    """The latency of a recurrence on `device`: its dependent steps, once per wave of its
+    programs over the multiprocessors; 0 where the device's step is unmeasured."""
+    if recurrence is None or recurrence.steps <= 0 or device.recurrence_step_s <= 0:
+        return 0.0
+    programs, sms = recurrence.programs, device.multiprocessors
+    waves = max(math.ceil(programs / sms), 1) if sms > 0 else 1
+    return recurrence.steps * waves * device.recurrence_step_s
 
 
 def dtype_key(dtype: str, tf32: bool = False) -> str:
@@ -132,12 +158,13 @@ def node_time(node: NodeReport, key: str, device: Device) -> NodeTime:
     flops_rate = device.achievable_flops(key, node.kernel)
     compute_s = node.flops / flops_rate if flops_rate > 0 else 0.0
     memory_s = moved / device.achievable_bandwidth if device.achievable_bandwidth > 0 else 0.0
-    if device.launch_s >= max(compute_s, memory_s):
+    serial_s = serial_seconds(node.recurrence, device)
+    if device.launch_s >= max(compute_s, memory_s) + serial_s:
         bound = "launch"
     else:
         bound = "compute" if compute_s > memory_s else "memory"
-    return NodeTime(node.id, max(compute_s, memory_s) + device.launch_s, bound,
-                    node.flops / moved if moved else 0.0, key, compute_s, memory_s)
+    return NodeTime(node.id, max(compute_s, memory_s) + serial_s + device.launch_s, bound,
+                    node.flops / moved if moved else 0.0, key, compute_s, memory_s, serial_s)
 
 
 def node_times(report: Report, graph: Graph, device: Device, tf32: bool = False,
@@ -170,7 +197,7 @@ def _key(graph: Graph, node_id: int, tf32: bool) -> str:
 
 def on_gpu_timeline(report: Report, times: list[NodeTime], device: Device) -> list[NodeTime]:
     kernels = [t.bound not in ("free", "uncosted") for t in times]
-    issues = [Issue(max(t.compute_s, t.memory_s) if kernel else None, n.module, n.phase)
+    issues = [Issue(t.work_s if kernel else None, n.module, n.phase)
               for n, t, kernel in zip(report.nodes, times, kernels, strict=True)]
     host = HostCosts(device.launch_s, device.host_free_s, device.host_module_s)
     placed = []
@@ -180,7 +207,7 @@ def on_gpu_timeline(report: Report, times: list[NodeTime], device: Device) -> li
             placed.append(t)
             continue
         work_bound = "compute" if t.compute_s > t.memory_s else "memory"
-        bound = "launch" if wait >= max(t.compute_s, t.memory_s) else work_bound
+        bound = "launch" if wait >= t.work_s else work_bound
         placed.append(replace(t, time_s=time_s, bound=bound))
     return placed
 
