@@ -66,3 +66,16 @@ def test_a_chain_of_small_kernels_is_predicted_at_the_devices_gap_per_kernel() -
     assert serving.predict(chain, "h100") == pytest.approx(
         chain.sizes["kernels"] * h100.graph_launch_s + moved / h100.achievable_bandwidth,
         rel=1e-3)
+
+
+def test_one_cache_head_is_attended_as_rows_of_one_head_with_the_same_values() -> None:
+    """MQA / MLA's latent: the query heads as rows of one head read the cache once, and give
+    what GQA's expansion (a copy of the cache per head) gives."""
+    import torch.nn.functional as F
+
+    from bench.gpu.serving import Decode
+
+    q, latent = torch.randn(2, 8, 1, 16), torch.randn(2, 1, 5, 16)
+    expanded = F.scaled_dot_product_attention(q, latent, latent, enable_gqa=True)
+    assert Decode(8, 1).rows and not Decode(16, 2).rows
+    assert torch.allclose(Decode(8, 1)(q, latent), expanded, atol=1e-6)

@@ -120,16 +120,23 @@ class Experts(nn.Module):
 
 
 class Decode(nn.Module):
-    """One query token per sequence against its cache (no mask: it sees the whole cache)."""
+    """One query token per sequence against its cache (no mask: it sees the whole cache).
+    Against one cache head (MQA, MLA's latent) the query heads are the rows of one head, as
+    FlashMLA runs them: GQA's expansion would copy the cache once per head (105 GiB for
+    DeepSeek-V3's 128 heads over 128 × 3,000 latents, which did not fit on an H200)."""
 
     def __init__(self, heads: int, kv_heads: int) -> None:
         super().__init__()
         self.gqa = heads != kv_heads
+        self.rows = kv_heads == 1 and heads > 1
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
                 ) -> torch.Tensor:
         """`v` None: the keys are the values too (an MLA latent, one buffer)."""
-        return F.scaled_dot_product_attention(q, k, k if v is None else v, enable_gqa=self.gqa)
+        v = k if v is None else v
+        if self.rows:
+            return F.scaled_dot_product_attention(q.transpose(1, 2), k, v).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, v, enable_gqa=self.gqa)
 
 
 class Chain(nn.Module):
