@@ -79,3 +79,21 @@ def test_one_cache_head_is_attended_as_rows_of_one_head_with_the_same_values() -
     expanded = F.scaled_dot_product_attention(q, latent, latent, enable_gqa=True)
     assert Decode(8, 1).rows and not Decode(16, 2).rows
     assert torch.allclose(Decode(8, 1)(q, latent), expanded, atol=1e-6)
+
+
+def test_the_sweeps_time_predict_and_tabulate_every_shape(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """`bench/gpu/sweeps.py` runs serving's timing and prediction over its own shapes (here
+    a few, shrunk): every one measured, predicted and in the table."""
+    from bench.gpu import sweeps
+
+    assert len(sweeps.CASES) == len(sweeps.TOKENS) * len(sweeps.WIDTHS) \
+        + len(sweeps.EXPERTS) * len(sweeps.ROWS)
+    monkeypatch.setattr(sweeps, "CASES", tuple(small(c) for c in sweeps.CASES[::8]))
+    rows = sweeps.measure(torch.device("cpu"))
+    assert [r["name"] for r in rows] == [c.name for c in sweeps.CASES]
+    for row in rows:
+        assert "error" not in row and row["seconds"] > 0, row
+        row["predicted"] = serving.predict(serving.ServingCase(row["name"], row["kind"],
+                                                               row["sizes"]), "h200")
+    assert serving.table({"device": "cpu", "rows": rows}).count("\n") == len(rows) + 1

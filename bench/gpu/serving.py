@@ -232,11 +232,14 @@ def replayed_s(fn: Any, device: torch.device, inner: int, repeat: int) -> float:
     return statistics.median(samples)
 
 
-def measure(device: torch.device, inner: int = 20, repeat: int = 10) -> list[dict[str, Any]]:
+def measure(device: torch.device, inner: int = 20, repeat: int = 10,
+            cases: tuple[ServingCase, ...] | None = None) -> list[dict[str, Any]]:
+    """Each case (`CASES` unless given) timed in a CUDA graph (`replayed_s`)."""
     from .measure import each_case
 
-    by_name = {case.name: case for case in CASES}
-    return each_case([asdict(case) for case in CASES],
+    cases = CASES if cases is None else cases
+    by_name = {case.name: case for case in cases}
+    return each_case([asdict(case) for case in cases],
                      lambda row: _timed_case(by_name[row["name"]], device, inner, repeat),
                      device)
 
