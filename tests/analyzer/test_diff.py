@@ -299,6 +299,26 @@ def test_a_malformed_section_is_one_error_naming_the_field(tmp_path: Path) -> No
         load_report(path)
 
 
+@pytest.mark.parametrize("recurrence, message", [
+    ({"steps": "many", "programs": 4}, r"nodes\[0\]\.recurrence\.steps: expected a number"),
+    ({"steps": 64}, r"nodes\[0\]\.recurrence\.programs: missing"),
+    ([64, 4], r"nodes\[0\]\.recurrence"),
+])
+def test_a_malformed_recurrence_is_one_error_naming_the_field(
+        tmp_path: Path, recurrence: object, message: str) -> None:
+    """A node's recurrence (a chunked scan's serial steps, `Cost.recurrence`) is read by type
+    like every core field: a PR's report cannot slip a string into the roofline's sum."""
+    data = report_dict(BASE)
+    data["nodes"][0]["recurrence"] = recurrence
+    path = tmp_path / "pr.report.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ReportError, match=message):
+        load_report(path)
+    data["nodes"][0]["recurrence"] = {"steps": 64, "programs": 4}
+    path.write_text(json.dumps(data))
+    assert load_report(path).nodes[0].recurrence is not None
+
+
 def test_sections_survive_the_json_round_trip() -> None:
     data = report_dict(BASE, memory=memory_json(5, {"fc1": 5}), roofline=roofline_json({"": 1.0}),
                        findings=[finding_json("FUS001", ["fc1"], "m")])
