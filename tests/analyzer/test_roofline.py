@@ -17,6 +17,7 @@ from fxlens.analyzer.core.report import Report, report_from_dict
 from fxlens.analyzer.cost.engine import analyze
 from fxlens.analyzer.time.roofline import dtype_key, roofline_section, throughput_basis
 from fxlens.api import AnalysisOptions, analyze_target
+from fxlens.reports.views.time import roofline_summary
 from fxlens.rules import load_rules
 from fxlens.rules.hardware import DTYPE_KEYS, DeviceSpec, device
 from tests.helpers import T, op_call
@@ -91,9 +92,17 @@ def test_a_recurrence_adds_its_serial_steps_per_wave_of_programs() -> None:
                               T(2, 128, 4, dtype="bfloat16"), 64, True)
     flat = encode(roofline_section(report, graph, TOY))["nodes"][0]["time_s"]
     stepped = dataclasses.replace(TOY, recurrence_step_s=1e-3, multiprocessors=6)
-    node = encode(roofline_section(report, graph, stepped))["nodes"][0]
+    section = roofline_section(report, graph, stepped)
+    node = encode(section)["nodes"][0]
     assert node["time_s"] == pytest.approx(flat + 2 * 3 * 1e-3)
-    assert node["bound"] == encode(roofline_section(report, graph, TOY))["nodes"][0]["bound"]
+    # the steps outweigh the work: latency-bound, a line of its own in the summary
+    assert node["bound"] == "latency"
+    assert section.totals.latency_bound_s == pytest.approx(node["time_s"])
+    summary = roofline_summary(section)
+    assert any(row[0].text.strip() == "latency-bound" for row in summary.rows)
+    assert encode(roofline_section(report, graph, TOY))["totals"].get("latency_bound_s") is None
+    assert not any("latency" in row[0].text for row in roofline_summary(
+        roofline_section(report, graph, TOY)).rows)
     # a report's JSON keeps the recurrence (and only where there is one)
     again = report_from_dict(json.loads(report.to_json()))
     assert again.nodes[0].recurrence == report.nodes[0].recurrence is not None

@@ -14,7 +14,8 @@ Free nodes (views, metadata) cost nothing; unsupported or failed ones are counte
 ``bound`` says which term of the max won, or ``launch`` when the launch outweighs both. The
 serial term is a recurrence's latency (a kernel that walks a sequence's chunks in order, each
 step waiting on the last, `fxlens.rules.gdn`): the work of a step does not hide it, so it adds;
-0 on a device whose step is unmeasured, and ``bound`` stays the work's.
+0 on a device whose step is unmeasured. ``bound`` is ``latency`` where it outweighs the work
+(more sequences or heads in flight shorten it, less traffic does not).
 Nodes roll up per module (each ancestor too), per phase (forward/backward of a training step)
 and in total, and the section adds throughput at the captured batch, the MFU it implies and
 the top time hotspots beside the top FLOPs ones.
@@ -99,7 +100,8 @@ class Device(Protocol):
 class NodeTime:
     id: int
     time_s: float
-    bound: str           # "compute", "memory", "launch" (the launch outweighs the work),
+    bound: str           # "compute", "memory", "latency" (a recurrence's serial steps
+                         # outweigh the work), "launch" (the launch outweighs the work),
                          # "free" or "uncosted"
     intensity: float     # FLOPs per byte moved; 0 when nothing moves
     dtype_key: str
@@ -111,6 +113,13 @@ class NodeTime:
     def work_s(self) -> float:
         """What the kernel keeps the GPU busy for: its roofline and its recurrence's steps."""
         return max(self.compute_s, self.memory_s) + self.serial_s
+
+    @property
+    def work_bound(self) -> str:
+        """Which part of the work is largest: "compute", "memory" or "latency"."""
+        if self.serial_s > max(self.compute_s, self.memory_s):
+            return "latency"
+        return "compute" if self.compute_s > self.memory_s else "memory"
 
 
 def serial_seconds(recurrence: Recurrence | None, device: Device) -> float:
@@ -159,12 +168,10 @@ def node_time(node: NodeReport, key: str, device: Device) -> NodeTime:
     compute_s = node.flops / flops_rate if flops_rate > 0 else 0.0
     memory_s = moved / device.achievable_bandwidth if device.achievable_bandwidth > 0 else 0.0
     serial_s = serial_seconds(node.recurrence, device)
-    if device.launch_s >= max(compute_s, memory_s) + serial_s:
-        bound = "launch"
-    else:
-        bound = "compute" if compute_s > memory_s else "memory"
-    return NodeTime(node.id, max(compute_s, memory_s) + serial_s + device.launch_s, bound,
-                    node.flops / moved if moved else 0.0, key, compute_s, memory_s, serial_s)
+    timed = NodeTime(node.id, max(compute_s, memory_s) + serial_s + device.launch_s, "",
+                     node.flops / moved if moved else 0.0, key, compute_s, memory_s, serial_s)
+    bound = "launch" if device.launch_s >= timed.work_s else timed.work_bound
+    return replace(timed, bound=bound)
 
 
 def node_times(report: Report, graph: Graph, device: Device, tf32: bool = False,
@@ -206,8 +213,7 @@ def on_gpu_timeline(report: Report, times: list[NodeTime], device: Device) -> li
         if not kernel:
             placed.append(t)
             continue
-        work_bound = "compute" if t.compute_s > t.memory_s else "memory"
-        bound = "launch" if wait >= t.work_s else work_bound
+        bound = "launch" if wait >= t.work_s else t.work_bound
         placed.append(replace(t, time_s=time_s, bound=bound))
     return placed
 
@@ -231,6 +237,7 @@ def roofline_section(report: Report, graph: Graph, device: Device, tf32: bool = 
         compute_bound_s=sum(t.time_s for t in times if t.bound == "compute"),
         memory_bound_s=sum(t.time_s for t in times if t.bound == "memory"),
         launch_bound_s=sum(t.time_s for t in times if t.bound == "launch"),
+        latency_bound_s=sum(t.time_s for t in times if t.bound == "latency") or None,
         launch_s=device.launch_s * sum(1 for t in times if t.bound not in ("free", "uncosted")),
         by_phase=dict(sorted(phases.items())),
         uncosted_nodes=sum(1 for t in times if t.bound == "uncosted"),

@@ -38,10 +38,11 @@ def roofline_summary(section: Roofline) -> Table:
     total = totals.time_s
     rows: list[tuple[str | Cell, ...]] = [
         ("graph time", seconds(total), section.settings.dtype_rule)]
-    for label, value in (("compute-bound", totals.compute_bound_s),
-                         ("memory-bound", totals.memory_bound_s),
-                         ("launch-bound", totals.launch_bound_s),
-                         ("all launches", totals.launch_s)):
+    bounds = (("compute-bound", totals.compute_bound_s),
+              ("memory-bound", totals.memory_bound_s),
+              *((("latency-bound", totals.latency_bound_s),) if totals.latency_bound_s else ()),
+              ("launch-bound", totals.launch_bound_s), ("all launches", totals.launch_s))
+    for label, value in bounds:
         rows.append((f"  {label}", seconds(value), f"{100 * value / total:.1f}%" if total
                      else "-"))
     rows += [(f"  {phase}", seconds(value), "") for phase, value in totals.by_phase.items()]

@@ -48,7 +48,7 @@ class RooflineSettings:
 class NodeTiming:
     id: int
     time_s: float
-    bound: str           # "compute", "memory", "launch", "free" or "uncosted"
+    bound: str           # "compute", "memory", "latency", "launch", "free" or "uncosted"
     intensity: float     # FLOPs per byte moved
     dtype: str           # the peak figure it is computed at (fp32, tf32, bf16…)
 
@@ -71,6 +71,7 @@ class RooflineTotals:
     uncosted_nodes: int
     optimizer_s: float | None = optional()
     step_time_s: float | None = optional()
+    latency_bound_s: float | None = optional()   # recurrences' serial steps outweigh the work
 
     @property
     def total_s(self) -> float:
