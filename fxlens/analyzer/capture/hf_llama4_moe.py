@@ -45,7 +45,10 @@ def routed_forward(self: Any, hidden_states: torch.Tensor) -> tuple[torch.Tensor
     flat = chosen.flatten()
     order = flat.argsort(stable=True)
     rows = order // top_k
-    counts = torch.nn.functional.one_hot(flat, self.num_experts).sum(0)
+    # rows per expert as a histogram, as transformers' own grouped path counts them (a
+    # one-hot of every row × expert would be a T·k × E tensor); histc takes floats on a CPU
+    counts = torch.histc(flat.float(), bins=self.num_experts, min=0,
+                         max=self.num_experts - 1)
     offsets = counts.cumsum(0).to(torch.int32)
     scores = router_scores.gather(1, chosen).flatten()[order, None]
     routed_out = self.experts(hidden_states[rows] * scores, offsets)
