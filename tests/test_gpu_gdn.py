@@ -63,3 +63,42 @@ def test_the_h200_run_is_within_what_fxlens_says_of_it(tmp_path: Path) -> None:
     table = gdn.table(result)
     assert table.count("\n") == len(result["rows"]) + 1
     assert "| qwen3-next rank 4×4096 |" in table and "not measured" in table
+
+
+def test_the_harness_times_forward_and_backward_with_a_stand_in_library(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The timing path as the GPU runs it, on the CPU, with a stand-in for FLA's modules (the
+    call's keywords as FLA takes them, a differentiable output of v's shape): a forward time
+    for every case and a backward one for the trained cases; FLA's Hopper guard lifted."""
+    import sys
+    import types
+
+    def rule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor,
+             beta: torch.Tensor, use_qk_l2norm_in_kernel: bool = False,
+             cu_seqlens: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
+        assert use_qk_l2norm_in_kernel
+        groups = v.shape[2] // k.shape[2]
+        scores = (q * k).sum(-1).repeat_interleave(groups, dim=2)
+        decay = g if g.dim() == 3 else g.mean(-1)
+        return v * (scores * beta.float() * decay.exp()).unsqueeze(-1).to(v.dtype), None
+
+    chunk_o = types.ModuleType("fla.ops.common.chunk_o")
+    chunk_o.TRITON_ABOVE_3_7_1 = False  # type: ignore[attr-defined]
+    modules = {"fla": types.ModuleType("fla"), "fla.ops": types.ModuleType("fla.ops"),
+               "fla.ops.common": types.ModuleType("fla.ops.common"),
+               "fla.ops.common.chunk_o": chunk_o,
+               "fla.ops.gated_delta_rule": types.ModuleType("fla.ops.gated_delta_rule"),
+               "fla.ops.kda": types.ModuleType("fla.ops.kda")}
+    modules["fla.ops.gated_delta_rule"].chunk_gated_delta_rule = rule  # type: ignore[attr-defined]
+    modules["fla.ops.kda"].chunk_kda = rule  # type: ignore[attr-defined]
+    modules["fla.ops.common"].chunk_o = chunk_o  # type: ignore[attr-defined]
+    for name, module in modules.items():
+        monkeypatch.setitem(sys.modules, name, module)
+    cases = (gdn.GDNCase("packed", "gdn", 2, 64, 2, 4, "float32", varlen=True),
+             gdn.GDNCase("trained", "gdn", 2, 64, 2, 4, "float32", backward=True),
+             gdn.GDNCase("per channel", "kda", 1, 64, 2, 2, "float32", backward=True))
+    monkeypatch.setattr(gdn, "CASES", cases)
+    rows = gdn.measure(torch.device("cpu"), warmup=0, repeat=2)
+    assert all("error" not in r and r["forward_s"] > 0 for r in rows), rows
+    assert ["backward_s" in r for r in rows] == [False, True, True]
+    assert chunk_o.TRITON_ABOVE_3_7_1
