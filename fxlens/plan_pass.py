@@ -140,9 +140,10 @@ def plan_facts(ctx: Context, report: Report, spec: DeviceSpec) -> ModelFacts:
     config = getattr(ctx.loaded.module, "config", None)
     # the host launches the captured program's kernels, fused or not (`plan.host`)
     launched = frozenset(n.id for n in report.nodes if n.status == "costed")
+    recurrences = {n.id: n.recurrence for n in report.nodes if n.recurrence is not None}
     return read_facts(ctx.step, report, ctx.registry, state_of,
                       by_id, PARALLEL, whole, fusion, routing_groups(config), grouped,
-                      launched)
+                      launched, recurrences, spec.multiprocessors)
 
 
 def plan_assumptions(options: AnalysisOptions, spec: DeviceSpec, facts: ModelFacts

@@ -24,9 +24,10 @@ the policy) are not in it; the row GEMMs' outputs stand for them.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from fxlens.analyzer.core.graph import Graph, Node
+from fxlens.analyzer.plan.serial import SerialSteps
 from fxlens.analyzer.plan.types import ParallelKnowledge
 from fxlens.analyzer.plan.workload import ExpertGemm, ExpertWork, ModulePart
 
@@ -48,11 +49,14 @@ def must_save(graph: Graph, forward: Sequence[int], knowledge: ParallelKnowledge
 
 def op_policy_part(graph: Graph, forward: Sequence[int], split_nodes: Collection[int],
                    times: Mapping[int, float], knowledge: ParallelKnowledge, compiled: bool,
-                   expert_gemms: tuple[ExpertGemm, ...], expert_work: ExpertWork) -> ModulePart:
+                   expert_gemms: tuple[ExpertGemm, ...], expert_work: ExpertWork,
+                   serial_part: Callable[[list[int]], tuple[SerialSteps, ...]] | None = None
+                   ) -> ModulePart:
     """The policy on one block: saved bytes are what it keeps (on split features, replicated)
     besides the block's input, forward seconds what it recomputes, the block's expert GEMMs
-    and expert-sized work among it (`forward`: the block's forward nodes in execution order;
-    `compiled`: keep only outputs the backward can use)."""
+    and expert-sized work among it, the serial steps of what it recomputes (`forward`: the
+    block's forward nodes in execution order; `compiled`: keep only outputs the backward can
+    use)."""
     saved = must_save(graph, forward, knowledge)
     kept = saved
     if compiled:
@@ -71,7 +75,8 @@ def op_policy_part(graph: Graph, forward: Sequence[int], split_nodes: Collection
         name="", saved_split_bytes=split, saved_whole_bytes=whole,
         forward_split_s=sum(times.get(n, 0.0) for n in redone if n in split_nodes),
         forward_whole_s=sum(times.get(n, 0.0) for n in redone if n not in split_nodes),
-        expert_gemms=expert_gemms, expert_work=expert_work)
+        expert_gemms=expert_gemms, expert_work=expert_work,
+        serials=serial_part(redone) if serial_part else ())
 
 
 def _readers(graph: Graph, forward: Iterable[int]) -> dict[int, list[Node]]:

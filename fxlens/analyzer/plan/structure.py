@@ -26,7 +26,7 @@ from functools import cached_property
 from typing import Any
 
 from fxlens.analyzer.capture.training import TrainingGraph
-from fxlens.analyzer.core.costs import CostRegistry
+from fxlens.analyzer.core.costs import CostRegistry, Recurrence
 from fxlens.analyzer.core.graph import Graph, NodeKind, TensorRef, block_of, repeated_blocks
 from fxlens.analyzer.core.report import Report
 from fxlens.analyzer.core.sections import LiveSplit
@@ -42,6 +42,7 @@ from fxlens.analyzer.plan.moe_model import (
 from fxlens.analyzer.plan.moments import StepMoment, step_moments
 from fxlens.analyzer.plan.op_policy import op_policy_part
 from fxlens.analyzer.plan.routing import ExpertRouting
+from fxlens.analyzer.plan.serial import SerialSteps, serial_steps
 from fxlens.analyzer.plan.tensor_split import (
     entering,
     graph_param_shape,
@@ -100,6 +101,7 @@ class Unit:
     row_gemms: int = 0
     attention: UnitAttention = UnitAttention()
     expert_gemms: tuple[ExpertGemm, ...] = ()  # not in the split or replicated seconds
+    serials: tuple[SerialSteps, ...] = ()      # recurrences' steps, likewise
     expert_work: ExpertWork = ExpertWork()     # other expert-weight-sized ops, likewise
     router_s: tuple[float, float] = (0.0, 0.0)  # the routers' forward and backward (in whole)
     parts: tuple[ModulePart, ...] = ()         # per module of a block: selective recompute
@@ -227,20 +229,25 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
                fusion: FusedOps | None = None,
                routing_groups: tuple[int, int] = (1, 1),
                fp8_scaling: Mapping[int, float] | None = None,
-               launched: frozenset[int] = frozenset()) -> ModelFacts:
+               launched: frozenset[int] = frozenset(),
+               recurrences: Mapping[int, Recurrence] | None = None,
+               multiprocessors: int = 0) -> ModelFacts:
     """The `ModelFacts` of one captured training step. `state_of`: persistent state per
     parameter name; `node_times`: roofline times per node id; `fusion`: activations saved as
     fused kernels keep them (None: the saved set as captured); `routing_groups`: the model's
     group-limited routing (`fxlens.analyzer.plan.routing.routing_groups`); `fp8_scaling`:
     seconds of quantizing the grouped GEMMs' token operands (fp8), not in `node_times`
     since a layout re-sizes them with the routed rows; `launched`: the nodes that launch a
-    kernel as captured (`fxlens.analyzer.plan.host`)."""
+    kernel as captured (`fxlens.analyzer.plan.host`); `recurrences`: each node's that walks a
+    scan in order, whose serial steps (on a device of `multiprocessors` SMs) are kept apart
+    from the seconds a layout divides (`fxlens.analyzer.plan.serial`)."""
     graph = step.graph
     grouped = {n.id for n in graph.calls() if n.packet in knowledge.grouped_gemm_ops}
     expert_params = _expert_params(graph, knowledge)
     expert_shapes = expert_weight_shapes(graph, expert_params)
     expert_sized = expert_weight_nodes(graph, expert_shapes, grouped)
-    all_times = {i: t.time_s for i, t in node_times.items()}
+    serial_of = {i: t.serial_s for i, t in node_times.items() if t.serial_s > 0}
+    all_times = {i: t.time_s - serial_of.get(i, 0.0) for i, t in node_times.items()}
     times = {i: s for i, s in all_times.items() if i not in grouped | expert_sized}
     blocks = repeated_blocks(graph.module_types)
     unit_names = ["pre", *blocks, "post"]
@@ -261,6 +268,17 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
         split_params.add(vocab[1])
     units = []
     module_split = module_split_share(graph, split_nodes, times)
+
+    def is_split(node_id: int) -> bool:
+        """A forward node tp divides; a backward one in a module mostly divided."""
+        node = graph.nodes[node_id]
+        if node.phase == "forward":
+            return node_id in split_nodes
+        return module_split.get(node.module, 0.0) >= 0.5
+
+    def serial_part(nodes: list[int]) -> tuple[SerialSteps, ...]:
+        return serial_steps(graph, nodes, serial_of, recurrences or {}, multiprocessors,
+                            is_split)
     part_of = expert_activation_parts(graph, {row: nodes for split in splits.values()
                                               for row, nodes in split.expert_activations.items()})
     saved_by = saved_by_module(step, registry, of_node, split_nodes,
@@ -299,7 +317,8 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
                                     node_times, fp8_scaling)
         unit_expert_work = expert_work(graph, members[name], expert_sized, all_times)
         policy = (op_policy_part(graph, sorted(forward[name]), split_nodes, times, knowledge,
-                                 fusion is not None, unit_experts, unit_expert_work)
+                                 fusion is not None, unit_experts, unit_expert_work,
+                                 serial_part)
                   if name in blocks else ModulePart(""))
         units.append(Unit(
             name=name, states_split=states["split"], states_whole=states["whole"],
@@ -320,10 +339,11 @@ def read_facts(step: TrainingGraph, report: Report, registry: CostRegistry,
             attention=unit_attention(graph, members[name], knowledge.attention_ops,
                                      knowledge.weight_path_ops, node_times),
             expert_gemms=unit_experts, expert_work=unit_expert_work,
+            serials=serial_part(members[name]),
             router_s=router_s(graph, members[name], routers, times),
             matrices=gradient_matrices((param_shapes.get(p, ()), k) for p, k in kinds.items()),
             parts=module_parts(graph, name, members[name], split_nodes, times,
-                               saved_in[name], expert_part, part_of, launched)
+                               saved_in[name], expert_part, part_of, launched, serial_part)
             if name in blocks else (),
             op_policy=policy,
             launches=phase_counts(graph, members[name], launched),

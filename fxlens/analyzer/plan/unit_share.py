@@ -13,6 +13,7 @@ import math
 
 from fxlens.analyzer.memory.training_state import STATE_FIELDS, StateBytes
 from fxlens.analyzer.plan.recompute import recomputed_parts
+from fxlens.analyzer.plan.serial import steps_s
 from fxlens.analyzer.plan.strategy import Strategy
 from fxlens.analyzer.plan.structure import Unit
 from fxlens.analyzer.plan.types import remembered
@@ -43,7 +44,8 @@ def _phase_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:
     if s.routing == "blocks" and isinstance(u, Unit):
         whole -= u.router_s[0 if phase == "forward" else 1]
     whole /= s.tp if s.sp and is_block(u) else 1
-    return (split / s.tp + whole) / s.cp + experts_s(s, u, phase)
+    return (split / s.tp + whole) / s.cp + experts_s(s, u, phase) + steps_s(u.serials, phase,
+                                                                          s.tp, s.cp)
 
 
 def experts_s(s: Strategy, u: Unit | ModulePart, phase: str) -> float:

@@ -46,6 +46,7 @@ from fxlens.analyzer.core.costs import CostRegistry
 from fxlens.analyzer.core.graph import Graph, Node, NodeKind, TensorRef, ancestors
 from fxlens.analyzer.memory.liveness import Category, Storages, plan_storages
 from fxlens.analyzer.plan.fp8 import fp8_saved
+from fxlens.analyzer.plan.serial import SerialSteps
 
 
 class Timed(Protocol):
@@ -57,6 +58,8 @@ class Timed(Protocol):
     def compute_s(self) -> float: ...
     @property
     def memory_s(self) -> float: ...
+    @property
+    def serial_s(self) -> float: ...
 
 
 @dataclass(frozen=True)
@@ -355,6 +358,7 @@ class ModulePart:
     types: tuple[str, ...] = ()            # type names, lower case, of each path segment below
                                            # the unit down to this module
     launches: tuple[int, int] = (0, 0)     # kernels of its own ops, forward and backward
+    serials: tuple[SerialSteps, ...] = ()  # its recurrences' steps (not in the seconds above)
 
     @cached_property
     def answers(self) -> dict[Hashable, Any]:
@@ -367,11 +371,14 @@ def module_parts(graph: Graph, unit: str, members: Iterable[int], split_nodes: s
                  times: Mapping[int, float], saved: Mapping[str, tuple[int, int]],
                  expert_part: Callable[[list[int]], tuple[tuple[ExpertGemm, ...], ExpertWork]],
                  part_of: Mapping[int, str] | None = None,
-                 launched: Collection[int] = ()) -> tuple[ModulePart, ...]:
+                 launched: Collection[int] = (),
+                 serial_part: Callable[[list[int]], tuple[SerialSteps, ...]] | None = None
+                 ) -> tuple[ModulePart, ...]:
     """One `ModulePart` per module of `unit`'s forward (`saved`: bytes per module path;
     `expert_part`: the expert GEMMs and expert-sized work of some nodes; `part_of`: a part
     other than its module for some nodes, `expert_activation_parts`; `launched`: the nodes
-    that launch a kernel, counted per part and phase)."""
+    that launch a kernel, counted per part and phase; `serial_part`: the serial steps of some
+    nodes, `fxlens.analyzer.plan.serial`)."""
     by_module: defaultdict[str, list[int]] = defaultdict(list)
     backward: defaultdict[str, int] = defaultdict(int)
     for node_id in members:
@@ -394,7 +401,8 @@ def module_parts(graph: Graph, unit: str, members: Iterable[int], split_nodes: s
         forward = sum(1 for n in nodes if n in launched)
         parts.append(ModulePart(module, kept[0], kept[1], split, whole, expert_gemms=gemms,
                                 expert_work=work, types=types,
-                                launches=(forward, backward.get(module, 0))))
+                                launches=(forward, backward.get(module, 0)),
+                                serials=serial_part(nodes) if serial_part else ()))
     return tuple(parts)
 
 
