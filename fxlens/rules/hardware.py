@@ -116,7 +116,7 @@ Measured on an H200 (bench/gpu/gdn.py, flash-linear-attention 0.6.0, 2026-11-29)
 µs per chunk per wave of programs over the SMs, 1k to 32k tokens, 16 to 512 programs; 1.2 µs
 for the Hopper entries (one SM design and clock). vLLM's B200 timings of the same forward
 (vllm-project/vllm#38981; bench/gdn_kernel.py), roofline taken out, rise 1.24 µs per chunk
-over three lengths (a fixed ~0.15 ms is the host's) and so predict the other three within 7 %:
+over three lengths (a fixed ~0.15 ms is the host's) and so predict the other three within 7.1 %:
 1.24 µs for the Blackwell entries; 0 (unmeasured) for the others.
 
 Blackwell (``b200``, ``gb200``, ``b300``, ``gb300``): peaks and memory from NVIDIA's
