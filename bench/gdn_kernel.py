@@ -15,6 +15,7 @@ both::
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
@@ -71,6 +72,24 @@ def predicted_ms(sequences: int, tokens: int, k_heads: int, heads: int) -> tuple
     """(time, compute, memory, serial steps) of one forward call on the B200, in ms."""
     forward, _ = predicted_s(sequences, tokens, k_heads, heads, "b200")
     return tuple(1e3 * seconds for seconds in forward)
+
+
+def fitted_step_s() -> tuple[float, float]:
+    """(step, fixed part) in seconds: the least-squares line through the single-sequence rows
+    of one head count (their measured time less fxlens's roofline, against the chunks one
+    program walks), where the Blackwell entries' `recurrence_step_s` comes from."""
+    def roofline_s(tokens: int, k_heads: int, heads: int) -> float:
+        _, compute, memory, _ = predicted_s(1, tokens, k_heads, heads, "b200")[0]
+        return max(compute, memory)
+
+    rows = [(math.ceil(tokens / CHUNK), measured * 1e-3 - roofline_s(tokens, k_heads, heads))
+            for name, sequences, tokens, k_heads, heads, measured in PUBLISHED
+            if sequences == 1 and name == PUBLISHED[0][0]]
+    mean_x = sum(x for x, _ in rows) / len(rows)
+    mean_y = sum(y for _, y in rows) / len(rows)
+    slope = (sum((x - mean_x) * (y - mean_y) for x, y in rows)
+             / sum((x - mean_x) ** 2 for x, _ in rows))
+    return slope, mean_y - slope * mean_x
 
 
 def main() -> None:

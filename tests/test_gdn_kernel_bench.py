@@ -34,6 +34,16 @@ def test_what_the_steps_leave_of_each_published_time_is_one_fixed_part() -> None
     assert max(left) - min(left) < 0.025, left     # ms: 0.14–0.16 in every row
 
 
+def test_the_blackwell_step_is_the_published_tables_slope() -> None:
+    """The Blackwell entries' `recurrence_step_s` is the least-squares slope of vLLM's three
+    single-sequence TP8 rows over the chunks one program walks (roofline out); the line's
+    intercept, the host's part, is ~0.15 ms."""
+    step, fixed = gdn_kernel.fitted_step_s()
+    assert DEVICES["b200"].recurrence_step_s == pytest.approx(step, rel=0.01)
+    assert DEVICES["gb300"].recurrence_step_s == DEVICES["b200"].recurrence_step_s
+    assert fixed == pytest.approx(0.15e-3, rel=0.05)
+
+
 def test_the_table_has_every_published_row(capsys: pytest.CaptureFixture[str]) -> None:
     gdn_kernel.main()
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 397B")]

@@ -102,3 +102,32 @@ def test_the_harness_times_forward_and_backward_with_a_stand_in_library(
     assert all("error" not in r and r["forward_s"] > 0 for r in rows), rows
     assert ["backward_s" in r for r in rows] == [False, True, True]
     assert chunk_o.TRITON_ABOVE_3_7_1
+
+
+def test_the_hopper_step_and_the_backward_steps_are_the_h200_runs() -> None:
+    """From the committed H200 run: FLA's forward state kernel (``fwd_h``) took 1.17–1.27 µs
+    per chunk per wave of programs (sequences × value heads × 4 over 132 SMs) in every
+    single-sequence row from 2k tokens and both Qwen3-Next rows; ``bwd_dhu`` 1.85 of those.
+    The Hopper entries' `recurrence_step_s` and the rule's backward steps are those."""
+    from fxlens.rules import gdn as rule
+    from fxlens.rules.hardware import DEVICES
+
+    rows = [r for r in json.loads(RUN.read_text())["rows"]
+            if "forward_kernels" in r and not r["varlen"] and r["tokens"] >= 2048]
+    per_step, ratios = [], []
+    for row in rows:
+        chunks = math.ceil(row["tokens"] / 64)
+        waves = math.ceil(row["sequences"] * row["heads"] * 4 / 132)
+        forward = {k["kernel"]: k["us_per_step"] for k in row["forward_kernels"]}
+        per_step.append(forward["chunk_gated_delta_rule_fwd_kernel_h_blockdim64"]
+                        / chunks / waves)
+        if row["backward"]:
+            step = {k["kernel"]: k["us_per_step"] for k in row["step_kernels"]}
+            ratios.append(step["chunk_gated_delta_rule_bwd_kernel_dhu_blockdim64"]
+                          / forward["chunk_gated_delta_rule_fwd_kernel_h_blockdim64"])
+    assert len(per_step) == 8 and len(ratios) == 2
+    assert min(per_step) > 1.15 and max(per_step) < 1.3
+    for name in ("h100", "h200"):
+        assert min(per_step) <= DEVICES[name].recurrence_step_s * 1e6 <= max(per_step)
+    backward = rule.BACKWARD_STEPS - 1
+    assert backward == pytest.approx(sum(ratios) / len(ratios), rel=0.03)
