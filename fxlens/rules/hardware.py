@@ -113,11 +113,11 @@ other reasons); 1.3 µs for the Hopper entries, 0 (unmeasured) for the others.
 Recurrence steps (`recurrence_step_s`, what a chunked scan's latency costs per step): a delta
 rule's state kernel walks a sequence's 64-token chunks in order, each step waiting on the last.
 Measured on an H200 (bench/gpu/gdn.py, flash-linear-attention 0.6.0, 2026-11-29): 1.17–1.27
-µs per chunk per wave of programs over the SMs, 1k to 32k tokens, 16 to 512 programs; 1.2 µs
-for the Hopper entries (one SM design and clock). vLLM's B200 timings of the same forward
-(vllm-project/vllm#38981; bench/gdn_kernel.py), roofline taken out, rise 1.24 µs per chunk
-over three lengths (a fixed ~0.15 ms is the host's) and so predict the other three within 7.1 %:
-1.24 µs for the Blackwell entries; 0 (unmeasured) for the others.
+µs per chunk per wave of programs over the SMs, 2k to 32k tokens (1.31 at 1k), 16 to 512
+programs; 1.2 µs for the Hopper entries (one SM design and clock). vLLM's B200 timings of the
+same forward (vllm-project/vllm#38981; bench/gdn_kernel.py), roofline taken out, rise 1.24 µs
+per chunk over three lengths (a fixed ~0.15 ms is the host's) and so predict the other three
+within 7.1 %: 1.24 µs for the Blackwell entries; 0 (unmeasured) for the others.
 
 Blackwell (``b200``, ``gb200``, ``b300``, ``gb300``): peaks and memory from NVIDIA's
 datasheets as the module's convention reads them — the HGX B200 column of the Blackwell
