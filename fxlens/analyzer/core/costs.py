@@ -51,6 +51,14 @@ class Recurrence:
     programs: int
 
 
+def waves(programs: int, multiprocessors: int) -> int:
+    """How many times over `programs` fill `multiprocessors` SMs (one where unknown): each
+    wave of a `Recurrence` walks its steps again."""
+    if multiprocessors <= 0:
+        return 1
+    return max(math.ceil(programs / multiprocessors), 1)
+
+
 @dataclass(frozen=True)
 class Cost:
     """What one op call costs. ``None`` bytes mean: the engine's default for the node,

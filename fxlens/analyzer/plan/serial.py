@@ -18,7 +18,7 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from fxlens.analyzer.core.costs import Recurrence
+from fxlens.analyzer.core.costs import Recurrence, waves
 from fxlens.analyzer.core.graph import Graph
 
 
@@ -36,11 +36,7 @@ class SerialSteps:
     def on_rank(self, tp: int, cp: int) -> float:
         """Seconds on one GPU of a layout with degrees `tp` and `cp`."""
         programs = math.ceil(self.programs / tp) if self.split else self.programs
-        return self.wave_s * _waves(programs, self.multiprocessors) / cp
-
-
-def _waves(programs: int, multiprocessors: int) -> int:
-    return max(math.ceil(programs / multiprocessors), 1) if multiprocessors > 0 else 1
+        return self.wave_s * waves(programs, self.multiprocessors) / cp
 
 
 def serial_steps(graph: Graph, nodes: Iterable[int], steps_s: Mapping[int, float],
@@ -52,7 +48,7 @@ def serial_steps(graph: Graph, nodes: Iterable[int], steps_s: Mapping[int, float
         seconds, recurrence = steps_s.get(node_id, 0.0), recurrences.get(node_id)
         if seconds <= 0 or recurrence is None:
             continue
-        wave_s = seconds / _waves(recurrence.programs, multiprocessors)
+        wave_s = seconds / waves(recurrence.programs, multiprocessors)
         found.append(SerialSteps(graph.nodes[node_id].phase, wave_s, recurrence.programs,
                                  multiprocessors, is_split(node_id)))
     return tuple(found)

@@ -38,13 +38,12 @@ device's achievable factor (e.g. 0.7).
 
 from __future__ import annotations
 
-import math
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from fxlens.analyzer.core.costs import Recurrence
+from fxlens.analyzer.core.costs import Recurrence, waves
 from fxlens.analyzer.core.graph import Graph, Node, TensorSpec, ancestors
 from fxlens.analyzer.core.report import NodeReport, Report
 from fxlens.analyzer.core.sections import (
@@ -127,9 +126,8 @@ def serial_seconds(recurrence: Recurrence | None, device: Device) -> float:
     programs over the multiprocessors; 0 where the device's step is unmeasured."""
     if recurrence is None or recurrence.steps <= 0 or device.recurrence_step_s <= 0:
         return 0.0
-    programs, sms = recurrence.programs, device.multiprocessors
-    waves = max(math.ceil(programs / sms), 1) if sms > 0 else 1
-    return recurrence.steps * waves * device.recurrence_step_s
+    return (recurrence.steps * waves(recurrence.programs, device.multiprocessors)
+            * device.recurrence_step_s)
 
 
 def dtype_key(dtype: str, tf32: bool = False) -> str:
