@@ -314,6 +314,18 @@ def each_case(rows: Iterable[dict[str, Any]], time: Callable[[dict[str, Any]], d
     return done
 
 
+def each_named_case(cases: Iterable[Any], time: Callable[[Any], dict[str, Any]],
+                    device: torch.device) -> list[dict[str, Any]]:
+    """`each_case` over dataclass cases with a ``name``: each row is the case's fields, timed
+    by `time` on the case itself."""
+    from dataclasses import asdict
+
+    cases = list(cases)
+    by_name = {case.name: case for case in cases}
+    return each_case([asdict(case) for case in cases],
+                     lambda row: time(by_name[row["name"]]), device)
+
+
 def measure_and_predict(doc: str, out_name: str, default_device: str,
                         measure: Callable[[torch.device], list[dict[str, Any]]],
                         predict: Callable[[dict[str, Any], str], Any],

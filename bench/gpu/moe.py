@@ -25,7 +25,7 @@ with a registry device (`predict`), on any machine:
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -152,12 +152,10 @@ def flops(case: MoECase) -> dict[str, float]:
 
 
 def measure(device: torch.device, warmup: int = 3, repeat: int = 10) -> list[dict[str, Any]]:
-    from .measure import each_case
+    from .measure import each_named_case
 
-    by_name = {case.name: case for case in CASES}
-    return each_case([asdict(case) for case in CASES],
-                     lambda row: _timed_case(by_name[row["name"]], device, warmup, repeat),
-                     device)
+    return each_named_case(CASES, lambda case: _timed_case(case, device, warmup, repeat),
+                           device)
 
 
 def _timed_case(case: MoECase, device: torch.device, warmup: int, repeat: int

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -235,13 +235,10 @@ def replayed_s(fn: Any, device: torch.device, inner: int, repeat: int) -> float:
 def measure(device: torch.device, inner: int = 20, repeat: int = 10,
             cases: tuple[ServingCase, ...] | None = None) -> list[dict[str, Any]]:
     """Each case (`CASES` unless given) timed in a CUDA graph (`replayed_s`)."""
-    from .measure import each_case
+    from .measure import each_named_case
 
-    cases = CASES if cases is None else cases
-    by_name = {case.name: case for case in cases}
-    return each_case([asdict(case) for case in cases],
-                     lambda row: _timed_case(by_name[row["name"]], device, inner, repeat),
-                     device)
+    return each_named_case(CASES if cases is None else cases,
+                           lambda case: _timed_case(case, device, inner, repeat), device)
 
 
 def _timed_case(case: ServingCase, device: torch.device, inner: int, repeat: int
@@ -288,13 +285,15 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def predict_row(row: dict[str, Any], device_name: str) -> float:
+    """`predict` of a measured row (a case's fields, as `measure` writes them)."""
+    return predict(ServingCase(row["name"], row["kind"], row["sizes"]), device_name)
+
+
 def main() -> None:
     from .measure import measure_and_predict
 
-    measure_and_predict(
-        __doc__ or "", "serving.json", "h100", measure,
-        lambda row, device: predict(ServingCase(row["name"], row["kind"], row["sizes"]), device),
-        table)
+    measure_and_predict(__doc__ or "", "serving.json", "h100", measure, predict_row, table)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .serving import ServingCase, predict, table
+from .serving import ServingCase, predict_row, table
 from .serving import measure as measure_cases
 
 TOKENS = (64, 128, 256, 512, 1024)
@@ -48,10 +48,7 @@ def measure(device: torch.device) -> list[dict[str, Any]]:
 def main() -> None:
     from .measure import measure_and_predict
 
-    measure_and_predict(
-        __doc__ or "", "sweeps.json", "h200", measure,
-        lambda row, device: predict(ServingCase(row["name"], row["kind"], row["sizes"]), device),
-        table)
+    measure_and_predict(__doc__ or "", "sweeps.json", "h200", measure, predict_row, table)
 
 
 if __name__ == "__main__":
