@@ -110,14 +110,11 @@ about 1.3 µs per kernel (Hazy Research, "Look Ma, No Bubbles! Designing a Low-L
 Megakernel for Llama-1B", 2025-05-27, hazyresearch.stanford.edu/blog/2025-05-27-no-bubbles,
 where vLLM and SGLang reached at most half of the H100's bandwidth at batch 1 for that and
 other reasons); 1.3 µs for the Hopper entries, 0 (unmeasured) for the others.
-Recurrence steps (`recurrence_step_s`, what a chunked scan's latency costs per step): a delta
-rule's state kernel walks a sequence's 64-token chunks in order, each step waiting on the last.
-Measured on an H200 (bench/gpu/gdn.py, flash-linear-attention 0.6.0, 2026-11-29): 1.17–1.27
-µs per chunk per wave of programs over the SMs, 2k to 32k tokens (1.31 at 1k), 16 to 512
-programs; 1.2 µs for the Hopper entries (one SM design and clock). vLLM's B200 timings of the
-same forward (vllm-project/vllm#38981; bench/gdn_kernel.py), roofline taken out, rise 1.24 µs
-per chunk over three lengths (a fixed ~0.15 ms is the host's) and so predict the other three
-within 7.1 %: 1.24 µs for the Blackwell entries; 0 (unmeasured) for the others.
+Recurrence steps (`recurrence_step_s`): one step of a chunked scan's state kernel, which walks
+a sequence's chunks in order (`fxlens.rules.gdn`). Hopper entries 1.2 µs: flash-linear-
+attention's kernel on an H200 took 1.17–1.27 µs per chunk and wave of programs from 2k to 32k
+tokens (bench/gpu/gdn.py, 2026-11-29); Blackwell entries 1.24 µs: the slope of vLLM's B200
+timings of it, roofline out (vllm-project/vllm#38981, bench/gdn_kernel.py); 0 elsewhere.
 
 Blackwell (``b200``, ``gb200``, ``b300``, ``gb300``): peaks and memory from NVIDIA's
 datasheets as the module's convention reads them — the HGX B200 column of the Blackwell
